@@ -1,0 +1,119 @@
+"""Kernel parameter structs described once, rendered to C and packed from Python.
+
+Every kernel takes one struct by value (``const __grid_constant__ Params p``). The struct's
+fields are declared here as data; the template renders the C declaration (with ``static_assert``s
+on its size and alignment) and the launcher packs the same layout into bytes, so the two sides
+are generated from one description instead of being kept in step by hand.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import struct
+from dataclasses import dataclass
+
+# kind: (C type, size, alignment, struct format or None for raw bytes)
+_KINDS = {
+    "const bf16*": ("const mlagen::u16*", 8, 8, "Q"),
+    "bf16*": ("mlagen::u16*", 8, 8, "Q"),
+    "const u8*": ("const mlagen::u8*", 8, 8, "Q"),
+    "float*": ("float*", 8, 8, "Q"),
+    "const int*": ("const int*", 8, 8, "Q"),
+    "int*": ("int*", 8, 8, "Q"),
+    "i64": ("mlagen::i64", 8, 8, "q"),
+    "int": ("int", 4, 4, "i"),
+    "float": ("float", 4, 4, "f"),
+    "tensormap": ("mlagen::TensorMap", 128, 64, None),
+}
+
+
+@dataclass(frozen=True)
+class Field:
+    name: str
+    kind: str
+
+
+@dataclass(frozen=True)
+class ParamStruct:
+    name: str
+    fields: tuple[Field, ...]
+
+    def __post_init__(self):
+        for f in self.fields:
+            if f.kind not in _KINDS:
+                raise ValueError(f"field {f.name}: unknown kind {f.kind!r}; known: {', '.join(_KINDS)}")
+
+    @property
+    def layout(self) -> list[tuple[Field, int]]:
+        """(field, byte offset) with C's natural alignment rules."""
+        out, offset = [], 0
+        for f in self.fields:
+            _, size, align, _ = _KINDS[f.kind]
+            offset = (offset + align - 1) // align * align
+            out.append((f, offset))
+            offset += size
+        return out
+
+    @property
+    def alignment(self) -> int:
+        return max(_KINDS[f.kind][2] for f in self.fields)
+
+    @property
+    def size(self) -> int:
+        f, offset = self.layout[-1]
+        end = offset + _KINDS[f.kind][1]
+        return (end + self.alignment - 1) // self.alignment * self.alignment
+
+    def c_declaration(self) -> str:
+        lines = [f"struct {self.name} {{"]
+        for f in self.fields:
+            lines.append(f"  {_KINDS[f.kind][0]} {f.name};")
+        lines.append("};")
+        # NVRTC has no offsetof; size and alignment are checked here, and the offsets are
+        # checked against the host C ABI in the tests (tests/test_abi.py).
+        lines.append(
+            f'static_assert(sizeof({self.name}) == {self.size}, '
+            f'"{self.name} must be {self.size} bytes, as the launcher packs it");'
+        )
+        lines.append(
+            f'static_assert(alignof({self.name}) == {self.alignment}, '
+            f'"{self.name} must be {self.alignment}-byte aligned, as the launcher packs it");'
+        )
+        return "\n".join(lines)
+
+    def pack(self, values: dict) -> "PackedParams":
+        """Pack field values (ints for pointers, bytes for tensor maps) into a launch buffer."""
+        missing = [f.name for f in self.fields if f.name not in values]
+        extra = set(values) - {f.name for f in self.fields}
+        if missing or extra:
+            raise ValueError(f"{self.name}: missing {missing}, unexpected {sorted(extra)}")
+        buf = PackedParams(self.size)
+        for f, offset in self.layout:
+            fmt = _KINDS[f.kind][3]
+            value = values[f.name]
+            if fmt is None:
+                raw = bytes(value)
+                if len(raw) != _KINDS[f.kind][1]:
+                    raise ValueError(f"{self.name}.{f.name}: expected {_KINDS[f.kind][1]} bytes, got {len(raw)}")
+                buf.data[offset:offset + len(raw)] = raw
+            else:
+                struct.pack_into("<" + fmt, buf.data, offset, value)
+        return buf
+
+
+class PackedParams:
+    """A parameter buffer plus the one-element ``void*[]`` that cuLaunchKernel reads it through."""
+
+    def __init__(self, size: int):
+        # Over-allocate so the struct can start on a 64-byte boundary, as the device expects
+        # for tensor maps (the driver copies it into the parameter space).
+        self._raw = (ctypes.c_uint8 * (size + 64))()
+        base = ctypes.addressof(self._raw)
+        self._offset = (-base) % 64
+        self.data = memoryview(self._raw).cast("B")[self._offset:self._offset + size]
+        self._argv = (ctypes.c_void_p * 1)(base + self._offset)
+
+    @property
+    def kernel_params(self) -> int:
+        """Address of the ``void*[1]`` array to hand to cuLaunchKernel."""
+        return ctypes.addressof(self._argv)

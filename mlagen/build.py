@@ -1,0 +1,105 @@
+"""Build many variants: prune with the resource model, then render and compile in parallel.
+
+Compilation needs no GPU. Work runs in spawned worker processes (NVRTC is CPU-bound and a
+spawned process never inherits a CUDA context); results, failures included, come back as data.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import multiprocessing
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterable
+
+from . import arch, knobs, resources
+from . import spec as spec_mod
+from . import variant as variant_mod
+from .compiler import Binary, KernelResources, for_target, save_binary
+from .errors import CompileError, MlagenError
+from .render import render
+
+
+@dataclass(frozen=True)
+class BuildResult:
+    variant: variant_mod.Variant
+    target: str
+    estimate: resources.Resources | None
+    status: str                       # "ok", "pruned" or "compile_error"
+    reasons: tuple[str, ...] = ()     # why pruned, or the compile error
+    binary: Binary | None = None
+    artifact: str | None = None
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    @property
+    def report(self) -> KernelResources | None:
+        return self.binary.resources if self.binary else None
+
+
+def _compile_one(spec_path: str, values: dict, target: str, out_dir: str | None) -> tuple:
+    """Worker entry: returns (status, reasons, binary, artifact, seconds); never raises for
+    failures of the variant itself."""
+    t0 = time.perf_counter()
+    spec = spec_mod.load(spec_path)
+    v = variant_mod.make(spec, values)
+    try:
+        binary = for_target(target).compile(render(v), target)
+    except CompileError as exc:
+        return "compile_error", (str(exc),), None, None, time.perf_counter() - t0
+    artifact = str(save_binary(binary, Path(out_dir) / target)) if out_dir else None
+    return "ok", (), binary, artifact, time.perf_counter() - t0
+
+
+def build_many(variants: Iterable[variant_mod.Variant], targets: Iterable[str], jobs: int | None = None,
+               out_dir: Path | str | None = None,
+               progress: Callable[[BuildResult, int, int], None] | None = None) -> list[BuildResult]:
+    """Prune then compile every (variant, target); results in input order."""
+    jobs = jobs or knobs.compile_workers()
+    work, results = [], {}
+    items = [(v, t) for v in variants for t in targets]
+    for i, (v, t) in enumerate(items):
+        verdict = resources.check(v, arch.target(t))
+        if verdict.ok:
+            work.append(i)
+        else:
+            results[i] = BuildResult(v, t, verdict.resources, "pruned", verdict.reasons)
+    done = 0
+    for i in sorted(results):
+        done += 1
+        if progress:
+            progress(results[i], done, len(items))
+
+    def finish(i: int, payload: tuple) -> None:
+        nonlocal done
+        v, t = items[i]
+        status, reasons, binary, artifact, seconds = payload
+        results[i] = BuildResult(v, t, resources.estimate(v), status, tuple(reasons), binary, artifact, seconds)
+        done += 1
+        if progress:
+            progress(results[i], done, len(items))
+
+    out = str(out_dir) if out_dir is not None else None
+    if jobs <= 1 or len(work) <= 1:
+        for i in work:
+            v, t = items[i]
+            finish(i, _compile_one(v.spec.path, dict(v.values), t, out))
+    else:
+        ctx = multiprocessing.get_context("spawn")
+        with cf.ProcessPoolExecutor(max_workers=min(jobs, len(work)), mp_context=ctx) as pool:
+            futures = {pool.submit(_compile_one, items[i][0].spec.path, dict(items[i][0].values), items[i][1], out): i
+                       for i in work}
+            for fut in cf.as_completed(futures):
+                i = futures[fut]
+                try:
+                    payload = fut.result()
+                except MlagenError as exc:
+                    payload = ("compile_error", (str(exc),), None, None, 0.0)
+                except Exception as exc:  # a crashed worker is a failed build, not a failed tool
+                    payload = ("compile_error", (f"{type(exc).__name__}: {exc}",), None, None, 0.0)
+                finish(i, payload)
+    return [results[i] for i in range(len(items))]

@@ -1,0 +1,97 @@
+"""Atomic files and a content-addressed on-disk store, safe with several processes at once.
+
+Writers build an entry in a private temporary directory and publish it with one ``rename``; a
+reader therefore sees a complete entry or none. Builders take an exclusive lock per key and look
+again once they hold it, so concurrent processes compile a given key once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Iterator
+
+
+def atomic_write(path: Path | str, data: bytes) -> None:
+    """Write ``data`` to ``path`` so readers see the old file or the whole new one."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+@contextlib.contextmanager
+def file_lock(path: Path | str) -> Iterator[None]:
+    """Hold an exclusive advisory lock on ``path`` (created if needed) for the block."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+") as f:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+
+
+class DiskCache:
+    """Entries are directories of named files under ``root/<key[:2]>/<key>``."""
+
+    def __init__(self, root: Path | str):
+        self.root = Path(root)
+
+    def entry_dir(self, key: str) -> Path:
+        return self.root / key[:2] / key
+
+    def get(self, key: str) -> dict[str, bytes] | None:
+        d = self.entry_dir(key)
+        if not d.is_dir():
+            return None
+        try:
+            return {p.name: p.read_bytes() for p in d.iterdir() if p.is_file()}
+        except FileNotFoundError:  # evicted while reading
+            return None
+
+    def put(self, key: str, files: dict[str, bytes]) -> None:
+        """Publish an entry atomically; if another process published it first, keep theirs."""
+        final = self.entry_dir(key)
+        final.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{key}."))
+        try:
+            for name, data in files.items():
+                (tmp / name).write_bytes(data)
+            try:
+                os.rename(tmp, final)
+            except OSError:
+                if not final.is_dir():
+                    raise
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    @contextlib.contextmanager
+    def lock(self, key: str) -> Iterator[None]:
+        with file_lock(self.root / "locks" / f"{key}.lock"):
+            yield
+
+    def clear(self) -> int:
+        """Remove every entry; returns how many were removed."""
+        n = 0
+        if self.root.is_dir():
+            for sub in self.root.iterdir():
+                if sub.is_dir() and sub.name != "locks":
+                    for entry in sub.iterdir():
+                        shutil.rmtree(entry, ignore_errors=True)
+                        n += 1
+        return n

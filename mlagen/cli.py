@@ -1,0 +1,302 @@
+"""The ``mlagen`` command line: a thin click group over the library.
+
+User mistakes (bad spec, unknown tunable, missing GPU, unreadable database) print one line and
+exit non-zero; they never show a traceback.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from . import __version__, knobs
+from .errors import MlagenError
+
+DEFAULT_FAMILY = "mla_prefill"
+
+
+def _friendly(fn):
+    """Turn library errors into one-line click errors."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except MlagenError as exc:
+            raise click.ClickException(str(exc).splitlines()[0] if _one_line(exc) else str(exc)) from None
+        except ValueError as exc:  # malformed knob values
+            raise click.ClickException(str(exc)) from None
+
+    return wrapper
+
+
+def _one_line(exc: Exception) -> bool:
+    from .errors import CompileError
+
+    return not isinstance(exc, CompileError)
+
+
+def table(headers: list[str], rows: list[list]) -> str:
+    """Fixed-width text table."""
+    cells = [[str(h) for h in headers]] + [["" if c is None else str(c) for c in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def default_spec_name() -> str:
+    from .dispatch import family_specs
+
+    return family_specs(DEFAULT_FAMILY)[0].name
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="mlagen")
+def cli():
+    """Generate, compile, tune and benchmark MLA prefill kernels."""
+    import logging
+
+    logging.basicConfig(format="mlagen: %(message)s", level=knobs.log_level())
+
+
+@cli.command("specs")
+@_friendly
+def specs_cmd():
+    """List the packaged kernel specs."""
+    from . import spec as spec_mod
+    from .variant import enumerate_space
+
+    rows = []
+    for p in spec_mod.available():
+        s = spec_mod.load(p)
+        rows.append([s.name, s.family, s.abi, s.priority, ",".join(s.targets), sum(1 for _ in enumerate_space(s)),
+                     p.name])
+    click.echo(table(["spec", "family", "abi", "priority", "targets", "variants", "file"], rows))
+
+
+@cli.command("build")
+@click.argument("spec", required=False)
+@click.option("--arch", "archs", multiple=True, help="Target (repeatable), e.g. sm_90a; default: the spec's first.")
+@click.option("--variant", "assignments", multiple=True, metavar="NAME=VALUE[,..]",
+              help="Fix tunables (repeatable); others take their defaults, or vary with --all.")
+@click.option("--all", "all_variants", is_flag=True, help="Build the whole search space (pruned variants are listed).")
+@click.option("--jobs", "-j", type=int, default=None, help="Parallel compile processes (default: CPU count).")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
+              help="Where CUBINs go (default: <out>/build).")
+@_friendly
+def build_cmd(spec, archs, assignments, all_variants, jobs, out_dir):
+    """Render and compile SPEC (default: the dispatcher's first choice) into out/; needs no GPU.
+
+    Without --all, builds the default variant (with --variant overrides) for every
+    specialisation (e.g. causal and non-causal), and prints the resource table.
+    """
+    from . import spec as spec_mod
+    from . import variant as variant_mod
+    from .build import build_many
+
+    s = spec_mod.load(spec or default_spec_name())
+    targets = list(archs) or [s.targets[0]]
+    for t in targets:
+        if t not in s.targets:
+            raise click.ClickException(f"--arch {t}: {s.name} targets {', '.join(s.targets)}")
+    fixed = variant_mod.parse_assignments(s, list(assignments))
+    if all_variants:
+        variants = list(variant_mod.enumerate_space(s, fixed))
+    else:
+        axes = dict(s.specialize)
+        base = variant_mod.make(s, fixed)
+        variants = [base.with_values(**dict(zip(axes, combo)))
+                    for combo in _product([[fixed[k]] if k in fixed else list(vals) for k, vals in axes.items()])]
+    out = Path(out_dir) if out_dir else knobs.out_dir() / "build"
+    click.echo(f"building {len(variants)} variant(s) of {s.name} for {', '.join(targets)} -> {out}", err=True)
+
+    def progress(r, done, total):
+        click.echo(f"[{done}/{total}] {r.status:13s} {r.variant.symbol} ({r.target}, {r.seconds:.1f}s)", err=True)
+
+    results = build_many(variants, targets, jobs=jobs, out_dir=out, progress=progress)
+    rows = []
+    for r in results:
+        rep, est = r.report, r.estimate
+        rows.append([r.variant.symbol, r.target, r.status, est.threads if est else "",
+                     f"{est.smem_bytes / 1024:.1f}" if est else "", est.registers if est else "",
+                     rep.registers if rep else "", (rep.spill_stores + rep.spill_loads) if rep else "",
+                     rep.stack_bytes if rep else "", "; ".join(r.reasons)[:120]])
+    click.echo(table(["variant", "target", "status", "threads", "smem KB", "regs est", "regs", "spill B",
+                      "stack B", "note"], rows))
+    failed = [r for r in results if r.status == "compile_error"]
+    for r in failed:
+        click.echo(f"\n{r.variant.symbol} ({r.target}):\n{r.reasons[0]}", err=True)
+    if failed or not any(r.ok for r in results):
+        sys.exit(1)
+
+
+def _product(lists):
+    import itertools
+
+    return itertools.product(*lists)
+
+
+@cli.command("variants")
+@click.argument("spec", required=False)
+@click.option("--arch", default=None, help="Target to check budgets against (default: the spec's first).")
+@_friendly
+def variants_cmd(spec, arch):
+    """Enumerate SPEC's search space and show what the resource model prunes, and why."""
+    from . import arch as arch_mod
+    from . import resources
+    from . import spec as spec_mod
+    from .variant import enumerate_space
+
+    s = spec_mod.load(spec or default_spec_name())
+    target = arch_mod.target(arch or s.targets[0])
+    rows, kept = [], 0
+    for v in enumerate_space(s):
+        verdict = resources.check(v, target)
+        kept += verdict.ok
+        est = verdict.resources
+        rows.append([v.symbol, "ok" if verdict.ok else "pruned", est.threads if est else "",
+                     f"{est.smem_bytes / 1024:.1f}" if est else "", est.registers if est else "",
+                     "; ".join(verdict.reasons)])
+    click.echo(table(["variant", "verdict", "threads", "smem KB", "regs est", "reason"], rows))
+    click.echo(f"{kept} of {len(rows)} variants fit {target.name}", err=True)
+
+
+@cli.group("db")
+@click.option("--db", "db_path", type=click.Path(dir_okay=False), default=None,
+              help=f"Tuning database (default: ${knobs.TUNING_DB.name} or <out>/tuning.sqlite).")
+@click.pass_context
+def db_cmd(ctx, db_path):
+    """Inspect, export and import the tuning database."""
+    from .db import TuningDB
+
+    ctx.obj = TuningDB(db_path)
+
+
+@db_cmd.command("ls")
+@click.option("--shipped", is_flag=True, help="Also list the records shipped with the package.")
+@click.pass_obj
+@_friendly
+def db_ls(database, shipped):
+    """List the winners per kernel and shape class."""
+    from .db import shipped_records
+
+    bests = list(database.bests()) + (list(shipped_records()) if shipped else [])
+    rows = [[b.origin, b.key.spec, b.key.problem, b.key.device, b.key.sm_count, b.symbol, f"{b.time_ms:.3f}",
+             f"{b.tflops:.0f}" if b.tflops else "", b.key.source_hash] for b in bests]
+    click.echo(table(["origin", "spec", "problem", "device", "SMs", "winner", "ms", "TFLOP/s", "source"], rows))
+    runs = database.runs()
+    if runs:
+        click.echo("")
+        click.echo(table(["run", "spec", "problem", "device", "trials", "ok"],
+                         [[r["run_id"], r["spec"], r["problem"], r["device"], r["trials"], r["ok"]] for r in runs]))
+
+
+@db_cmd.command("show")
+@click.option("--run", "run_id", default=None, help="Only this tuning run.")
+@click.option("--problem", default=None, help="Only this shape class, e.g. causal/h128/q8192/k8192.")
+@click.option("--spec", "spec_name", default=None, help="Only this spec.")
+@click.pass_obj
+@_friendly
+def db_show(database, run_id, problem, spec_name):
+    """Show every recorded trial (ok, pruned, compile error, wrong result, crash, hang)."""
+    where = {k: v for k, v in (("problem", problem), ("spec", spec_name)) if v is not None}
+    trials = database.trials(run_id=run_id, **where)
+    rows = [[t.run_id, t.key.problem, t.symbol, t.outcome, f"{t.time_ms:.3f}" if t.time_ms else "",
+             f"{t.tflops:.0f}" if t.tflops else "", f"{t.max_error:.1e}" if t.max_error is not None else "",
+             t.registers if t.registers is not None else "", t.spills if t.spills is not None else "",
+             (t.detail or "").splitlines()[0][:80] if t.detail else ""] for t in trials]
+    click.echo(table(["run", "problem", "variant", "outcome", "ms", "TFLOP/s", "err", "regs", "spill", "detail"], rows))
+
+
+@db_cmd.command("export")
+@click.argument("path", type=click.Path(dir_okay=False))
+@click.option("--best-only", is_flag=True, help="Only the winners (the format shipped with the package).")
+@click.pass_obj
+@_friendly
+def db_export(database, path, best_only):
+    """Write the database as JSON to PATH (atomically)."""
+    doc = database.export(path, best_only=best_only)
+    click.echo(f"exported {len(doc['best'])} winner(s) and {len(doc['trials'])} trial(s) to {path}")
+
+
+@db_cmd.command("import")
+@click.argument("path", type=click.Path(dir_okay=False))
+@click.pass_obj
+@_friendly
+def db_import(database, path):
+    """Merge a JSON export into the database (validated first; all or nothing)."""
+    n_trials, n_best = database.import_(path)
+    click.echo(f"imported {n_best} winner(s) and {n_trials} trial(s) into {database.path}")
+
+
+@cli.command("bench")
+@click.option("--shapes", default="all", show_default=True, help="Shapes of BENCHMARKS.md: D1,...,D5 or all.")
+@click.option("--peers", default="mlagen,cudnn,fa2", show_default=True,
+              help="mlagen (dispatched), mlagen:<spec> (one spec forced), cudnn, fa2.")
+@click.option("--iters", default=50, show_default=True, help="Timed calls per block.")
+@click.option("--rounds", default=3, show_default=True, help="Interleaved rounds (peer, ours, peer, ours ...).")
+@click.option("--warmup", default=5, show_default=True, help="Untimed calls per peer before timing.")
+@click.option("--seed", default=0, show_default=True, help="Seed of the random inputs.")
+@click.option("--markdown", "markdown_path", type=click.Path(dir_okay=False), default=None,
+              help="Also write the report here (atomically).")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
+              help="Also write every measurement as JSON.")
+@_friendly
+def bench_cmd(shapes, peers, iters, rounds, warmup, seed, markdown_path, json_path):
+    """Time mlagen against its peers on the shapes of BENCHMARKS.md (needs a GPU).
+
+    Exits non-zero if any of our kernels gives a wrong result.
+    """
+    from . import bench
+    from .cache import atomic_write
+
+    shape_list = bench.parse_shapes(shapes)
+    peer_list = bench.parse_peers(peers)
+    env = bench.environment()
+    results = bench.run(shape_list, peer_list, iters=iters, rounds=rounds, warmup=warmup, seed=seed)
+    click.echo(bench.format_table(results, env))
+    if markdown_path:
+        bench.write_markdown(markdown_path, results, env)
+    if json_path:
+        atomic_write(json_path, bench.results_to_json(results, env).encode())
+    wrong = [f"{r.shape.id} {name}" for r in results for name, p in r.peers.items() if bench.is_ours(name) and p.wrong]
+    if wrong:
+        raise click.ClickException(f"wrong results: {', '.join(wrong)}")
+
+
+@cli.command("info")
+@_friendly
+def info_cmd():
+    """Show compilers, devices and the environment variables mlagen reads."""
+    from .compiler import NvrtcCompiler
+
+    rows = [["mlagen", __version__]]
+    try:
+        c = NvrtcCompiler()
+        rows.append(["nvrtc", f"{c.version()} (targets {', '.join(c.supported_targets())})"])
+    except MlagenError as exc:
+        rows.append(["nvrtc", f"unavailable: {exc}"])
+    try:
+        from .runtime import device_info
+
+        d = device_info(0)
+        rows.append(["device 0", f"{d.name}, {d.sm_count} SMs, compute {d.compute[0]}.{d.compute[1]}, "
+                                 f"driver {d.driver_version}, target {d.target.name if d.target else '?'}"])
+    except MlagenError as exc:
+        rows.append(["device", f"none ({str(exc).splitlines()[0]})"])
+    for k in knobs.ALL:
+        rows.append([k.name, f"{k.raw()}  ({k.doc})"])
+    click.echo(table(["what", "value"], rows))
+
+
+def main() -> None:
+    cli(prog_name="mlagen")
+
+
+if __name__ == "__main__":
+    main()

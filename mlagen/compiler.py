@@ -1,0 +1,254 @@
+"""Device compilers: rendered source in, binary with its resource report out.
+
+A compiler is a small class with one job. Caching lives in ``Compiler.compile`` alone, keyed by
+a hash of everything that changes the output: the source, the options, the target, the
+compiler's name and version, and every header under the include directories. NVRTC is the CUDA
+compiler; a hipRTC sibling implements the same two methods.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import re
+from abc import ABC, abstractmethod
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from . import knobs
+from .cache import DiskCache, atomic_write
+from .errors import CompileError, NoDeviceError
+from .render import Source
+
+
+@dataclass(frozen=True)
+class KernelResources:
+    """What the device assembler reported for one entry point."""
+
+    registers: int = 0
+    spill_stores: int = 0
+    spill_loads: int = 0
+    stack_bytes: int = 0
+    smem_static: int = 0
+    barriers: int = 0
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def spills(self) -> bool:
+        return self.spill_stores > 0 or self.spill_loads > 0
+
+
+@dataclass(frozen=True)
+class Binary:
+    data: bytes
+    target: str
+    symbol: str
+    key: str
+    resources: KernelResources
+    compiler: str
+    log: str = ""
+    source_path: str | None = None
+    from_cache: bool = field(default=False, compare=False)
+
+
+_ENTRY = re.compile(r"Compiling entry function '([^']+)'")
+_PROPS = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+_USED = re.compile(r"Used (\d+) registers(?:, used (\d+) barriers)?(?:, (\d+) bytes smem)?")
+_WARN = re.compile(r"ptxas warning\s*:\s*(.*)")
+
+
+def parse_ptxas_report(log: str, symbol: str) -> KernelResources:
+    """Pull registers, spills, stack and static shared memory of ``symbol`` out of a ptxas -v log."""
+    section, current = [], None
+    for line in log.splitlines():
+        m = _ENTRY.search(line)
+        if m:
+            current = m.group(1)
+        if current == symbol or "Function properties for " + symbol in line:
+            section.append(line)
+    text = "\n".join(section) if section else log
+    props = _PROPS.search(text)
+    used = _USED.search(text)
+    warnings = tuple(m.group(1).strip() for m in _WARN.finditer(log))
+    return KernelResources(
+        registers=int(used.group(1)) if used else 0,
+        barriers=int(used.group(2) or 0) if used else 0,
+        smem_static=int(used.group(3) or 0) if used else 0,
+        stack_bytes=int(props.group(1)) if props else 0,
+        spill_stores=int(props.group(2)) if props else 0,
+        spill_loads=int(props.group(3)) if props else 0,
+        warnings=warnings,
+    )
+
+
+def _headers_digest(include_dirs: tuple[str, ...]) -> str:
+    h = hashlib.sha256()
+    for d in include_dirs:
+        for p in sorted(Path(d).rglob("*")):
+            if p.is_file():
+                h.update(str(p.relative_to(d)).encode())
+                h.update(b"\0")
+                h.update(p.read_bytes())
+    return h.hexdigest()
+
+
+class Compiler(ABC):
+    """Compile rendered sources for a named target, through the on-disk cache."""
+
+    name: str = "?"
+
+    def __init__(self, cache_dir: Path | str | None = None, source_dir: Path | str | None = None):
+        self.cache = DiskCache(cache_dir or knobs.cache_dir())
+        self.source_dir = Path(source_dir or knobs.out_dir() / "src")
+
+    @abstractmethod
+    def version(self) -> str:
+        """Compiler version string; part of every cache key."""
+
+    @abstractmethod
+    def options(self, target: str) -> list[str]:
+        """Command-line options for ``target`` (include paths are added separately)."""
+
+    @abstractmethod
+    def _compile(self, source: Source, target: str, options: list[str], source_path: str) -> tuple[bytes, str]:
+        """Compile once, no cache: return (binary, log) or raise CompileError."""
+
+    def key(self, source: Source, target: str) -> str:
+        h = hashlib.sha256()
+        for part in (self.name, self.version(), target, json.dumps(self.options(target)), source.text,
+                     json.dumps(source.include_dirs and [_headers_digest(source.include_dirs)])):
+            h.update(part.encode())
+            h.update(b"\0")
+        return h.hexdigest()[:40]
+
+    def compile(self, source: Source, target: str, use_cache: bool = True) -> Binary:
+        """Compile ``source`` for ``target``; identical requests are served from the cache.
+
+        The rendered source is written under the source directory first, so a CompileError can
+        point at the exact text that failed.
+        """
+        key = self.key(source, target)
+        source_path = str(source.write(self.source_dir / target))
+        if use_cache:
+            hit = self._load(key, source, target, source_path)
+            if hit is not None:
+                return hit
+            with self.cache.lock(key):
+                hit = self._load(key, source, target, source_path)  # another process may have built it
+                if hit is not None:
+                    return hit
+                return self._build(key, source, target, source_path, publish=True)
+        return self._build(key, source, target, source_path, publish=False)
+
+    def _build(self, key: str, source: Source, target: str, source_path: str, publish: bool) -> Binary:
+        options = self.options(target) + [f"-I{d}" for d in source.include_dirs]
+        data, log = self._compile(source, target, options, source_path)
+        resources = parse_ptxas_report(log, source.symbol)
+        binary = Binary(data, target, source.symbol, key, resources, f"{self.name} {self.version()}", log, source_path)
+        if publish:
+            meta = {"symbol": source.symbol, "target": target, "compiler": binary.compiler,
+                    "resources": asdict(resources), "log": log}
+            self.cache.put(key, {"kernel.bin": data, "meta.json": json.dumps(meta, indent=1).encode()})
+        return binary
+
+    def _load(self, key: str, source: Source, target: str, source_path: str) -> Binary | None:
+        files = self.cache.get(key)
+        if not files or "kernel.bin" not in files or "meta.json" not in files:
+            return None
+        meta = json.loads(files["meta.json"])
+        res = meta["resources"]
+        res["warnings"] = tuple(res.get("warnings", ()))
+        return Binary(files["kernel.bin"], target, source.symbol, key, KernelResources(**res),
+                      meta["compiler"], meta.get("log", ""), source_path, from_cache=True)
+
+
+class NvrtcCompiler(Compiler):
+    """CUDA C++ to CUBIN through NVRTC (the library from the nvidia-cuda-nvrtc wheel)."""
+
+    name = "nvrtc"
+
+    def __init__(self, *args, extra_options: tuple[str, ...] = (), **kwargs):
+        super().__init__(*args, **kwargs)
+        self.extra_options = tuple(extra_options)
+
+    @staticmethod
+    @functools.lru_cache(maxsize=None)
+    def _nvrtc():
+        try:
+            from cuda.bindings import nvrtc
+        except ImportError as exc:  # pragma: no cover - depends on the installation
+            raise NoDeviceError(f"cuda-bindings is not installed ({exc}); pip install cuda-bindings") from None
+        return nvrtc
+
+    def version(self) -> str:
+        nvrtc = self._nvrtc()
+        err, major, minor = nvrtc.nvrtcVersion()
+        _check(nvrtc, err, "nvrtcVersion")
+        return f"{major}.{minor}"
+
+    def supported_targets(self) -> list[str]:
+        nvrtc = self._nvrtc()
+        err, archs = nvrtc.nvrtcGetSupportedArchs()
+        _check(nvrtc, err, "nvrtcGetSupportedArchs")
+        return [f"sm_{a}" for a in archs]
+
+    def options(self, target: str) -> list[str]:
+        return ["-std=c++17", f"-arch={target}", "-Xptxas=-v", "-lineinfo", "-DNDEBUG", *self.extra_options]
+
+    def _compile(self, source: Source, target: str, options: list[str], source_path: str) -> tuple[bytes, str]:
+        nvrtc = self._nvrtc()
+        base = target.rstrip("af")
+        if base not in self.supported_targets():
+            raise CompileError(
+                f"NVRTC {self.version()} cannot compile for {target} (supports {', '.join(self.supported_targets())})",
+                source_path=source_path,
+            )
+        err, prog = nvrtc.nvrtcCreateProgram(source.text.encode(), source.name.encode(), 0, [], [])
+        _check(nvrtc, err, "nvrtcCreateProgram")
+        try:
+            opts = [o.encode() for o in options]
+            (compile_err,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
+            err, size = nvrtc.nvrtcGetProgramLogSize(prog)
+            _check(nvrtc, err, "nvrtcGetProgramLogSize")
+            log_buf = b" " * size
+            (err,) = nvrtc.nvrtcGetProgramLog(prog, log_buf)
+            _check(nvrtc, err, "nvrtcGetProgramLog")
+            log = log_buf.rstrip(b"\0 ").decode(errors="replace")
+            if compile_err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+                raise CompileError(f"NVRTC failed to compile {source.name} for {target}", log, source_path)
+            err, size = nvrtc.nvrtcGetCUBINSize(prog)
+            _check(nvrtc, err, "nvrtcGetCUBINSize")
+            cubin = b" " * size
+            (err,) = nvrtc.nvrtcGetCUBIN(prog, cubin)
+            _check(nvrtc, err, "nvrtcGetCUBIN")
+            return cubin, log
+        finally:
+            nvrtc.nvrtcDestroyProgram(prog)
+
+
+def _check(nvrtc, err, what: str) -> None:
+    if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+        _, msg = nvrtc.nvrtcGetErrorString(err)
+        raise CompileError(f"{what} failed: {msg.decode() if isinstance(msg, bytes) else msg}")
+
+
+def for_target(target: str, **kwargs) -> Compiler:
+    """The compiler for a target's vendor."""
+    from . import arch
+
+    vendor = arch.target(target).vendor
+    if vendor == "cuda":
+        return NvrtcCompiler(**kwargs)
+    raise NoDeviceError(f"no compiler for vendor {vendor!r}")  # pragma: no cover
+
+
+def save_binary(binary: Binary, directory: Path | str) -> Path:
+    """Write the binary as ``<symbol>.<target>.cubin`` (with its report beside it)."""
+    directory = Path(directory)
+    path = directory / f"{binary.symbol}.{binary.target}.cubin"
+    atomic_write(path, binary.data)
+    atomic_write(path.with_suffix(".json"), json.dumps(
+        {"symbol": binary.symbol, "target": binary.target, "compiler": binary.compiler, "key": binary.key,
+         "resources": asdict(binary.resources)}, indent=1).encode())
+    return path

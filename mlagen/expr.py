@@ -1,0 +1,155 @@
+"""A small, safe expression language for spec constraints and resource formulas.
+
+Specs say things like ``block_m % (warps * 16) == 0`` or
+``smem: block_m * d_qk * 2 + stages * block_n * (d_qk + d_v) * 2``. These are parsed with
+Python's ``ast`` and evaluated by walking a whitelist of node types: numbers, strings, booleans,
+names bound by the caller, arithmetic, comparisons, ``and``/``or``/``not``, conditional
+expressions, ``in`` over literal lists, and the functions in ``FUNCTIONS``. Attribute access,
+subscripts, calls to anything else, lambdas and comprehensions are rejected when parsed, so a
+spec can never run arbitrary Python.
+"""
+
+from __future__ import annotations
+
+import ast
+import math
+import operator
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+FUNCTIONS = {
+    "min": min,
+    "max": max,
+    "abs": abs,
+    "ceil_div": lambda a, b: -(-a // b),
+    "round_up": lambda a, b: -(-a // b) * b,
+    "log2": lambda a: int(math.log2(a)),
+    "is_pow2": lambda a: a > 0 and (a & (a - 1)) == 0,
+}
+
+_BINOPS = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.FloorDiv: operator.floordiv,
+    ast.Div: operator.truediv,
+    ast.Mod: operator.mod,
+    ast.Pow: operator.pow,
+}
+_UNARY = {ast.USub: operator.neg, ast.UAdd: operator.pos, ast.Not: operator.not_}
+_CMPOPS = {
+    ast.Eq: operator.eq,
+    ast.NotEq: operator.ne,
+    ast.Lt: operator.lt,
+    ast.LtE: operator.le,
+    ast.Gt: operator.gt,
+    ast.GtE: operator.ge,
+    ast.In: lambda a, b: a in b,
+    ast.NotIn: lambda a, b: a not in b,
+}
+
+
+class ExprError(ValueError):
+    """An expression is not in the allowed language, or names something undefined."""
+
+
+@dataclass(frozen=True)
+class Expr:
+    """A parsed expression; ``names`` lists the free variables it reads."""
+
+    text: str
+    tree: ast.Expression
+    names: frozenset[str]
+
+    def __call__(self, env: Mapping[str, Any]) -> Any:
+        missing = self.names - env.keys()
+        if missing:
+            raise ExprError(f"{self.text!r} uses undefined name(s) {', '.join(sorted(missing))}")
+        return _eval(self.tree.body, env)
+
+
+def parse(text: str | int | float | bool) -> Expr:
+    """Parse ``text``; raise ExprError if it uses anything outside the language."""
+    if isinstance(text, bool) or isinstance(text, (int, float)):
+        text = repr(text)
+    if not isinstance(text, str) or not text.strip():
+        raise ExprError(f"expected an expression string, got {text!r}")
+    try:
+        tree = ast.parse(text.strip(), mode="eval")
+    except SyntaxError as exc:
+        raise ExprError(f"{text!r} is not a valid expression: {exc.msg}") from None
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        _check(node, text)
+        if isinstance(node, ast.Name) and node.id not in FUNCTIONS and node.id not in ("True", "False"):
+            names.add(node.id)
+    return Expr(text=text.strip(), tree=tree, names=frozenset(names))
+
+
+def _check(node: ast.AST, text: str) -> None:
+    allowed = (
+        ast.Expression, ast.Constant, ast.Name, ast.Load, ast.BinOp, ast.UnaryOp, ast.BoolOp,
+        ast.Compare, ast.IfExp, ast.Call, ast.List, ast.Tuple, ast.And, ast.Or,
+        *_BINOPS, *_UNARY, *_CMPOPS,
+    )
+    if not isinstance(node, allowed):
+        raise ExprError(f"{text!r}: {type(node).__name__} is not allowed in spec expressions")
+    if isinstance(node, ast.Call):
+        if not isinstance(node.func, ast.Name) or node.func.id not in FUNCTIONS:
+            raise ExprError(
+                f"{text!r}: only these functions may be called: {', '.join(sorted(FUNCTIONS))}"
+            )
+        if node.keywords:
+            raise ExprError(f"{text!r}: keyword arguments are not allowed")
+    if isinstance(node, ast.Constant) and not isinstance(node.value, (int, float, str, bool)):
+        raise ExprError(f"{text!r}: constant {node.value!r} is not allowed")
+
+
+def _eval(node: ast.AST, env: Mapping[str, Any]) -> Any:
+    if isinstance(node, ast.Constant):
+        return node.value
+    if isinstance(node, ast.Name):
+        if node.id in env:
+            return env[node.id]
+        if node.id in FUNCTIONS:
+            raise ExprError(f"{node.id} is a function; call it")
+        raise ExprError(f"undefined name {node.id}")
+    if isinstance(node, ast.BinOp):
+        left, right = _eval(node.left, env), _eval(node.right, env)
+        if isinstance(node.op, ast.Pow) and abs(right) > 64:
+            raise ExprError("exponent too large")
+        try:
+            return _BINOPS[type(node.op)](left, right)
+        except ZeroDivisionError:
+            raise ExprError("division by zero") from None
+    if isinstance(node, ast.UnaryOp):
+        return _UNARY[type(node.op)](_eval(node.operand, env))
+    if isinstance(node, ast.BoolOp):
+        if isinstance(node.op, ast.And):
+            value = True
+            for item in node.values:
+                value = _eval(item, env)
+                if not value:
+                    return value
+            return value
+        value = False
+        for item in node.values:
+            value = _eval(item, env)
+            if value:
+                return value
+        return value
+    if isinstance(node, ast.Compare):
+        left = _eval(node.left, env)
+        for op, comparator in zip(node.ops, node.comparators):
+            right = _eval(comparator, env)
+            if not _CMPOPS[type(op)](left, right):
+                return False
+            left = right
+        return True
+    if isinstance(node, ast.IfExp):
+        return _eval(node.body, env) if _eval(node.test, env) else _eval(node.orelse, env)
+    if isinstance(node, (ast.List, ast.Tuple)):
+        return tuple(_eval(item, env) for item in node.elts)
+    if isinstance(node, ast.Call):
+        return FUNCTIONS[node.func.id](*(_eval(arg, env) for arg in node.args))
+    raise ExprError(f"{type(node).__name__} is not allowed")  # unreachable after _check

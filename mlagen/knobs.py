@@ -1,0 +1,86 @@
+"""Every environment variable mlagen reads, declared once, typed.
+
+Read a knob through its attribute (``knobs.out_dir``); the value is looked up when read, so tests
+and worker processes can change the environment.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Knob:
+    name: str
+    default: str | None
+    doc: str
+
+    def raw(self) -> str | None:
+        value = os.environ.get(self.name)
+        return value if value not in (None, "") else self.default
+
+
+OUT_DIR = Knob("MLAGEN_OUT_DIR", "out", "Directory for generated artifacts (rendered sources, cache, database).")
+CACHE_DIR = Knob("MLAGEN_CACHE_DIR", None, "Compile cache directory; default <out>/cache.")
+TUNING_DB = Knob("MLAGEN_TUNING_DB", None, "Tuning database file; default <out>/tuning.sqlite.")
+NO_TUNED = Knob("MLAGEN_NO_TUNED", "0", "1: ignore tuning records (user and shipped); use spec defaults.")
+NO_SHIPPED = Knob("MLAGEN_NO_SHIPPED", "0", "1: ignore the tuning records shipped with the package.")
+FAMILY = Knob("MLAGEN_FAMILY", None, "Force a kernel spec by name (e.g. mla_prefill_sm80) instead of dispatch.")
+COMPILE_WORKERS = Knob("MLAGEN_COMPILE_WORKERS", None, "Parallel compile processes for tuning; default: CPU count.")
+LOG = Knob("MLAGEN_LOG", "warning", "Log level of the 'mlagen' logger (debug, info, warning).")
+
+ALL = (OUT_DIR, CACHE_DIR, TUNING_DB, NO_TUNED, NO_SHIPPED, FAMILY, COMPILE_WORKERS, LOG)
+
+
+def _flag(knob: Knob) -> bool:
+    value = (knob.raw() or "0").strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"{knob.name}={value!r}: expected 0 or 1")
+
+
+def out_dir() -> Path:
+    return Path(OUT_DIR.raw())
+
+
+def cache_dir() -> Path:
+    raw = CACHE_DIR.raw()
+    return Path(raw) if raw else out_dir() / "cache"
+
+
+def tuning_db() -> Path:
+    raw = TUNING_DB.raw()
+    return Path(raw) if raw else out_dir() / "tuning.sqlite"
+
+
+def no_tuned() -> bool:
+    return _flag(NO_TUNED)
+
+
+def no_shipped() -> bool:
+    return _flag(NO_SHIPPED)
+
+
+def forced_family() -> str | None:
+    return FAMILY.raw()
+
+
+def compile_workers() -> int:
+    raw = COMPILE_WORKERS.raw()
+    if raw is None:
+        return max(1, os.cpu_count() or 1)
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(f"{COMPILE_WORKERS.name}={raw!r}: expected a positive integer") from None
+    if value < 1:
+        raise ValueError(f"{COMPILE_WORKERS.name}={raw!r}: expected a positive integer")
+    return value
+
+
+def log_level() -> str:
+    return LOG.raw().upper()

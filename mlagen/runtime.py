@@ -1,0 +1,224 @@
+"""Load binaries with the CUDA driver API and launch them on the caller's torch stream.
+
+Every driver call goes through ``check``, which raises DriverError naming the call and the
+driver's error. Launching does no host synchronisation, so launches can be captured in CUDA
+graphs. A HIP sibling of ``CudaRuntime`` implements the same ``load``/``launch``.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from dataclasses import dataclass
+
+from .abi import PackedParams
+from .compiler import Binary
+from .errors import DriverError, NoDeviceError
+
+
+@functools.lru_cache(maxsize=None)
+def _driver():
+    try:
+        from cuda.bindings import driver
+    except ImportError as exc:  # pragma: no cover
+        raise NoDeviceError(f"cuda-bindings is not installed ({exc})") from None
+    return driver
+
+
+def check(result, what: str):
+    """Unpack a cuda-bindings result tuple; raise DriverError if its status is not success."""
+    driver = _driver()
+    if isinstance(result, tuple):
+        err, rest = result[0], result[1:]
+    else:
+        err, rest = result, ()
+    if err != driver.CUresult.CUDA_SUCCESS:
+        _, name = driver.cuGetErrorName(err)
+        _, text = driver.cuGetErrorString(err)
+        name = name.decode() if isinstance(name, bytes) else name
+        text = text.decode() if isinstance(text, bytes) else text
+        raise DriverError(f"{what} failed: {name}: {text}")
+    if not rest:
+        return None
+    return rest[0] if len(rest) == 1 else rest
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    index: int
+    name: str
+    compute: tuple[int, int]
+    sm_count: int
+    driver_version: str
+    smem_per_block_optin: int
+    l2_bytes: int
+
+    @property
+    def target(self):
+        from . import arch
+
+        return arch.for_compute_capability(*self.compute)
+
+
+_init_lock = threading.Lock()
+_initialised = False
+
+
+def _init() -> None:
+    global _initialised
+    with _init_lock:
+        if not _initialised:
+            try:
+                check(_driver().cuInit(0), "cuInit")
+            except DriverError as exc:
+                raise NoDeviceError(f"no usable CUDA driver or device: {exc}") from None
+            except Exception as exc:  # libcuda.so missing: the bindings raise their own error type
+                raise NoDeviceError(f"no CUDA driver library: {exc}") from None
+            _initialised = True
+
+
+@functools.lru_cache(maxsize=None)
+def device_info(index: int = 0) -> DeviceInfo:
+    _init()
+    d = _driver()
+    dev = check(d.cuDeviceGet(index), "cuDeviceGet")
+    name = check(d.cuDeviceGetName(256, dev), "cuDeviceGetName")
+    name = name.split(b"\0", 1)[0].decode() if isinstance(name, bytes) else str(name)
+    A = d.CUdevice_attribute
+
+    def attr(a):
+        return check(d.cuDeviceGetAttribute(a, dev), f"cuDeviceGetAttribute({a.name})")
+
+    version = check(d.cuDriverGetVersion(), "cuDriverGetVersion")
+    return DeviceInfo(
+        index=index,
+        name=name,
+        compute=(attr(A.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR), attr(A.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)),
+        sm_count=attr(A.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT),
+        driver_version=f"{version // 1000}.{version % 1000 // 10}",
+        smem_per_block_optin=attr(A.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN),
+        l2_bytes=attr(A.CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE),
+    )
+
+
+class CudaKernel:
+    """A loaded entry point. ``launch`` is the hot path: no synchronisation, no allocation on device."""
+
+    def __init__(self, module, function, binary: Binary, smem_limit: int):
+        self.module = module
+        self.function = function
+        self.binary = binary
+        self._smem_configured = 0
+        self._smem_limit = smem_limit
+        self._lock = threading.Lock()
+
+    def _ensure_smem(self, smem: int) -> None:
+        if smem <= self._smem_configured:
+            return
+        with self._lock:
+            if smem > self._smem_limit:
+                raise DriverError(
+                    f"{self.binary.symbol} needs {smem} bytes of dynamic shared memory; "
+                    f"the device allows {self._smem_limit}"
+                )
+            d = _driver()
+            check(d.cuFuncSetAttribute(self.function,
+                                       d.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem),
+                  f"cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES={smem}) for {self.binary.symbol}")
+            self._smem_configured = smem
+
+    def launch(self, grid: tuple[int, int, int], block: tuple[int, int, int], smem: int, stream: int,
+               params: PackedParams, cluster: tuple[int, int, int] = (1, 1, 1)) -> None:
+        d = _driver()
+        self._ensure_smem(smem)
+        if cluster == (1, 1, 1):
+            check(d.cuLaunchKernel(self.function, *grid, *block, smem, d.CUstream(stream), params.kernel_params, 0),
+                  f"cuLaunchKernel({self.binary.symbol})")
+            return
+        config = d.CUlaunchConfig()
+        config.gridDimX, config.gridDimY, config.gridDimZ = grid
+        config.blockDimX, config.blockDimY, config.blockDimZ = block
+        config.sharedMemBytes = smem
+        config.hStream = d.CUstream(stream)
+        attr = d.CUlaunchAttribute()
+        attr.id = d.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+        attr.value.clusterDim.x, attr.value.clusterDim.y, attr.value.clusterDim.z = cluster
+        config.attrs = [attr]
+        config.numAttrs = 1
+        check(d.cuLaunchKernelEx(config, self.function, params.kernel_params, 0),
+              f"cuLaunchKernelEx({self.binary.symbol}, cluster={cluster})")
+
+
+class CudaRuntime:
+    """Loads CUBINs into the current device's primary context (the one torch uses)."""
+
+    vendor = "cuda"
+
+    def __init__(self):
+        self._kernels: dict[tuple[int, str], CudaKernel] = {}
+        self._lock = threading.Lock()
+
+    def current_device(self) -> int:
+        import torch
+
+        return torch.cuda.current_device()
+
+    def _make_current(self, index: int) -> None:
+        d = _driver()
+        ctx = check(d.cuCtxGetCurrent(), "cuCtxGetCurrent")
+        if ctx is None or int(ctx) == 0:
+            dev = check(d.cuDeviceGet(index), "cuDeviceGet")
+            primary = check(d.cuDevicePrimaryCtxRetain(dev), "cuDevicePrimaryCtxRetain")
+            check(d.cuCtxSetCurrent(primary), "cuCtxSetCurrent")
+
+    def load(self, binary: Binary, device: int | None = None) -> CudaKernel:
+        """Load (once per device) and return the kernel; later calls are a dictionary lookup."""
+        index = self.current_device() if device is None else device
+        cache_key = (index, binary.key)
+        kernel = self._kernels.get(cache_key)
+        if kernel is not None:
+            return kernel
+        with self._lock:
+            kernel = self._kernels.get(cache_key)
+            if kernel is None:
+                _init()
+                self._make_current(index)
+                d = _driver()
+                module = check(d.cuModuleLoadData(binary.data), f"cuModuleLoadData({binary.symbol})")
+                function = check(d.cuModuleGetFunction(module, binary.symbol.encode()),
+                                 f"cuModuleGetFunction({binary.symbol})")
+                info = device_info(index)
+                kernel = CudaKernel(module, function, binary, info.smem_per_block_optin)
+                self._kernels[cache_key] = kernel
+        return kernel
+
+
+@functools.lru_cache(maxsize=None)
+def runtime() -> CudaRuntime:
+    return CudaRuntime()
+
+
+def encode_tensor_map_bf16(address: int, dims: list[int], strides_bytes: list[int], box: list[int],
+                           swizzle_bytes: int, what: str) -> bytes:
+    """A TMA descriptor (128 bytes) for a bf16 tensor; dims innermost first, strides for dims[1:]."""
+    d = _driver()
+    sw = {0: d.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_NONE,
+          32: d.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_32B,
+          64: d.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_64B,
+          128: d.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B}[swizzle_bytes]
+    rank = len(dims)
+    tmap = check(d.cuTensorMapEncodeTiled(
+        d.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, rank, address,
+        [d.cuuint64_t(x) for x in dims], [d.cuuint64_t(x) for x in strides_bytes],
+        [d.cuuint32_t(x) for x in box], [d.cuuint32_t(1)] * rank,
+        d.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE, sw,
+        d.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+        d.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE), f"cuTensorMapEncodeTiled({what})")
+    return _tensor_map_bytes(tmap)
+
+
+def _tensor_map_bytes(tmap) -> bytes:
+    import ctypes
+
+    ptr = int(tmap.getPtr())
+    return ctypes.string_at(ptr, 128)

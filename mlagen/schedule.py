@@ -1,0 +1,229 @@
+"""The barrier schedule of warp-specialized Hopper kernels, described in the spec and checked here.
+
+A spec's ``schedule`` section names the warp roles (how many warpgroups each, their register
+budget and their tasks), the pipelines between roles (stages, producer, consumer), the ordering
+between consumer warpgroups, intra-warpgroup overlap, the tile scheduler, the cluster size and
+the swizzle of every TMA operand. Values are expressions over the spec's tunables, so the tuner
+searches the schedule like any other parameter.
+
+``validate_spec`` checks the structure when the spec loads; ``check_variant`` checks one variant
+against the hardware budgets (registers per SM, setmaxnreg limits, TMA box limits, swizzle width
+against tile width) before anything is compiled, with a message that says which budget broke and
+by how much.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from . import expr
+from .errors import SpecError
+
+ROLE_KEYS = ("warpgroups", "registers", "tasks")
+PRODUCER_TASKS = ("load_q", "load_k", "load_v")
+CONSUMER_TASKS = ("mma_qk", "softmax", "mma_pv", "store_o")
+PIPELINE_KEYS = ("stages", "producer", "consumer")
+TOP_KEYS = ("roles", "pipelines", "consumer_order", "intra_warpgroup_overlap", "scheduler", "cluster", "epilogue",
+            "swizzle")
+ORDERS = ("none", "pingpong")
+SCHEDULERS = ("static", "persistent", "dynamic")
+EPILOGUES = ("tma", "direct")  # through shared memory and a TMA store, or registers straight to global
+SWIZZLES = (32, 64, 128)
+OPERANDS = ("q", "k", "v")
+REGS_PER_SM = 65536
+TMA_BOX_MAX = 256
+
+# The kernel's fixed structure: which role runs which device function (templates/include/mlagen/sm90).
+ROLE_ENTRY = {"producer": ("producer", PRODUCER_TASKS), "consumer": ("consumer", CONSUMER_TASKS)}
+
+
+def _section(spec) -> dict:
+    sched = spec.schedule
+    if not isinstance(sched, dict):
+        raise SpecError(spec.path, "schedule", "a TMA kernel needs a schedule mapping")
+    return sched
+
+
+def _expr(spec, value, key: str, known: set) -> expr.Expr:
+    try:
+        e = expr.parse(value)
+    except expr.ExprError as exc:
+        raise SpecError(spec.path, key, str(exc)) from None
+    unknown = e.names - known
+    if unknown:
+        raise SpecError(spec.path, key, f"unknown name(s) {sorted(unknown)}")
+    return e
+
+
+def _known_names(spec) -> set:
+    return ({k for k, _ in spec.problem} | {k for k, _ in spec.derived} | {k for k, _ in spec.specialize}
+            | {t.name for t in spec.tunables})
+
+
+def validate_spec(spec) -> None:
+    """Structure of the schedule section; raises SpecError naming the key."""
+    sched = _section(spec)
+    for key in sched:
+        if key not in TOP_KEYS:
+            raise SpecError(spec.path, f"schedule.{key}", f"unknown key; allowed: {', '.join(TOP_KEYS)}")
+    for key in TOP_KEYS:
+        if key not in sched:
+            raise SpecError(spec.path, f"schedule.{key}", "required key is missing")
+    known = _known_names(spec)
+    roles = sched["roles"]
+    if not isinstance(roles, dict) or list(roles) != list(ROLE_ENTRY):
+        raise SpecError(spec.path, "schedule.roles",
+                        f"this kernel has the roles {list(ROLE_ENTRY)} in that order, got {list(roles) if isinstance(roles, dict) else roles!r}")
+    for name, body in roles.items():
+        where = f"schedule.roles.{name}"
+        if not isinstance(body, dict) or set(body) != set(ROLE_KEYS):
+            raise SpecError(spec.path, where, f"expected keys {list(ROLE_KEYS)}")
+        _expr(spec, body["warpgroups"], f"{where}.warpgroups", known)
+        _expr(spec, body["registers"], f"{where}.registers", known)
+        expected = ROLE_ENTRY[name][1]
+        if not isinstance(body["tasks"], list) or sorted(body["tasks"]) != sorted(expected):
+            raise SpecError(spec.path, f"{where}.tasks", f"the {name} role of this kernel does {list(expected)}")
+    pipes = sched["pipelines"]
+    if not isinstance(pipes, dict) or not pipes:
+        raise SpecError(spec.path, "schedule.pipelines", "expected a mapping of pipelines")
+    for name, body in pipes.items():
+        where = f"schedule.pipelines.{name}"
+        if not isinstance(body, dict) or set(body) != set(PIPELINE_KEYS):
+            raise SpecError(spec.path, where, f"expected keys {list(PIPELINE_KEYS)}")
+        for end in ("producer", "consumer"):
+            if body[end] not in roles:
+                raise SpecError(spec.path, f"{where}.{end}", f"{body[end]!r} is not a role ({', '.join(roles)})")
+        _expr(spec, body["stages"], f"{where}.stages", known)
+    if set(pipes) != {"q", "kv"}:
+        raise SpecError(spec.path, "schedule.pipelines", "this kernel has the pipelines q and kv")
+    for key in ("consumer_order", "intra_warpgroup_overlap", "scheduler", "cluster", "epilogue"):
+        _expr(spec, sched[key], f"schedule.{key}", known)
+    sw = sched["swizzle"]
+    if not isinstance(sw, dict) or set(sw) != set(OPERANDS):
+        raise SpecError(spec.path, "schedule.swizzle", f"expected one swizzle per TMA operand: {list(OPERANDS)}")
+    for op in OPERANDS:
+        _expr(spec, sw[op], f"schedule.swizzle.{op}", known)
+
+
+@dataclass(frozen=True)
+class Role:
+    name: str
+    entry: str
+    first_wg: int
+    warpgroups: int
+    registers: int
+    tasks: tuple[str, ...]
+
+    @property
+    def end_wg(self) -> int:
+        return self.first_wg + self.warpgroups
+
+
+@dataclass(frozen=True)
+class Schedule:
+    roles: tuple[Role, ...]
+    stages: dict
+    consumer_order: str
+    overlap: bool
+    scheduler: str
+    cluster: int
+    epilogue: str
+    swizzle: dict
+
+    @property
+    def warpgroups(self) -> int:
+        return sum(r.warpgroups for r in self.roles)
+
+    @property
+    def threads(self) -> int:
+        return 128 * self.warpgroups
+
+    @property
+    def entry_register_cap(self) -> int:
+        """Registers per thread the kernel starts with (launch bounds: threads, 1 block per SM)."""
+        return min(255, REGS_PER_SM // self.threads // 8 * 8)
+
+
+def evaluate(variant) -> Schedule:
+    spec = variant.spec
+    sched = _section(spec)
+    env = variant.env()
+    known = _known_names(spec)
+    roles, first = [], 0
+    for name, body in sched["roles"].items():
+        wgs = int(_expr(spec, body["warpgroups"], "", known)(env))
+        regs = int(_expr(spec, body["registers"], "", known)(env))
+        roles.append(Role(name, ROLE_ENTRY[name][0], first, wgs, regs, tuple(body["tasks"])))
+        first += wgs
+    stages = {name: int(_expr(spec, body["stages"], "", known)(env)) for name, body in sched["pipelines"].items()}
+    value = {k: _expr(spec, sched[k], "", known)(env) for k in ("consumer_order", "intra_warpgroup_overlap",
+                                                                "scheduler", "cluster", "epilogue")}
+    swizzle = {op: int(_expr(spec, sched["swizzle"][op], "", known)(env)) for op in OPERANDS}
+    return Schedule(tuple(roles), stages, str(value["consumer_order"]), bool(value["intra_warpgroup_overlap"]),
+                    str(value["scheduler"]), int(value["cluster"]), str(value["epilogue"]), swizzle)
+
+
+def check_variant(variant, target, resources) -> list[str]:
+    """Budget checks of one variant; each broken rule is one sentence."""
+    reasons: list[str] = []
+    if not target.has("wgmma") or not target.has("setmaxnreg"):
+        return [f"{target.name} has no wgmma/setmaxnreg; this schedule needs sm_90a"]
+    try:
+        s = evaluate(variant)
+    except expr.ExprError as exc:
+        return [f"schedule failed to evaluate: {exc}"]
+    env = variant.env()
+    by_name = {r.name: r for r in s.roles}
+    producer, consumer = by_name["producer"], by_name["consumer"]
+
+    if producer.warpgroups != 1:
+        reasons.append(f"the producer role is one warpgroup, got {producer.warpgroups}")
+    if consumer.warpgroups < 1:
+        reasons.append("at least one consumer warpgroup is needed")
+    if s.threads != resources.threads:
+        reasons.append(f"the roles add up to {s.threads} threads but the resource model says {resources.threads}")
+    for r in s.roles:
+        if not (24 <= r.registers <= 256 and r.registers % 8 == 0):
+            reasons.append(f"{r.name} registers {r.registers}: setmaxnreg takes a multiple of 8 in [24, 256]")
+    total = sum(128 * r.warpgroups * r.registers for r in s.roles)
+    if total > REGS_PER_SM:
+        terms = " + ".join(f"{r.name} {r.warpgroups}x128x{r.registers}" for r in s.roles)
+        reasons.append(f"register budget: {terms} = {total} exceeds the {REGS_PER_SM} registers of an SM "
+                       f"by {total - REGS_PER_SM}")
+    if s.consumer_order not in ORDERS:
+        reasons.append(f"consumer_order {s.consumer_order!r} is not one of {list(ORDERS)}")
+    elif s.consumer_order == "pingpong" and consumer.warpgroups != 2:
+        reasons.append(f"pingpong alternates two consumer warpgroups, this schedule has {consumer.warpgroups}")
+    if s.scheduler not in SCHEDULERS:
+        reasons.append(f"scheduler {s.scheduler!r} is not one of {list(SCHEDULERS)}")
+    if s.epilogue not in EPILOGUES:
+        reasons.append(f"epilogue {s.epilogue!r} is not one of {list(EPILOGUES)}")
+    if s.cluster != 1:
+        reasons.append(f"cluster {s.cluster}: 2-CTA clusters with K/V multicast are not implemented by this kernel "
+                       "(the spec allows only 1)")
+    if s.stages.get("q") != 1:
+        reasons.append(f"the q pipeline has one stage in this kernel, got {s.stages.get('q')}")
+    if not 2 <= s.stages.get("kv", 0) <= 4:
+        reasons.append(f"the kv pipeline needs 2 to 4 stages, got {s.stages.get('kv')}")
+
+    block_m, block_n = env["block_m"], env["block_n"]
+    if block_m != 64 * consumer.warpgroups:
+        reasons.append(f"block_m {block_m} must be 64 rows per consumer warpgroup ({64 * consumer.warpgroups})")
+    for name, rows in (("block_m", block_m), ("block_n", block_n)):
+        if rows > TMA_BOX_MAX:
+            reasons.append(f"{name} {rows} exceeds the TMA box limit of {TMA_BOX_MAX} rows by {rows - TMA_BOX_MAX}")
+    if block_n % 16:
+        reasons.append(f"block_n {block_n} must be a multiple of 16 (the k-step of P V)")
+    widths = {"q": [env["d_qk"], env["d_v"]], "k": [env["d_nope"], env["d_rope"]], "v": [env["d_v"]]}
+    for op, sw in s.swizzle.items():
+        if sw not in SWIZZLES:
+            reasons.append(f"swizzle.{op} {sw}: must be one of {list(SWIZZLES)} bytes")
+            continue
+        for cols in widths[op]:
+            if (cols * 2) % sw:
+                reasons.append(f"swizzle.{op} {sw} B does not divide the {cols * 2} B rows of that operand")
+    return reasons
+
+
+def render_schedule(variant) -> Schedule:
+    return evaluate(variant)

@@ -1,0 +1,135 @@
+"""Variants: one concrete choice of every specialisation and tunable of a spec.
+
+A variant's kernel symbol, artifact names and database key are pure functions of its fields, so
+they are readable (``mla_prefill_sm80_causal_m128_n64_w8_s2_swxor_qr1``) and stable.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import Any, Iterator, Mapping
+
+from .errors import SpecError
+from .spec import KernelSpec
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    return str(value).replace("-", "_").replace(".", "p")
+
+
+@dataclass(frozen=True)
+class Variant:
+    spec: KernelSpec
+    values: tuple[tuple[str, Any], ...]  # in spec.axes order
+
+    def __getitem__(self, name: str) -> Any:
+        for key, value in self.values:
+            if key == name:
+                return value
+        raise KeyError(name)
+
+    def get(self, name: str, default: Any = None) -> Any:
+        try:
+            return self[name]
+        except KeyError:
+            return default
+
+    @property
+    def tunables(self) -> dict[str, Any]:
+        names = {t.name for t in self.spec.tunables}
+        return {k: v for k, v in self.values if k in names}
+
+    @property
+    def specialization(self) -> dict[str, Any]:
+        names = {k for k, _ in self.spec.specialize}
+        return {k: v for k, v in self.values if k in names}
+
+    def env(self) -> dict[str, Any]:
+        """Every name a spec expression or template may use: problem, values, derived."""
+        env = self.spec.base_env()
+        env.update(self.values)
+        for key, e in self.spec.derived:
+            env[key] = e(env)
+        return env
+
+    @property
+    def symbol(self) -> str:
+        """The kernel's entry-point name; also the stem of its artifact files."""
+        parts = [self.spec.name]
+        parts += [_fmt(v) for v in self.specialization.values()]
+        parts += [f"{self.spec.tunable(k).abbr}{_fmt(v)}" for k, v in self.tunables.items()]
+        return "_".join(parts)
+
+    def describe(self) -> str:
+        return " ".join(f"{k}={_fmt(v) if isinstance(v, bool) else v}" for k, v in self.values)
+
+    def with_values(self, **changes: Any) -> "Variant":
+        return make(self.spec, {**dict(self.values), **changes})
+
+
+def _coerce(spec: KernelSpec, key: str, where: str, allowed: tuple, value: Any) -> Any:
+    """Accept ``value`` if it equals an allowed value; strings from the CLI are converted."""
+    for candidate in allowed:
+        if value == candidate and type(value) is type(candidate):
+            return candidate
+        if isinstance(value, str) and _fmt(candidate) == value.lower().replace("-", "_"):
+            return candidate
+        if isinstance(value, str) and isinstance(candidate, bool) and value.lower() in ("true", "false"):
+            if candidate == (value.lower() == "true"):
+                return candidate
+    raise SpecError(spec.path, where, f"{value!r} is not one of {list(allowed)}")
+
+
+def make(spec: KernelSpec, values: Mapping[str, Any]) -> Variant:
+    """Build a variant from a full or partial mapping; missing tunables take their defaults.
+
+    Specialisations without a value take their first value. Unknown names and values outside the
+    search space raise SpecError naming the key (``tune.block_n: 96 is not one of [...]``).
+    """
+    spec_axes = dict(spec.specialize)
+    tunables = {t.name: t for t in spec.tunables}
+    for key in values:
+        if key not in spec_axes and key not in tunables:
+            raise SpecError(spec.path, f"tune.{key}", f"unknown tunable; known: {', '.join(spec.axes)}")
+    out = []
+    for key, allowed in spec.specialize:
+        value = values.get(key, allowed[0])
+        out.append((key, _coerce(spec, key, f"specialize.{key}", allowed, value)))
+    for t in spec.tunables:
+        value = values.get(t.name, t.default)
+        out.append((t.name, _coerce(spec, t.name, f"tune.{t.name}", t.values, value)))
+    return Variant(spec, tuple(out))
+
+
+def default(spec: KernelSpec, **specialization: Any) -> Variant:
+    return make(spec, specialization)
+
+
+def parse_assignments(spec: KernelSpec, items: list[str]) -> dict[str, Any]:
+    """``["block_n=64", "stages=3"]`` from the command line into a mapping (values checked by make)."""
+    out: dict[str, Any] = {}
+    for item in items:
+        for part in item.split(","):
+            part = part.strip()
+            if not part:
+                continue
+            if "=" not in part:
+                raise SpecError(spec.path, "tune", f"{part!r}: expected name=value")
+            key, value = part.split("=", 1)
+            key = key.strip()
+            value = value.strip()
+            out[key] = int(value) if value.lstrip("-").isdigit() else value
+    return out
+
+
+def enumerate_space(spec: KernelSpec, fixed: Mapping[str, Any] | None = None) -> Iterator[Variant]:
+    """Every variant of the search space (specialisations x tunables), ``fixed`` held constant."""
+    fixed = dict(fixed or {})
+    make(spec, fixed)  # validates the names and values in ``fixed``
+    axes = [(k, vals) for k, vals in spec.specialize] + [(t.name, t.values) for t in spec.tunables]
+    choices = [[fixed[k]] if k in fixed else list(vals) for k, vals in axes]
+    for combo in itertools.product(*choices):
+        yield make(spec, dict(zip((k for k, _ in axes), combo)))

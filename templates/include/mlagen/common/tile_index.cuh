@@ -1,0 +1,113 @@
+// Query-tile indexing over packed (ragged) batches and the key range each query tile attends to.
+//
+// Tiles are numbered without knowing sequence lengths on the host: sequence b owns the virtual
+// tile indices [start(b), start(b+1)) with start(b) = floor(cu_q[b] / BLOCK_M) + b, which leaves
+// room for its ceil(Lq_b / BLOCK_M) tiles. The host launches floor(total_q / BLOCK_M) + batch
+// virtual tiles per head; the few that map past a sequence's last tile exit at once.
+#pragma once
+#include "mlagen/common/types.cuh"
+
+namespace mlagen {
+
+struct SeqInfo {
+  int q_start;  // first row of the sequence in the packed query tensor
+  int k_start;
+  int len_q;
+  int len_k;
+};
+
+// Sequence b's rows. Offsets are clamped into the tensors, so cu_seqlens values that were not
+// validated on the host (device tensors, graph capture) can never send a kernel out of bounds.
+__device__ __forceinline__ SeqInfo load_seq(const int* cu_q, const int* cu_k, int total_q, int total_k, int b) {
+  SeqInfo s;
+  if (cu_q == nullptr) {
+    s.q_start = 0;
+    s.len_q = total_q;
+  } else {
+    s.q_start = min(max(__ldg(cu_q + b), 0), total_q);
+    s.len_q = min(max(__ldg(cu_q + b + 1), s.q_start), total_q) - s.q_start;
+  }
+  if (cu_k == nullptr) {
+    s.k_start = 0;
+    s.len_k = total_k;
+  } else {
+    s.k_start = min(max(__ldg(cu_k + b), 0), total_k);
+    s.len_k = min(max(__ldg(cu_k + b + 1), s.k_start), total_k) - s.k_start;
+  }
+  return s;
+}
+
+template <int BLOCK_M>
+__device__ __forceinline__ int virtual_tile_start(const int* cu_q, int b) {
+  return __ldg(cu_q + b) / BLOCK_M + b;
+}
+
+// The sequence that owns virtual tile v: the last b in [0, batch) with start(b) <= v.
+// Called by a whole warp (all lanes get the answer): each step samples 32 candidates, so a batch
+// of up to 32^k sequences costs k dependent loads.
+template <int BLOCK_M>
+__device__ __forceinline__ int find_sequence(const int* cu_q, int batch, int v) {
+  if (cu_q == nullptr) return 0;
+  const int lane = threadIdx.x & 31;
+  int lo = 0, hi = batch;  // invariant: start(lo) <= v, answer in [lo, hi)
+  while (hi - lo > 32) {
+    const int step = (hi - lo + 31) / 32;
+    const int idx = lo + lane * step;
+    const bool le = idx < hi && virtual_tile_start<BLOCK_M>(cu_q, idx) <= v;
+    const unsigned mask = __ballot_sync(0xffffffffu, le);
+    const int k = 31 - __clz(mask);
+    lo = lo + k * step;
+    hi = min(hi, lo + step);
+  }
+  const int idx = lo + lane;
+  const bool le = idx < hi && virtual_tile_start<BLOCK_M>(cu_q, idx) <= v;
+  return lo + __popc(__ballot_sync(0xffffffffu, le)) - 1;
+}
+
+// One query tile: which sequence, which rows, and the keys it attends to.
+struct QueryTile {
+  SeqInfo seq;
+  int batch;
+  int m_block;     // tile index within the sequence
+  int row0;        // first query row of the tile, within the sequence
+  int rows;        // valid rows in the tile (<= BLOCK_M); 0 means the virtual tile is empty
+  int n_blocks;    // key tiles to visit: [0, n_blocks)
+  int first_masked_block;  // key tiles >= this one need the causal or length mask
+};
+
+// Map virtual tile v to its query tile. Within a sequence, tiles are visited longest-first when
+// causal (the last rows see the most keys), so a grid walked in order balances itself.
+template <int BLOCK_M, int BLOCK_N, bool CAUSAL>
+__device__ __forceinline__ QueryTile locate_tile(const int* cu_q, const int* cu_k, int total_q, int total_k,
+                                                 int batch, int v) {
+  QueryTile t;
+  const int b = find_sequence<BLOCK_M>(cu_q, batch, v);
+  t.batch = b;
+  t.seq = load_seq(cu_q, cu_k, total_q, total_k, b);
+  const int local = cu_q == nullptr ? v : v - virtual_tile_start<BLOCK_M>(cu_q, b);
+  const int m_tiles = ceil_div(t.seq.len_q, BLOCK_M);
+  if (local >= m_tiles) {
+    t.rows = 0;
+    t.n_blocks = 0;
+    t.m_block = 0;
+    t.row0 = 0;
+    t.first_masked_block = 0;
+    return t;
+  }
+  t.m_block = CAUSAL ? m_tiles - 1 - local : local;
+  t.row0 = t.m_block * BLOCK_M;
+  t.rows = min(BLOCK_M, t.seq.len_q - t.row0);
+  // Bottom-right aligned causal mask: row i sees key j iff j <= i + (len_k - len_q).
+  const int offset = t.seq.len_k - t.seq.len_q;
+  int n_end = t.seq.len_k;
+  if (CAUSAL) n_end = min(n_end, t.row0 + BLOCK_M + offset);
+  t.n_blocks = n_end > 0 ? ceil_div(n_end, BLOCK_N) : 0;
+  // Key tiles past the last full one are length-masked; with causal, tiles reaching past the
+  // first row's diagonal are masked too.
+  int first = t.seq.len_k / BLOCK_N;
+  if (CAUSAL) first = min(first, max(0, floor_div(t.row0 + offset + 1, BLOCK_N)));
+  t.first_masked_block = first;
+  return t;
+}
+
+}  // namespace mlagen

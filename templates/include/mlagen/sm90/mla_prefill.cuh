@@ -1,0 +1,471 @@
+// Dense MLA prefill for Hopper (sm_90a): a TMA producer warp and wgmma consumer warpgroups.
+//
+// A CTA owns BLOCK_M = 64 * CONSUMERS query rows of one head at a time. The producer warp loads Q
+// and streams K (nope, then rope: shared by all heads when k_rope is [Tk, 1, 64]) and V tiles
+// into STAGES-deep rings guarded by full/empty mbarriers. Each consumer warpgroup computes its 64
+// rows: S = Q K^T with both operands in shared memory, online softmax in the exp2 domain, then
+// O += P V with P from registers. With OVERLAP, the next S is issued before the current P V, so
+// softmax hides behind tensor-core work; with PINGPONG the two consumer warpgroups take turns
+// issuing MMAs. The output goes back through shared memory (reusing the warpgroup's Q rows) and a
+// TMA store. Key tiles are visited last-to-first, so the masked (diagonal, partial) tiles come
+// first; fully masked tiles are never visited.
+#pragma once
+#include "mlagen/common/online_softmax.cuh"
+#include "mlagen/common/tile_index.cuh"
+#include "mlagen/common/types.cuh"
+#include "mlagen/sm90/barrier.cuh"
+#include "mlagen/sm90/tma.cuh"
+#include "mlagen/sm90/wgmma.cuh"
+
+namespace mlagen::sm90 {
+
+enum class Scheduler { kStatic, kPersistent, kDynamic };
+
+// Shared memory of one CTA; every offset is a multiple of 1024 bytes (the 128-byte swizzle atom).
+template <class Cfg>
+struct Layout {
+  static constexpr int kCbQ = Cfg::kSwQ / 2;  // bf16 columns per TMA box / column block
+  static constexpr int kCbK = Cfg::kSwK / 2;
+  static constexpr int kCbV = Cfg::kSwV / 2;
+  static constexpr int kQCbBytes = Cfg::kBlockM * Cfg::kSwQ;
+  static constexpr int kKCbBytes = Cfg::kBlockN * Cfg::kSwK;
+  static constexpr int kVCbBytes = Cfg::kBlockN * Cfg::kSwV;
+  static constexpr int kQBytes = Cfg::kBlockM * Cfg::kDQk * 2;
+  static constexpr int kKBytes = Cfg::kBlockN * Cfg::kDQk * 2;
+  static constexpr int kVBytes = Cfg::kBlockN * Cfg::kDV * 2;
+  static constexpr int kQ = 0;
+  static constexpr int kK = kQ + kQBytes;
+  static constexpr int kV = kK + Cfg::kStages * kKBytes;
+  static constexpr int kBarriers = kV + Cfg::kStages * kVBytes;
+  // Barriers: q_full, q_empty, k_full[S], k_empty[S], v_full[S], v_empty[S], tile_full[2], tile_empty[2].
+  static constexpr int kNumBarriers = 2 + 4 * Cfg::kStages + 4;
+  static constexpr int kTileIds = kBarriers + 8 * kNumBarriers;
+  static constexpr int kEnd = kTileIds + 8;
+  static constexpr int kReserved = 1024;  // barriers and tile ids, rounded up
+  static constexpr int kSmemBytes = kBarriers + kReserved + 1024;  // + slack to align the base to 1024
+  static_assert(kEnd - kBarriers <= kReserved, "barrier area overflows its reservation");
+  static_assert(kQCbBytes % 1024 == 0 && kKCbBytes % 1024 == 0 && kVCbBytes % 1024 == 0 &&
+                    kQBytes % 1024 == 0 && kKBytes % 1024 == 0 && kVBytes % 1024 == 0,
+                "tiles must keep every TMA box on a 1024-byte swizzle-atom boundary");
+  static_assert(Cfg::kDV * 2 <= Cfg::kDQk * 2, "the output staging tile reuses the Q tile");
+};
+
+struct Barriers {
+  u32 base;
+  int stages;
+  __device__ __forceinline__ u32 q_full() const { return base; }
+  __device__ __forceinline__ u32 q_empty() const { return base + 8; }
+  __device__ __forceinline__ u32 k_full(int s) const { return base + 8 * (2 + s); }
+  __device__ __forceinline__ u32 k_empty(int s) const { return base + 8 * (2 + stages + s); }
+  __device__ __forceinline__ u32 v_full(int s) const { return base + 8 * (2 + 2 * stages + s); }
+  __device__ __forceinline__ u32 v_empty(int s) const { return base + 8 * (2 + 3 * stages + s); }
+  __device__ __forceinline__ u32 tile_full(int s) const { return base + 8 * (2 + 4 * stages + s); }
+  __device__ __forceinline__ u32 tile_empty(int s) const { return base + 8 * (4 + 4 * stages + s); }
+};
+
+// Work assignment: tile t covers head t / num_virtual and virtual query tile t % num_virtual, so
+// consecutive tiles share a head (its K and V stay in L2) and, when causal, go longest-first.
+template <class Cfg, class Params>
+struct TileSchedule {
+  const Params& p;
+  int total;
+  __device__ __forceinline__ TileSchedule(const Params& params)
+      : p(params), total(params.num_virtual_tiles * params.num_heads) {}
+  __device__ __forceinline__ int first() const { return blockIdx.x; }
+  // Static and persistent schedules are computed identically by every warp; the dynamic one is
+  // fetched by the producer (next_dynamic) and published to the consumers through shared memory.
+  __device__ __forceinline__ int next_static(int t) const {
+    return Cfg::kScheduler == Scheduler::kStatic ? total : t + gridDim.x;
+  }
+  __device__ __forceinline__ int next_dynamic() const { return gridDim.x + atomicAdd(p.tile_counter, 1); }
+};
+
+template <class Cfg, class Params>
+__device__ __forceinline__ QueryTile query_tile(const Params& p, int t, int& head) {
+  head = t / p.num_virtual_tiles;
+  return locate_tile<Cfg::kBlockM, Cfg::kBlockN, Cfg::kCausal>(p.cu_seqlens_q, p.cu_seqlens_k, p.total_q,
+                                                              p.total_k, p.batch, t % p.num_virtual_tiles);
+}
+
+// ------------------------------------------------------------------------------------------------
+// Producer: one warp issues every TMA load.
+
+template <class Cfg, class Params>
+__device__ void producer(const Params& p, u32 smem, const Barriers& bar) {
+  using L = Layout<Cfg>;
+  const int warp = (threadIdx.x / 32) % 4;
+  if (warp != 0) return;
+  const int lane = threadIdx.x % 32;
+  const TileSchedule<Cfg, Params> sched(p);
+  int tile_iter = 0, kv_iter = 0, id_iter = 0;
+  for (int t = sched.first(); t < sched.total;) {
+    int head;
+    const QueryTile qt = query_tile<Cfg>(p, t, head);
+    if (qt.rows > 0 && qt.n_blocks > 0) {
+      const int rope_head = p.rope_shared ? 0 : head;
+      for (int i = 0; i < qt.n_blocks; ++i, ++kv_iter) {
+        const int key0 = qt.seq.k_start + (qt.n_blocks - 1 - i) * Cfg::kBlockN;
+        const int s = kv_iter % Cfg::kStages;
+        const u32 phase = ((kv_iter / Cfg::kStages) & 1) ^ 1;
+        const u32 k_tile = smem + L::kK + s * L::kKBytes;
+        mbar_wait(bar.k_empty(s), phase);
+        if (lane == 0) {
+          mbar_arrive_expect_tx(bar.k_full(s), L::kKBytes);
+#pragma unroll
+          for (int cb = 0; cb < Cfg::kDNope / L::kCbK; ++cb)
+            tma_load_3d(k_tile + cb * L::kKCbBytes, &p.tma_k, bar.k_full(s), cb * L::kCbK, head, key0);
+#pragma unroll
+          for (int cb = 0; cb < Cfg::kDRope / L::kCbK; ++cb)
+            tma_load_3d(k_tile + (Cfg::kDNope / L::kCbK + cb) * L::kKCbBytes, &p.tma_k_rope, bar.k_full(s),
+                        cb * L::kCbK, rope_head, key0);
+        }
+        if (i == 0) {
+          // Q after the first K tile: that load overlaps the previous tile's epilogue, which
+          // still owns the Q buffer until both consumer warpgroups release it.
+          mbar_wait(bar.q_empty(), (tile_iter & 1) ^ 1);
+          if (lane == 0) {
+            mbar_arrive_expect_tx(bar.q_full(), L::kQBytes);
+#pragma unroll
+            for (int cb = 0; cb < Cfg::kDQk / L::kCbQ; ++cb)
+              tma_load_3d(smem + L::kQ + cb * L::kQCbBytes, &p.tma_q, bar.q_full(), cb * L::kCbQ, head,
+                          qt.seq.q_start + qt.row0);
+          }
+          ++tile_iter;
+        }
+        mbar_wait(bar.v_empty(s), phase);
+        if (lane == 0) {
+          mbar_arrive_expect_tx(bar.v_full(s), L::kVBytes);
+#pragma unroll
+          for (int cb = 0; cb < Cfg::kDV / L::kCbV; ++cb)
+            tma_load_3d(smem + L::kV + s * L::kVBytes + cb * L::kVCbBytes, &p.tma_v, bar.v_full(s), cb * L::kCbV,
+                        head, key0);
+        }
+      }
+    }
+    if constexpr (Cfg::kScheduler == Scheduler::kDynamic) {
+      int next = 0;
+      if (lane == 0) next = sched.next_dynamic();
+      next = __shfl_sync(0xffffffffu, next, 0);
+      const int slot = id_iter & 1;
+      mbar_wait(bar.tile_empty(slot), ((id_iter >> 1) & 1) ^ 1);
+      if (lane == 0) {
+        asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(smem + L::kTileIds + 4 * slot), "r"(next) : "memory");
+        mbar_arrive(bar.tile_full(slot));
+      }
+      ++id_iter;
+      t = next;
+    } else {
+      t = sched.next_static(t);
+    }
+  }
+}
+
+// ------------------------------------------------------------------------------------------------
+// Consumer warpgroup: 64 query rows.
+
+template <class Cfg>
+struct ConsumerRegs {
+  static constexpr int kSFrags = Cfg::kBlockN / 8;
+  static constexpr int kOFrags = Cfg::kDV / 8;
+  float s[kSFrags * 4];
+  float o[kOFrags * 4];
+  u32 p[Cfg::kBlockN / 16][4];
+  RowStats stats;
+};
+
+template <class Cfg>
+__device__ __forceinline__ void issue_qk(ConsumerRegs<Cfg>& r, u32 smem, int wg, int stage) {
+  using L = Layout<Cfg>;
+  const u32 q_rows = smem + L::kQ + wg * 64 * Cfg::kSwQ;
+  const u32 k_tile = smem + L::kK + stage * L::kKBytes;
+  pin_registers(r.s);
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < Cfg::kDQk / 16; ++kk) {
+    const int col = kk * 16;
+    const u32 a = q_rows + (col / L::kCbQ) * L::kQCbBytes + (col % L::kCbQ) * 2;
+    const u32 b = k_tile + (col / L::kCbK) * L::kKCbBytes + (col % L::kCbK) * 2;
+    Wgmma<Cfg::kBlockN>::ss(r.s, desc_k_major<Cfg::kSwQ>(a), desc_k_major<Cfg::kSwK>(b), kk > 0);
+  }
+  wgmma_commit();
+}
+
+template <class Cfg>
+__device__ __forceinline__ void issue_pv(ConsumerRegs<Cfg>& r, u32 smem, int stage) {
+  using L = Layout<Cfg>;
+  const u32 v_tile = smem + L::kV + stage * L::kVBytes;
+  pin_registers(r.o);
+  pin_registers(r.p);
+  wgmma_fence();
+#pragma unroll
+  for (int kt = 0; kt < Cfg::kBlockN / 16; ++kt)
+    Wgmma<Cfg::kDV>::template rs<1>(r.o, r.p[kt], desc_mn_major<Cfg::kSwV>(v_tile + kt * 16 * Cfg::kSwV, L::kVCbBytes),
+                                    1);
+  wgmma_commit();
+}
+
+// Scores of keys past the sequence or right of the causal diagonal become -inf.
+template <class Cfg>
+__device__ __forceinline__ void apply_mask(ConsumerRegs<Cfg>& r, const QueryTile& qt, int n, int row_base) {
+  const int lane = threadIdx.x % 32;
+  const int offset = qt.seq.len_k - qt.seq.len_q;
+#pragma unroll
+  for (int j = 0; j < ConsumerRegs<Cfg>::kSFrags; ++j) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int row = qt.row0 + row_base + lane / 4 + 8 * (e / 2);
+      const int col = n * Cfg::kBlockN + j * 8 + 2 * (lane % 4) + (e % 2);
+      const bool visible = col < qt.seq.len_k && (!Cfg::kCausal || col <= row + offset);
+      if (!visible) r.s[4 * j + e] = neg_inf();
+    }
+  }
+}
+
+template <class Cfg>
+__device__ __forceinline__ void scores_to_probabilities(ConsumerRegs<Cfg>& r, const QueryTile& qt, int n,
+                                                        int row_base, float scale_log2, float (&corr)[2]) {
+  pin_registers(r.s);
+  if (n >= qt.first_masked_block) apply_mask(r, qt, n, row_base);
+  softmax_update<ConsumerRegs<Cfg>::kSFrags>(r.s, r.stats, scale_log2, corr);
+}
+
+template <class Cfg>
+__device__ __forceinline__ void rescale_and_pack(ConsumerRegs<Cfg>& r, const float (&corr)[2]) {
+  pin_registers(r.o);
+  pin_registers(r.p);  // the previous P V has completed; only now may P be overwritten
+#pragma unroll
+  for (int j = 0; j < ConsumerRegs<Cfg>::kOFrags; ++j) {
+    r.o[4 * j + 0] *= corr[0];
+    r.o[4 * j + 1] *= corr[0];
+    r.o[4 * j + 2] *= corr[1];
+    r.o[4 * j + 3] *= corr[1];
+  }
+#pragma unroll
+  for (int kt = 0; kt < Cfg::kBlockN / 16; ++kt) {
+    r.p[kt][0] = pack_bf16x2(r.s[8 * kt + 0], r.s[8 * kt + 1]);
+    r.p[kt][1] = pack_bf16x2(r.s[8 * kt + 2], r.s[8 * kt + 3]);
+    r.p[kt][2] = pack_bf16x2(r.s[8 * kt + 4], r.s[8 * kt + 5]);
+    r.p[kt][3] = pack_bf16x2(r.s[8 * kt + 6], r.s[8 * kt + 7]);
+  }
+}
+
+// Ping-pong between the two consumer warpgroups: a warpgroup waits for its turn before issuing
+// MMAs and hands the turn over after issuing them (named barriers 1 and 2, 256 threads).
+template <class Cfg>
+__device__ __forceinline__ void turn_wait(int wg) {
+  if constexpr (Cfg::kPingpong) named_sync(1 + wg, 256);
+}
+template <class Cfg>
+__device__ __forceinline__ void turn_pass(int wg) {
+  if constexpr (Cfg::kPingpong) named_arrive(1 + (wg ^ 1), 256);
+}
+
+template <class Cfg, class Params>
+__device__ __forceinline__ void write_empty_rows(const Params& p, const QueryTile& qt, int head, int wg) {
+  // A tile whose rows see no key: out = 0, lse = +inf.
+  const int tid = threadIdx.x % 128;
+  for (int i = tid; i < 64 * (Cfg::kDV / 8); i += 128) {
+    const int row = wg * 64 + i / (Cfg::kDV / 8);
+    const int chunk = i % (Cfg::kDV / 8);
+    if (row < qt.rows) {
+      u16* dst = p.out + (i64)(qt.seq.q_start + qt.row0 + row) * p.o_row_stride + (i64)head * p.o_head_stride + chunk * 8;
+      *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
+    }
+  }
+  if (tid < 64 && wg * 64 + tid < qt.rows)
+    p.lse[(i64)(qt.seq.q_start + qt.row0 + wg * 64 + tid) * p.lse_row_stride + head] = pos_inf();
+}
+
+template <class Cfg, class Params>
+__device__ __forceinline__ void epilogue(const Params& p, ConsumerRegs<Cfg>& r, const QueryTile& qt, int head, int wg,
+                                         u32 smem, const Barriers& bar) {
+  using L = Layout<Cfg>;
+  const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
+  float inv[2], lse[2];
+  softmax_finish(r.stats, inv, lse);
+  const int slice_row0 = wg * 64;
+  const int row_in_slice = warp * 16 + lane / 4;
+  if (lane % 4 == 0) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = slice_row0 + row_in_slice + 8 * h;
+      if (row < qt.rows) p.lse[(i64)(qt.seq.q_start + qt.row0 + row) * p.lse_row_stride + head] = lse[h];
+    }
+  }
+  // TMA stores clip at the end of the tensor but not at the end of a packed sequence, so a slice
+  // that ends inside another sequence's rows is written with predicated stores instead. With the
+  // direct epilogue the Q buffer was released after the last Q K^T and registers go straight out.
+  const bool tma_ok = Cfg::kTmaEpilogue && (slice_row0 + 64 <= qt.rows || qt.seq.q_start + qt.seq.len_q == p.total_q);
+  if (tma_ok) {
+#pragma unroll
+    for (int j = 0; j < ConsumerRegs<Cfg>::kOFrags; ++j) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int col = 8 * j + 2 * (lane % 4);
+        const int row = slice_row0 + row_in_slice + 8 * h;
+        const u32 addr = smem + L::kQ + (col / L::kCbQ) * L::kQCbBytes +
+                         swizzle_offset<Cfg::kSwQ>(row * Cfg::kSwQ + (col % L::kCbQ) * 2);
+        const u32 packed = pack_bf16x2(r.o[4 * j + 2 * h] * inv[h], r.o[4 * j + 2 * h + 1] * inv[h]);
+        asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr), "r"(packed) : "memory");
+      }
+    }
+    fence_async_shared();
+    named_sync(3 + wg, 128);
+    if (tid == 0) {
+#pragma unroll
+      for (int cb = 0; cb < Cfg::kDV / L::kCbQ; ++cb)
+        tma_store_3d(&p.tma_o, smem + L::kQ + cb * L::kQCbBytes + slice_row0 * Cfg::kSwQ, cb * L::kCbQ, head,
+                     qt.seq.q_start + qt.row0 + slice_row0);
+      tma_store_commit();
+      tma_store_wait_read();
+    }
+    named_sync(3 + wg, 128);  // the staged rows have been read by the TMA engine
+  } else {
+    u16* base = p.out + (i64)(qt.seq.q_start + qt.row0) * p.o_row_stride + (i64)head * p.o_head_stride;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = slice_row0 + row_in_slice + 8 * h;
+      if (row < qt.rows) {
+#pragma unroll
+        for (int j = 0; j < ConsumerRegs<Cfg>::kOFrags; ++j) {
+          const u32 packed = pack_bf16x2(r.o[4 * j + 2 * h] * inv[h], r.o[4 * j + 2 * h + 1] * inv[h]);
+          *reinterpret_cast<u32*>(base + (i64)row * p.o_row_stride + 8 * j + 2 * (lane % 4)) = packed;
+        }
+      }
+    }
+  }
+  if constexpr (Cfg::kTmaEpilogue) mbar_arrive(bar.q_empty());
+}
+
+template <class Cfg, class Params>
+__device__ void consumer(const Params& p, u32 smem, const Barriers& bar, int wg) {
+  using L = Layout<Cfg>;
+  const int tid = threadIdx.x % 128, warp = tid / 32;
+  const int row_base = wg * 64 + warp * 16;  // first tile row of this warp
+  const TileSchedule<Cfg, Params> sched(p);
+  ConsumerRegs<Cfg> r;
+  int tile_iter = 0, kv_iter = 0, id_iter = 0;
+  if constexpr (Cfg::kPingpong) {
+    if (wg == 1) named_arrive(1, 256);  // warpgroup 0 issues first
+  }
+  for (int t = sched.first(); t < sched.total;) {
+    int head;
+    const QueryTile qt = query_tile<Cfg>(p, t, head);
+    if (qt.rows > 0 && qt.n_blocks == 0) write_empty_rows<Cfg>(p, qt, head, wg);
+    if (qt.rows > 0 && qt.n_blocks > 0) {
+      mbar_wait(bar.q_full(), tile_iter & 1);
+      ++tile_iter;
+#pragma unroll
+      for (int i = 0; i < ConsumerRegs<Cfg>::kOFrags * 4; ++i) r.o[i] = 0.f;
+      r.stats.init();
+      float corr[2];
+      int prev_stage = 0;
+      u32 prev_phase = 0;
+      for (int i = 0; i < qt.n_blocks; ++i, ++kv_iter) {
+        const int n = qt.n_blocks - 1 - i;
+        const int s = kv_iter % Cfg::kStages;
+        const u32 phase = (kv_iter / Cfg::kStages) & 1;
+        mbar_wait(bar.k_full(s), phase);
+        if (Cfg::kOverlap && i > 0) {
+          mbar_wait(bar.v_full(prev_stage), prev_phase);
+          turn_wait<Cfg>(wg);
+          issue_qk<Cfg>(r, smem, wg, s);
+          issue_pv<Cfg>(r, smem, prev_stage);
+          turn_pass<Cfg>(wg);
+          wgmma_wait<1>();
+          mbar_arrive(bar.k_empty(s));
+          if (!Cfg::kTmaEpilogue && n == 0) mbar_arrive(bar.q_empty());  // last Q K^T done
+          scores_to_probabilities<Cfg>(r, qt, n, row_base, p.scale_log2, corr);
+          wgmma_wait<0>();
+          mbar_arrive(bar.v_empty(prev_stage));
+          rescale_and_pack<Cfg>(r, corr);
+        } else {
+          turn_wait<Cfg>(wg);
+          issue_qk<Cfg>(r, smem, wg, s);
+          turn_pass<Cfg>(wg);
+          wgmma_wait<0>();
+          mbar_arrive(bar.k_empty(s));
+          if (!Cfg::kTmaEpilogue && n == 0) mbar_arrive(bar.q_empty());  // last Q K^T done
+          scores_to_probabilities<Cfg>(r, qt, n, row_base, p.scale_log2, corr);
+          rescale_and_pack<Cfg>(r, corr);
+          if (!Cfg::kOverlap) {
+            mbar_wait(bar.v_full(s), phase);
+            turn_wait<Cfg>(wg);
+            issue_pv<Cfg>(r, smem, s);
+            turn_pass<Cfg>(wg);
+            wgmma_wait<0>();
+            mbar_arrive(bar.v_empty(s));
+          }
+        }
+        prev_stage = s;
+        prev_phase = phase;
+      }
+      if constexpr (Cfg::kOverlap) {
+        mbar_wait(bar.v_full(prev_stage), prev_phase);
+        turn_wait<Cfg>(wg);
+        issue_pv<Cfg>(r, smem, prev_stage);
+        turn_pass<Cfg>(wg);
+        wgmma_wait<0>();
+        mbar_arrive(bar.v_empty(prev_stage));
+      }
+      pin_registers(r.o);
+      epilogue<Cfg>(p, r, qt, head, wg, smem, bar);
+    }
+    if constexpr (Cfg::kScheduler == Scheduler::kDynamic) {
+      const int slot = id_iter & 1;
+      mbar_wait(bar.tile_full(slot), (id_iter >> 1) & 1);
+      int next;
+      asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(next) : "r"(smem + L::kTileIds + 4 * slot) : "memory");
+      mbar_arrive(bar.tile_empty(slot));
+      ++id_iter;
+      t = next;
+    } else {
+      t = sched.next_static(t);
+    }
+  }
+  if (tid == 0) tma_store_wait_all();
+}
+
+// Barrier set-up by one thread, made visible to the async proxy before any role starts.
+template <class Cfg>
+__device__ __forceinline__ Barriers init_barriers(u32 smem) {
+  using L = Layout<Cfg>;
+  Barriers bar{smem + L::kBarriers, Cfg::kStages};
+  if (threadIdx.x == 0) {
+    mbar_init(bar.q_full(), 1);
+    // Every consumer thread releases what it read once its own MMAs have completed.
+    mbar_init(bar.q_empty(), Cfg::kConsumers * 128);
+    for (int s = 0; s < Cfg::kStages; ++s) {
+      mbar_init(bar.k_full(s), 1);
+      mbar_init(bar.k_empty(s), Cfg::kConsumers * 128);
+      mbar_init(bar.v_full(s), 1);
+      mbar_init(bar.v_empty(s), Cfg::kConsumers * 128);
+    }
+    for (int s = 0; s < 2; ++s) {
+      mbar_init(bar.tile_full(s), 1);
+      mbar_init(bar.tile_empty(s), Cfg::kConsumers * 128);
+    }
+    fence_barrier_init();
+  }
+  return bar;
+}
+
+// The dynamic shared-memory base rounded up to the 1024-byte swizzle atom.
+__device__ __forceinline__ u32 aligned_smem_base() {
+  extern __shared__ __align__(1024) u8 smem_raw[];
+  const u32 base = smem_u32(smem_raw);
+  return (base + 1023) & ~1023u;
+}
+
+template <class Params>
+__device__ __forceinline__ void prefetch_descriptors(const Params& p) {
+  if (threadIdx.x == 0) {
+    tma_prefetch_descriptor(&p.tma_q);
+    tma_prefetch_descriptor(&p.tma_k);
+    tma_prefetch_descriptor(&p.tma_k_rope);
+    tma_prefetch_descriptor(&p.tma_v);
+    tma_prefetch_descriptor(&p.tma_o);
+  }
+}
+
+}  // namespace mlagen::sm90

@@ -1,0 +1,83 @@
+// Warpgroup MMA (wgmma) helpers: shared-memory matrix descriptors for swizzled K-major and
+// MN-major tiles, the fence/commit/wait protocol, and register pinning around async MMAs.
+#pragma once
+#include "mlagen/common/types.cuh"
+#include "mlagen/sm90/wgmma_ops.cuh"
+
+namespace mlagen::sm90 {
+
+// Swizzle of a tile made of TMA boxes whose rows are SW bytes wide: the 16-byte chunk index is
+// XORed with bits of the row (CuTe Swizzle<log2(SW/16), 4, 3> on byte offsets).
+template <int SW>
+__device__ __forceinline__ u32 swizzle_offset(u32 offset) {
+  return offset ^ (((offset >> 7) & (SW / 16 - 1)) << 4);
+}
+
+template <int SW>
+struct SwizzleMode;
+template <>
+struct SwizzleMode<128> {
+  static constexpr u64 value = 1;
+};
+template <>
+struct SwizzleMode<64> {
+  static constexpr u64 value = 2;
+};
+template <>
+struct SwizzleMode<32> {
+  static constexpr u64 value = 3;
+};
+
+// Descriptor of a K-major operand: rows of SW bytes, 8-row groups SBO = 8 * SW bytes apart.
+// Advancing along K inside a row moves the start address; the hardware applies the swizzle.
+template <int SW>
+__device__ __forceinline__ u64 desc_k_major(u32 smem_addr) {
+  constexpr u64 sbo = 8 * SW;
+  return (u64)((smem_addr & 0x3FFFF) >> 4) | ((u64)1 << 16) | ((sbo >> 4) << 32) | (SwizzleMode<SW>::value << 62);
+}
+
+// Descriptor of an MN-major operand stored as column blocks of SW bytes: LBO is the distance
+// between column blocks along MN, SBO the distance between 8-row groups along K.
+template <int SW>
+__device__ __forceinline__ u64 desc_mn_major(u32 smem_addr, u32 column_block_bytes) {
+  constexpr u64 sbo = 8 * SW;
+  return (u64)((smem_addr & 0x3FFFF) >> 4) | ((u64)((column_block_bytes & 0x3FFFF) >> 4) << 16) |
+         ((sbo >> 4) << 32) | (SwizzleMode<SW>::value << 62);
+}
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+
+// Keep the compiler from moving reads or writes of accumulator registers across an async MMA's
+// issue or wait (it cannot see that wgmma writes them later).
+template <int N>
+__device__ __forceinline__ void pin_registers(float (&r)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
+}
+
+template <int N>
+__device__ __forceinline__ void pin_registers(u32 (&r)[N][4]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) asm volatile("" : "+r"(r[i][j])::"memory");
+}
+
+template <int REGS>
+__device__ __forceinline__ void set_max_registers_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(REGS));
+}
+
+template <int REGS>
+__device__ __forceinline__ void set_max_registers_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(REGS));
+}
+
+}  // namespace mlagen::sm90

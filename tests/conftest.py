@@ -1,0 +1,48 @@
+"""Test set-up shared by the GPU-free and GPU suites.
+
+Tests marked ``gpu`` skip with a visible reason where no CUDA device is usable (the CI machine);
+they run on the device machine. Generated artifacts go to a per-session directory unless
+MLAGEN_OUT_DIR is set.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+if not os.environ.get("MLAGEN_OUT_DIR"):
+    os.environ["MLAGEN_OUT_DIR"] = tempfile.mkdtemp(prefix="mlagen-test-out-")
+
+
+def _gpu_skip_reason() -> str | None:
+    try:
+        import torch
+    except ImportError:
+        return "needs torch with CUDA (torch is not installed)"
+    if not torch.cuda.is_available():
+        return "needs a CUDA GPU; none is visible on this machine (GPU tests run on the device machine)"
+    return None
+
+
+GPU_SKIP_REASON = _gpu_skip_reason()
+
+
+def pytest_collection_modifyitems(config, items):
+    if GPU_SKIP_REASON is None:
+        return
+    skip = pytest.mark.skip(reason=GPU_SKIP_REASON)
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+def pytest_report_header(config):
+    return f"mlagen GPU tests: {'enabled' if GPU_SKIP_REASON is None else 'skipped: ' + GPU_SKIP_REASON}"

@@ -1,0 +1,247 @@
+"""Dense MLA prefill on the GPU against a float32 reference written from MLA.md section 1.
+
+Every case draws fresh random inputs, poisons ``out`` and ``lse`` with NaN, and checks that
+every element was written. Each case runs on every kernel spec that targets the device.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+torch = pytest.importorskip("torch")
+
+from mlagen import api  # noqa: E402
+from mlagen.dispatch import dispatcher, family_specs  # noqa: E402
+from mlagen.families.mla_prefill import reference  # noqa: E402
+from mlagen.runtime import device_info  # noqa: E402
+
+OUT_REL_TOL = 1e-2   # bf16 P and output rounding; fp32 accumulation
+OUT_ABS_TOL = 2e-2
+LSE_ABS_TOL = 2e-3
+
+
+def _specs():
+    if not torch.cuda.is_available():
+        return ["mla_prefill_sm80"]
+    target = device_info(torch.cuda.current_device()).target.name
+    return [s.name for s in family_specs("mla_prefill") if target in s.targets]
+
+
+SPECS = _specs()
+
+
+def make(lq, lk, heads, rope="shared", seed=0, cu=None, strided=False):
+    """Random inputs; ``lq``/``lk`` are lists of per-sequence lengths (packed) or ints."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    tq = sum(lq) if isinstance(lq, list) else lq
+    tk = sum(lk) if isinstance(lk, list) else lk
+
+    def rnd(*shape):
+        return torch.randn(*shape, generator=g, device="cuda", dtype=torch.float32).to(torch.bfloat16)
+
+    if strided:
+        # Views with padded rows and heads: only the last dimension is contiguous.
+        q = rnd(tq, heads + 1, 256)[:, 1:, :192]
+        kv = rnd(tk, heads, 384)
+        k, v = kv[:, :, :128], kv[:, :, 256:384]
+    else:
+        q, k, v = rnd(tq, heads, 192), rnd(tk, heads, 128), rnd(tk, heads, 128)
+    if rope == "shared":
+        k_rope = rnd(tk, 1, 64)
+    elif rope == "per_head":
+        k_rope = rnd(tk, heads, 64)
+    else:
+        k = torch.cat([k, rnd(tk, heads, 64)], dim=-1)
+        k_rope = None
+    cu_q = cu_k = None
+    if isinstance(lq, list):
+        cu_q = torch.tensor([0] + list(_cumsum(lq)), dtype=torch.int32, device="cuda")
+        cu_k = torch.tensor([0] + list(_cumsum(lk)), dtype=torch.int32, device="cuda")
+    return q, k, v, k_rope, cu_q, cu_k
+
+
+def _cumsum(xs):
+    total = 0
+    for x in xs:
+        total += x
+        yield total
+
+
+def run_and_check(spec, q, k, v, k_rope, cu_q, cu_k, causal, scale=None, out_strided=False):
+    tq, heads = q.shape[0], q.shape[1]
+    if out_strided:
+        out = torch.full((tq, heads, 256), float("nan"), dtype=torch.bfloat16, device="cuda")[:, :, 64:192]
+    else:
+        out = torch.full((tq, heads, 128), float("nan"), dtype=torch.bfloat16, device="cuda")
+    lse = torch.full((tq, heads), float("nan"), dtype=torch.float32, device="cuda")
+    got, got_lse = api.mla_prefill(q, k, v, k_rope=k_rope, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, causal=causal,
+                                   softmax_scale=scale, out=out, lse=lse, kernel=spec)
+    torch.cuda.synchronize()
+    assert got.data_ptr() == out.data_ptr() and got_lse.data_ptr() == lse.data_ptr()
+    ref, ref_lse = reference(q, k, v, k_rope=k_rope, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, causal=causal,
+                             softmax_scale=scale)
+    got32 = got.float()
+    assert not torch.isnan(got32).any(), f"{torch.isnan(got32).sum().item()} output elements unwritten or NaN"
+    assert not torch.isnan(got_lse).any(), f"{torch.isnan(got_lse).sum().item()} lse elements unwritten or NaN"
+    empty = torch.isinf(ref_lse)
+    assert torch.equal(torch.isinf(got_lse), empty), "rows that see no key must have lse = +inf, and only those"
+    assert (got_lse[empty] > 0).all()
+    assert (got32[empty.unsqueeze(-1).expand_as(got32)] == 0).all(), "rows that see no key must output 0"
+    if (~empty).any():
+        diff = (got32 - ref)[~empty]
+        rel = diff.norm() / ref[~empty].norm().clamp_min(1e-6)
+        assert rel < OUT_REL_TOL, f"relative L2 error {rel:.2e}"
+        assert diff.abs().max() < OUT_ABS_TOL, f"max abs error {diff.abs().max():.2e}"
+        lse_err = (got_lse - ref_lse)[~empty].abs().max()
+        assert lse_err < LSE_ABS_TOL, f"lse max abs error {lse_err:.2e}"
+    return got, got_lse
+
+
+@pytest.mark.parametrize("spec", SPECS)
+@pytest.mark.parametrize("heads", [1, 16, 128])
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("length", [1, 17, 130, 385])
+def test_single_sequence(spec, heads, causal, length):
+    q, k, v, k_rope, _, _ = make(length, length, heads, seed=length * 7 + heads)
+    run_and_check(spec, q, k, v, k_rope, None, None, causal)
+
+
+@pytest.mark.parametrize("spec", SPECS)
+@pytest.mark.parametrize("heads", [1, 16, 128])
+@pytest.mark.parametrize("causal", [True, False])
+def test_ragged_batch(spec, heads, causal):
+    # Length-1 sequences, an empty sequence, lengths off every tile size, a cached prefix.
+    lq = [5, 1, 0, 129, 77, 1, 300]
+    lk = [5, 1, 0, 200, 77, 64, 301]
+    q, k, v, k_rope, cu_q, cu_k = make(lq, lk, heads, seed=heads)
+    run_and_check(spec, q, k, v, k_rope, cu_q, cu_k, causal)
+
+
+@pytest.mark.parametrize("spec", SPECS)
+@pytest.mark.parametrize("causal", [True, False])
+def test_sequences_without_keys(spec, causal):
+    # Queries whose sequence has no keys see nothing: out = 0, lse = +inf, never NaN.
+    lq = [3, 40, 0, 2]
+    lk = [0, 50, 7, 0]
+    q, k, v, k_rope, cu_q, cu_k = make(lq, lk, 16, seed=3)
+    run_and_check(spec, q, k, v, k_rope, cu_q, cu_k, causal)
+
+
+@pytest.mark.parametrize("spec", SPECS)
+@pytest.mark.parametrize("heads", [16, 128])
+def test_prefix_chunk(spec, heads):
+    # Chunked prefill: 100 new queries after a 900-token cached prefix (Lk > Lq, bottom-right causal).
+    q, k, v, k_rope, _, _ = make(100, 1000, heads, seed=11)
+    run_and_check(spec, q, k, v, k_rope, None, None, True)
+
+
+@pytest.mark.parametrize("spec", SPECS)
+def test_more_queries_than_keys(spec):
+    # Causal with Lk < Lq: the first Lq - Lk rows see no key. Non-causal Lq != Lk is legal too.
+    q, k, v, k_rope, _, _ = make(300, 50, 16, seed=5)
+    run_and_check(spec, q, k, v, k_rope, None, None, True)
+    run_and_check(spec, q, k, v, k_rope, None, None, False)
+
+
+@pytest.mark.parametrize("spec", SPECS)
+@pytest.mark.parametrize("rope", ["shared", "per_head", "folded"])
+@pytest.mark.parametrize("causal", [True, False])
+def test_rope_layouts(spec, rope, causal):
+    q, k, v, k_rope, cu_q, cu_k = make([100, 33], [150, 33], 16, rope=rope, seed=2)
+    run_and_check(spec, q, k, v, k_rope, cu_q, cu_k, causal)
+
+
+@pytest.mark.parametrize("spec", SPECS)
+@pytest.mark.parametrize("causal", [True, False])
+def test_strided_inputs_and_output(spec, causal):
+    q, k, v, k_rope, cu_q, cu_k = make([70, 190], [70, 250], 16, strided=True, seed=4)
+    assert not q.is_contiguous() and not k.is_contiguous() and not v.is_contiguous()
+    run_and_check(spec, q, k, v, k_rope, cu_q, cu_k, causal, out_strided=True)
+
+
+@pytest.mark.parametrize("spec", SPECS)
+def test_softmax_scale(spec):
+    q, k, v, k_rope, _, _ = make(200, 200, 16, seed=9)
+    run_and_check(spec, q, k, v, k_rope, None, None, True, scale=0.3)
+
+
+@pytest.mark.parametrize("spec", SPECS)
+def test_deterministic(spec):
+    q, k, v, k_rope, cu_q, cu_k = make([300, 257], [300, 400], 16, seed=6)
+    a, la = run_and_check(spec, q, k, v, k_rope, cu_q, cu_k, True)
+    a, la = a.clone(), la.clone()
+    b, lb = run_and_check(spec, q, k, v, k_rope, cu_q, cu_k, True)
+    assert torch.equal(a, b) and torch.equal(la, lb), "two runs on the same input differ: a race"
+
+
+@pytest.mark.parametrize("spec", SPECS)
+def test_cuda_graph_capture(spec):
+    q, k, v, k_rope, cu_q, cu_k = make([128, 64], [128, 96], 16, seed=8)
+    out = torch.empty(q.shape[0], 16, 128, dtype=torch.bfloat16, device="cuda")
+    api.mla_prefill(q, k, v, k_rope=k_rope, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, out=out, kernel=spec)  # warm up
+    graph = torch.cuda.CUDAGraph()
+    out.fill_(float("nan"))
+    with torch.cuda.graph(graph):
+        api.mla_prefill(q, k, v, k_rope=k_rope, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, out=out, kernel=spec)
+    q.copy_(torch.randn_like(q, dtype=torch.float32).to(torch.bfloat16))
+    graph.replay()
+    torch.cuda.synchronize()
+    ref, _ = reference(q, k, v, k_rope=k_rope, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, causal=True)
+    rel = (out.float() - ref).norm() / ref.norm()
+    assert rel < OUT_REL_TOL
+
+
+def test_dispatch_is_memoised_and_compiles_once():
+    q, k, v, k_rope, _, _ = make(64, 64, 16, seed=1)
+    d = dispatcher()
+    d.clear()
+    api.mla_prefill(q, k, v, k_rope=k_rope)
+    first = dict(d._memo)
+    api.mla_prefill(q, k, v, k_rope=k_rope)
+    assert d._memo == first and len(first) == 1
+    selection = next(iter(first.values()))
+    d.clear()
+    api.mla_prefill(q, k, v, k_rope=k_rope)
+    again = next(iter(d._memo.values()))
+    assert again.binary.key == selection.binary.key and again.binary.from_cache, "second build must hit the cache"
+
+
+def test_rejects_bad_arguments():
+    from mlagen.errors import LaunchError
+
+    q, k, v, k_rope, _, _ = make(16, 16, 4, seed=0)
+    with pytest.raises(LaunchError, match="q: dtype"):
+        api.mla_prefill(q.float(), k, v, k_rope=k_rope)
+    with pytest.raises(LaunchError, match="k_rope"):
+        api.mla_prefill(q, k, v, k_rope=k_rope[:, :, :32])
+    with pytest.raises(LaunchError, match="cu_seqlens_k"):
+        api.mla_prefill(q, k, v, k_rope=k_rope, cu_seqlens_q=torch.tensor([0, 16], dtype=torch.int32, device="cuda"))
+    bad = torch.tensor([0, 10, 8, 16], dtype=torch.int32, device="cuda")
+    with pytest.raises(LaunchError, match="non-decreasing"):
+        api.mla_prefill(q, k, v, k_rope=k_rope, cu_seqlens_q=bad, cu_seqlens_k=bad)
+    with pytest.raises(LaunchError, match="softmax_scale"):
+        api.mla_prefill(q, k, v, k_rope=k_rope, softmax_scale=-1.0)
+    with pytest.raises(LaunchError, match="last dimension must be contiguous"):
+        api.mla_prefill(q, k, v.transpose(0, 2).contiguous().transpose(0, 2), k_rope=k_rope)
+
+
+def test_unchecked_garbage_seqlens_stay_in_bounds():
+    # With checking off, nonsense offsets must not fault (the kernel clamps them).
+    q, k, v, k_rope, _, _ = make(64, 64, 4, seed=0)
+    cu = torch.tensor([0, 1000, -5, 64], dtype=torch.int32, device="cuda")
+    api.mla_prefill(q, k, v, k_rope=k_rope, cu_seqlens_q=cu, cu_seqlens_k=cu, check_seqlens=False)
+    torch.cuda.synchronize()
+
+
+def test_empty_inputs():
+    q, k, v, k_rope, _, _ = make(0, 10, 4, seed=0)
+    out, lse = api.mla_prefill(q, k, v, k_rope=k_rope)
+    assert out.shape == (0, 4, 128) and lse.shape == (0, 4)
+    q, k, v, k_rope, _, _ = make(5, 0, 4, seed=0)
+    out, lse = api.mla_prefill(q, k, v, k_rope=k_rope, causal=False)
+    assert (out == 0).all() and torch.isinf(lse).all() and (lse > 0).all()
+    assert math.isinf(lse[0, 0].item())

@@ -234,6 +234,56 @@ def db_import(database, path):
     click.echo(f"imported {n_best} winner(s) and {n_trials} trial(s) into {database.path}")
 
 
+@cli.command("tune")
+@click.argument("spec", required=False)
+@click.option("--shape", "shapes", multiple=True, required=True,
+              help="Shape class to tune for, from BENCHMARKS.md (D1..D5); repeatable.")
+@click.option("--strategy", type=click.Choice(["auto", "exhaustive", "coordinate"]), default="auto",
+              show_default=True, help="auto: exhaustive if the space fits --max-trials, else coordinate descent.")
+@click.option("--max-trials", default=200, show_default=True, help="Most variants tried per shape.")
+@click.option("--fixed", "assignments", multiple=True, metavar="NAME=VALUE[,..]", help="Hold tunables fixed.")
+@click.option("--timeout", "timeout_s", default=60.0, show_default=True,
+              help="Seconds a GPU trial may take before it is recorded as a hang and its worker killed.")
+@click.option("--iters", default=20, show_default=True, help="Timed calls per trial (median).")
+@click.option("--jobs", "-j", type=int, default=None, help="Parallel compile processes (default: CPU count).")
+@click.option("--db", "db_path", type=click.Path(dir_okay=False), default=None,
+              help=f"Tuning database (default: ${knobs.TUNING_DB.name} or <out>/tuning.sqlite).")
+@click.option("--arch", "target", default=None, help="Target to build for (default: the GPU's).")
+@click.option("--top", default=10, show_default=True, help="Rows of the results table per shape.")
+@_friendly
+def tune_cmd(spec, shapes, strategy, max_trials, assignments, timeout_s, iters, jobs, db_path, target, top):
+    """Search SPEC's variants per shape class on this GPU; record every trial and the winner.
+
+    Every variant is checked against the reference before it is timed; compile errors, wrong
+    results, crashes and hangs are recorded as trial outcomes and never selected.
+    """
+    import collections
+
+    from . import spec as spec_mod
+    from . import variant as variant_mod
+    from .tune import TuneConfig, tune
+
+    s = spec_mod.load(spec or default_spec_name())
+    fixed = variant_mod.parse_assignments(s, list(assignments))
+    variant_mod.make(s, fixed)  # names and values checked before any GPU work
+    config = TuneConfig(spec=s.path, shapes=tuple(shapes), strategy=strategy, max_trials=max_trials, fixed=fixed,
+                        timeout_s=timeout_s, iters=iters, jobs=jobs, db_path=db_path, target=target)
+    results = tune(config, progress=lambda line: click.echo(line, err=True))
+    for r in results:
+        counts = collections.Counter(t.outcome for t in r.trials)
+        click.echo(f"\n{r.shape} ({r.problem}), run {r.run_id}: {len(r.trials)} trials in {r.seconds:.0f} s: "
+                   + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
+        ok = sorted((t for t in r.trials if t.outcome == "ok"), key=lambda t: t.time_ms)
+        rows = [[i + 1, t.variant.symbol, f"{t.time_ms:.3f}", f"{t.tflops:.1f}", f"{t.max_error:.1e}",
+                 t.registers, t.spills] for i, t in enumerate(ok[:top])]
+        if rows:
+            click.echo(table(["rank", "variant", "ms", "TFLOP/s", "rel err", "regs", "spill B"], rows))
+        if r.best and r.default and r.default.outcome == "ok":
+            click.echo(f"winner {r.best.variant.symbol}: {r.default.time_ms / r.best.time_ms:.2f}x the spec default")
+        elif r.best is None:
+            click.echo("no variant passed; nothing recorded as winner")
+
+
 @cli.command("bench")
 @click.option("--shapes", default="all", show_default=True, help="Shapes of BENCHMARKS.md: D1,...,D5 or all.")
 @click.option("--peers", default="mlagen,cudnn,fa2", show_default=True,

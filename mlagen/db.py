@@ -15,6 +15,7 @@ import contextlib
 import functools
 import hashlib
 import json
+import logging
 import sqlite3
 import time
 from dataclasses import asdict, dataclass, field, fields
@@ -24,6 +25,8 @@ from typing import Iterator
 from . import knobs, paths
 from .cache import atomic_write
 from .errors import DatabaseError
+
+log = logging.getLogger("mlagen")
 
 SCHEMA_VERSION = 1
 EXPORT_FORMAT = "mlagen-tuning"
@@ -117,7 +120,9 @@ def source_hash(spec) -> str:
     h = hashlib.sha256()
     h.update(Path(spec.path).read_bytes())
     h.update(b"\0")
-    h.update((paths.templates_dir() / spec.template).read_bytes())
+    from .spec import template_path
+
+    h.update(template_path(spec.template, spec.path).read_bytes())
     for p in sorted(paths.include_dir().rglob("*")):
         if p.is_file():
             h.update(str(p.relative_to(paths.include_dir())).encode())
@@ -154,7 +159,10 @@ class TuningDB:
         conn.execute("PRAGMA journal_mode = WAL")
         conn.execute("BEGIN IMMEDIATE")
         try:
-            conn.executescript("SAVEPOINT init;" + _SCHEMA + "RELEASE init;")
+            # One statement at a time: executescript() would commit the open transaction first.
+            for statement in _SCHEMA.split(";"):
+                if statement.strip():
+                    conn.execute(statement)
             row = conn.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone()
             if row is None:
                 conn.execute("INSERT INTO meta VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
@@ -165,7 +173,8 @@ class TuningDB:
                 )
             conn.execute("COMMIT")
         except BaseException:
-            conn.execute("ROLLBACK")
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
             raise
         self._initialised = True
 
@@ -187,7 +196,8 @@ class TuningDB:
                     )
                 conn.execute("COMMIT")
             except BaseException:
-                conn.execute("ROLLBACK")
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
                 raise
 
     def add_trial(self, trial: Trial) -> None:
@@ -270,7 +280,8 @@ class TuningDB:
                     )
                 conn.execute("COMMIT")
             except BaseException:
-                conn.execute("ROLLBACK")
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
                 raise
         return len(trials), len(bests)
 
@@ -307,7 +318,8 @@ def lookup(key: RecordKey, distance, db: TuningDB | None = None, include_shipped
     if db is not None:
         try:
             sources.append(db.bests(**{k: getattr(key, k) for k in strict}))
-        except DatabaseError:
+        except DatabaseError as exc:
+            log.warning("tuning database unreadable, using shipped records and defaults: %s", exc)
             sources.append([])
     if include_shipped:
         sources.append([b for b in shipped_records() if all(getattr(b.key, k) == getattr(key, k) for k in strict)])

@@ -97,8 +97,12 @@ def render(variant: Variant) -> Source:
         "v": variant.env(),
         **family.render_context(variant),
     }
+    from .spec import template_path
+
+    where = template_path(spec.template, spec.path)
+    root = paths.templates_dir() if where == paths.templates_dir() / spec.template else where.parent
     try:
-        body = environment().get_template(spec.template).render(**context)
+        body = environment(str(root)).get_template(spec.template).render(**context)
     except jinja2.TemplateError as exc:
         where = f" (line {exc.lineno})" if getattr(exc, "lineno", None) else ""
         raise RenderError(f"{spec.template}{where}: {exc}") from None

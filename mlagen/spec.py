@@ -82,6 +82,16 @@ class KernelSpec:
         return dict(self.problem)
 
 
+def template_path(template: str, spec_path: str | Path) -> Path | None:
+    """A spec's template: under the packaged templates/, or else beside the spec file (for
+    specs kept outside the package, e.g. in a project or a test)."""
+    for base in (paths.templates_dir(), Path(spec_path).parent):
+        candidate = base / template
+        if candidate.is_file():
+            return candidate
+    return None
+
+
 def _dupe_checking_loader():
     class Loader(yaml.SafeLoader):
         pass
@@ -151,8 +161,8 @@ def from_dict(data: Any, path: str | Path, text: str = "") -> KernelSpec:
         raise SpecError(path, "priority", f"expected an integer, got {priority!r}")
     description = v.string(data.get("description", ""), "description", allow_empty=True)
     template = v.string(data["template"], "template")
-    if not (paths.templates_dir() / template).exists():
-        raise SpecError(path, "template", f"{template!r} is not a file under templates/")
+    if template_path(template, path) is None:
+        raise SpecError(path, "template", f"{template!r} is not a file under templates/ or beside the spec")
 
     targets = v.sequence(data["targets"], "targets", nonempty=True)
     for i, t in enumerate(targets):

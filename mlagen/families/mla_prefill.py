@@ -101,6 +101,14 @@ class ProblemKey:
             (self.heads, other.heads), (self.q_per_seq, other.q_per_seq), (self.k_per_seq, other.k_per_seq)))
 
 
+def problem_key(heads: int, total_q: int, total_k: int, batch: int, causal: bool) -> ProblemKey:
+    """The shape class of a call: mask, and head count, mean query and key length per sequence,
+    each rounded up to a power of two."""
+    batch = max(batch, 1)
+    return ProblemKey("causal" if causal else "none", _pow2_ceil(heads), _pow2_ceil(total_q / batch),
+                      _pow2_ceil(total_k / batch))
+
+
 @dataclass
 class Call:
     """One validated invocation: tensors checked, outputs allocated, nothing launched yet."""
@@ -127,8 +135,7 @@ class Call:
 
     @property
     def key(self) -> ProblemKey:
-        return ProblemKey(self.mask, _pow2_ceil(self.heads), _pow2_ceil(self.total_q / max(self.batch, 1)),
-                          _pow2_ceil(self.total_k / max(self.batch, 1)))
+        return problem_key(self.heads, self.total_q, self.total_k, self.batch, self.causal)
 
     @property
     def empty(self) -> bool:

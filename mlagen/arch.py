@@ -54,10 +54,13 @@ def for_compute_capability(major: int, minor: int) -> Target | None:
     """The target whose binaries run on a device of this compute capability.
 
     CUBINs run only on their own major version, so Hopper gets sm_90a even for Ampere-class
-    source; minor versions within a major run the lowest matching binary.
+    source; minor versions within a major run the lowest matching binary. Arch-specific targets
+    ("a": sm_90a, sm_100a) run only on exactly their compute capability (sm_100a not on 10.3).
     """
     best = None
     for t in TARGETS.values():
+        if t.name.endswith("a") and t.compute != (major, minor):
+            continue
         if t.compute[0] == major and t.compute[1] <= minor:
             if best is None or t.compute[1] > best.compute[1]:
                 best = t

@@ -41,11 +41,13 @@ class BuildResult:
         return self.binary.resources if self.binary else None
 
 
-def _compile_one(spec_path: str, values: dict, target: str, out_dir: str | None) -> tuple:
+def _compile_one(spec: spec_mod.KernelSpec, values: dict, target: str, out_dir: str | None) -> tuple:
     """Worker entry: returns (status, reasons, binary, artifact, seconds); never raises for
-    failures of the variant itself."""
+    failures of the variant itself.
+
+    The spec travels itself (it pickles), not its path: a spec built in memory, or a file changed
+    since it was loaded, must not silently build another kernel than the variant names."""
     t0 = time.perf_counter()
-    spec = spec_mod.load(spec_path)
     v = variant_mod.make(spec, values)
     try:
         binary = for_target(target).compile(render(v), target)
@@ -87,11 +89,11 @@ def build_many(variants: Iterable[variant_mod.Variant], targets: Iterable[str], 
     if jobs <= 1 or len(work) <= 1:
         for i in work:
             v, t = items[i]
-            finish(i, _compile_one(v.spec.path, dict(v.values), t, out))
+            finish(i, _compile_one(v.spec, dict(v.values), t, out))
     else:
         ctx = multiprocessing.get_context("spawn")
         with cf.ProcessPoolExecutor(max_workers=min(jobs, len(work)), mp_context=ctx) as pool:
-            futures = {pool.submit(_compile_one, items[i][0].spec.path, dict(items[i][0].values), items[i][1], out): i
+            futures = {pool.submit(_compile_one, items[i][0].spec, dict(items[i][0].values), items[i][1], out): i
                        for i in work}
             for fut in cf.as_completed(futures):
                 i = futures[fut]

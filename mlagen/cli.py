@@ -49,14 +49,19 @@ def table(headers: list[str], rows: list[list]) -> str:
     return "\n".join(lines)
 
 
-def default_spec_name() -> str:
+def default_spec_name(target: str | None = None) -> str:
+    """The spec dispatch prefers (highest priority), among those targeting ``target`` if given."""
     from .dispatch import family_specs
 
-    return family_specs(DEFAULT_FAMILY)[0].name
+    specs = [s for s in family_specs(DEFAULT_FAMILY) if target is None or target in s.targets]
+    if not specs:
+        raise click.ClickException(f"no {DEFAULT_FAMILY} spec targets {target}")
+    return specs[0].name
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="mlagen")
+@_friendly
 def cli():
     """Generate, compile, tune and benchmark MLA prefill kernels."""
     import logging
@@ -69,13 +74,12 @@ def cli():
 def specs_cmd():
     """List the packaged kernel specs."""
     from . import spec as spec_mod
-    from .variant import enumerate_space
+    from .variant import space_size
 
     rows = []
     for p in spec_mod.available():
         s = spec_mod.load(p)
-        rows.append([s.name, s.family, s.abi, s.priority, ",".join(s.targets), sum(1 for _ in enumerate_space(s)),
-                     p.name])
+        rows.append([s.name, s.family, s.abi, s.priority, ",".join(s.targets), space_size(s), p.name])
     click.echo(table(["spec", "family", "abi", "priority", "targets", "variants", "file"], rows))
 
 
@@ -84,12 +88,14 @@ def specs_cmd():
 @click.option("--arch", "archs", multiple=True, help="Target (repeatable), e.g. sm_90a; default: the spec's first.")
 @click.option("--variant", "assignments", multiple=True, metavar="NAME=VALUE[,..]",
               help="Fix tunables (repeatable); others take their defaults, or vary with --all.")
-@click.option("--all", "all_variants", is_flag=True, help="Build the whole search space (pruned variants are listed).")
+@click.option("--all", "all_variants", is_flag=True,
+              help="Build the whole search space (pruned variants are listed); at most --max-variants.")
+@click.option("--max-variants", default=2000, show_default=True, help="Refuse --all on a larger space.")
 @click.option("--jobs", "-j", type=int, default=None, help="Parallel compile processes (default: CPU count).")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
               help="Where CUBINs go (default: <out>/build).")
 @_friendly
-def build_cmd(spec, archs, assignments, all_variants, jobs, out_dir):
+def build_cmd(spec, archs, assignments, all_variants, max_variants, jobs, out_dir):
     """Render and compile SPEC (default: the dispatcher's first choice) into out/; needs no GPU.
 
     Without --all, builds the default variant (with --variant overrides) for every
@@ -99,13 +105,17 @@ def build_cmd(spec, archs, assignments, all_variants, jobs, out_dir):
     from . import variant as variant_mod
     from .build import build_many
 
-    s = spec_mod.load(spec or default_spec_name())
+    s = spec_mod.load(spec or default_spec_name(archs[0] if archs else None))
     targets = list(archs) or [s.targets[0]]
     for t in targets:
         if t not in s.targets:
             raise click.ClickException(f"--arch {t}: {s.name} targets {', '.join(s.targets)}")
     fixed = variant_mod.parse_assignments(s, list(assignments))
     if all_variants:
+        size = variant_mod.space_size(s, fixed)
+        if size > max_variants:
+            raise click.ClickException(f"--all would build {size} variants of {s.name} (more than --max-variants "
+                                       f"{max_variants}); fix some tunables with --variant NAME=VALUE")
         variants = list(variant_mod.enumerate_space(s, fixed))
     else:
         axes = dict(s.specialize)
@@ -144,18 +154,26 @@ def _product(lists):
 @cli.command("variants")
 @click.argument("spec", required=False)
 @click.option("--arch", default=None, help="Target to check budgets against (default: the spec's first).")
+@click.option("--variant", "assignments", multiple=True, metavar="NAME=VALUE[,..]", help="Fix tunables.")
+@click.option("--limit", default=500, show_default=True,
+              help="Larger spaces are shown as a seeded random sample of this many variants.")
 @_friendly
-def variants_cmd(spec, arch):
+def variants_cmd(spec, arch, assignments, limit):
     """Enumerate SPEC's search space and show what the resource model prunes, and why."""
     from . import arch as arch_mod
     from . import resources
     from . import spec as spec_mod
-    from .variant import enumerate_space
+    from . import variant as variant_mod
 
-    s = spec_mod.load(spec or default_spec_name())
+    s = spec_mod.load(spec or default_spec_name(arch))
     target = arch_mod.target(arch or s.targets[0])
+    fixed = variant_mod.parse_assignments(s, list(assignments))
+    size = variant_mod.space_size(s, fixed)
+    if size > limit:
+        click.echo(f"{s.name}: {size} variants; showing a random sample of {limit} (fix tunables with --variant)",
+                   err=True)
     rows, kept = [], 0
-    for v in enumerate_space(s):
+    for v in variant_mod.sample_space(s, limit, fixed):
         verdict = resources.check(v, target)
         kept += verdict.ok
         est = verdict.resources

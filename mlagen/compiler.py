@@ -54,7 +54,11 @@ class Binary:
 
 _ENTRY = re.compile(r"Compiling entry function '([^']+)'")
 _PROPS = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
-_USED = re.compile(r"Used (\d+) registers(?:, used (\d+) barriers)?(?:, (\d+) bytes smem)?")
+_USED = re.compile(r"Used (\d+) registers([^\n]*)")
+# The rest of the "Used" line comes in a varying order ("used 1 barriers, 256 bytes cumulative
+# stack size, 1024 bytes smem, ..."), so each item is looked up on its own.
+_BARRIERS = re.compile(r"used (\d+) barriers")
+_SMEM = re.compile(r"(\d+) bytes smem")
 _WARN = re.compile(r"ptxas warning\s*:\s*(.*)")
 
 
@@ -70,11 +74,13 @@ def parse_ptxas_report(log: str, symbol: str) -> KernelResources:
     text = "\n".join(section) if section else log
     props = _PROPS.search(text)
     used = _USED.search(text)
+    rest = used.group(2) if used else ""
+    barriers, smem = _BARRIERS.search(rest), _SMEM.search(rest)
     warnings = tuple(m.group(1).strip() for m in _WARN.finditer(log))
     return KernelResources(
         registers=int(used.group(1)) if used else 0,
-        barriers=int(used.group(2) or 0) if used else 0,
-        smem_static=int(used.group(3) or 0) if used else 0,
+        barriers=int(barriers.group(1)) if barriers else 0,
+        smem_static=int(smem.group(1)) if smem else 0,
         stack_bytes=int(props.group(1)) if props else 0,
         spill_stores=int(props.group(2)) if props else 0,
         spill_loads=int(props.group(3)) if props else 0,

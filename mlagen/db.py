@@ -178,40 +178,36 @@ class TuningDB:
             raise
         self._initialised = True
 
-    # --- writes ---
-
-    def add_trials(self, trials: list[Trial]) -> None:
+    @contextlib.contextmanager
+    def _transaction(self) -> Iterator[sqlite3.Connection]:
+        """One write transaction, taken at once (BEGIN IMMEDIATE): all of it lands or none."""
         with self._connect() as conn:
             conn.execute("BEGIN IMMEDIATE")
             try:
-                for t in trials:
-                    if t.outcome not in OUTCOMES:
-                        raise DatabaseError(f"outcome {t.outcome!r} is not one of {OUTCOMES}")
-                    conn.execute(
-                        f"INSERT INTO trials (run_id, created, {', '.join(_KEY_COLUMNS)}, variant, symbol, outcome,"
-                        " time_ms, tflops, max_error, registers, spills, detail)"
-                        f" VALUES (?, ?, {', '.join('?' * len(_KEY_COLUMNS))}, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                        (t.run_id, t.created, *_key_tuple(t.key), json.dumps(t.variant, sort_keys=True), t.symbol,
-                         t.outcome, t.time_ms, t.tflops, t.max_error, t.registers, t.spills, t.detail),
-                    )
+                yield conn
                 conn.execute("COMMIT")
             except BaseException:
                 if conn.in_transaction:
                     conn.execute("ROLLBACK")
                 raise
 
+    # --- writes ---
+
+    def add_trials(self, trials: list[Trial]) -> None:
+        for t in trials:
+            if t.outcome not in OUTCOMES:
+                raise DatabaseError(f"outcome {t.outcome!r} is not one of {OUTCOMES}")
+        with self._transaction() as conn:
+            for t in trials:
+                _insert_trial(conn, t)
+
     def add_trial(self, trial: Trial) -> None:
         self.add_trials([trial])
 
     def set_best(self, best: Best) -> None:
         """Record the winner for its key (a newer tune of the same key replaces the old winner)."""
-        with self._connect() as conn:
-            conn.execute(
-                f"INSERT OR REPLACE INTO best ({', '.join(_KEY_COLUMNS)}, variant, symbol, time_ms, tflops, run_id,"
-                f" updated) VALUES ({', '.join('?' * len(_KEY_COLUMNS))}, ?, ?, ?, ?, ?, ?)",
-                (*_key_tuple(best.key), json.dumps(best.variant, sort_keys=True), best.symbol, best.time_ms,
-                 best.tflops, best.run_id, best.updated),
-            )
+        with self._transaction() as conn:
+            _upsert_best(conn, best)
 
     # --- reads ---
 
@@ -258,31 +254,13 @@ class TuningDB:
         transaction, so a bad file changes nothing.
         """
         doc = source if isinstance(source, dict) else _read_export(Path(source))
-        bests = [_best_from_json(b, i) for i, b in enumerate(doc.get("best", []))]
-        trials = [_trial_from_json(t, i) for i, t in enumerate(doc.get("trials", []))]
-        with self._connect() as conn:
-            conn.execute("BEGIN IMMEDIATE")
-            try:
-                for t in trials:
-                    conn.execute(
-                        f"INSERT INTO trials (run_id, created, {', '.join(_KEY_COLUMNS)}, variant, symbol, outcome,"
-                        " time_ms, tflops, max_error, registers, spills, detail)"
-                        f" VALUES (?, ?, {', '.join('?' * len(_KEY_COLUMNS))}, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                        (t.run_id, t.created, *_key_tuple(t.key), json.dumps(t.variant, sort_keys=True), t.symbol,
-                         t.outcome, t.time_ms, t.tflops, t.max_error, t.registers, t.spills, t.detail),
-                    )
-                for b in bests:
-                    conn.execute(
-                        f"INSERT OR REPLACE INTO best ({', '.join(_KEY_COLUMNS)}, variant, symbol, time_ms, tflops,"
-                        f" run_id, updated) VALUES ({', '.join('?' * len(_KEY_COLUMNS))}, ?, ?, ?, ?, ?, ?)",
-                        (*_key_tuple(b.key), json.dumps(b.variant, sort_keys=True), b.symbol, b.time_ms, b.tflops,
-                         b.run_id, b.updated),
-                    )
-                conn.execute("COMMIT")
-            except BaseException:
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
-                raise
+        bests = [_best_from_json(b, i) for i, b in enumerate(_records(doc, "best"))]
+        trials = [_trial_from_json(t, i) for i, t in enumerate(_records(doc, "trials"))]
+        with self._transaction() as conn:
+            for t in trials:
+                _insert_trial(conn, t)
+            for b in bests:
+                _upsert_best(conn, b)
         return len(trials), len(bests)
 
 
@@ -298,7 +276,7 @@ def shipped_records() -> tuple[Best, ...]:
         for p in sorted(directory.glob("*.json")):
             doc = _read_export(p)
             out.extend(_with_origin(_best_from_json(b, i), f"shipped:{p.name}")
-                       for i, b in enumerate(doc.get("best", [])))
+                       for i, b in enumerate(_records(doc, "best")))
     return tuple(out)
 
 
@@ -326,7 +304,11 @@ def lookup(key: RecordKey, distance, db: TuningDB | None = None, include_shipped
     for candidates in sources:
         scored = []
         for b in candidates:
-            d = distance(key.problem, b.key.problem)
+            try:
+                d = distance(key.problem, b.key.problem)
+            except ValueError as exc:  # a malformed record (hand-edited import) is unusable, not fatal
+                log.warning("ignoring tuning record %s (%s): %s", b.symbol, b.origin, exc)
+                continue
             if d == float("inf"):
                 continue
             toolchain_miss = (b.key.driver != key.driver) + (b.key.nvrtc != key.nvrtc)
@@ -338,6 +320,25 @@ def lookup(key: RecordKey, distance, db: TuningDB | None = None, include_shipped
 
 
 # --- row and JSON conversion ----------------------------------------------------------------
+
+
+def _insert_trial(conn: sqlite3.Connection, t: Trial) -> None:
+    conn.execute(
+        f"INSERT INTO trials (run_id, created, {', '.join(_KEY_COLUMNS)}, variant, symbol, outcome,"
+        " time_ms, tflops, max_error, registers, spills, detail)"
+        f" VALUES (?, ?, {', '.join('?' * len(_KEY_COLUMNS))}, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        (t.run_id, t.created, *_key_tuple(t.key), json.dumps(t.variant, sort_keys=True), t.symbol,
+         t.outcome, t.time_ms, t.tflops, t.max_error, t.registers, t.spills, t.detail),
+    )
+
+
+def _upsert_best(conn: sqlite3.Connection, b: Best) -> None:
+    conn.execute(
+        f"INSERT OR REPLACE INTO best ({', '.join(_KEY_COLUMNS)}, variant, symbol, time_ms, tflops, run_id,"
+        f" updated) VALUES ({', '.join('?' * len(_KEY_COLUMNS))}, ?, ?, ?, ?, ?, ?)",
+        (*_key_tuple(b.key), json.dumps(b.variant, sort_keys=True), b.symbol, b.time_ms, b.tflops,
+         b.run_id, b.updated),
+    )
 
 
 def _key_tuple(key: RecordKey) -> tuple:
@@ -382,21 +383,42 @@ def _require(d, i, what, names, types):
     for name, typ in zip(names, types):
         if name not in d:
             raise DatabaseError(f"{what}[{i}]: missing {name!r}")
-        if d[name] is not None and not isinstance(d[name], typ):
-            raise DatabaseError(f"{what}[{i}].{name}: expected {typ}, got {type(d[name]).__name__}")
+        if not isinstance(d[name], typ):  # the columns are NOT NULL: null is not allowed either
+            raise DatabaseError(f"{what}[{i}].{name}: expected {_type_name(typ)}, got {type(d[name]).__name__}")
+
+
+def _type_name(typ) -> str:
+    return " or ".join(t.__name__ for t in (typ if isinstance(typ, tuple) else (typ,)))
+
+
+def _optional(d, i, what, names, types):
+    for name, typ in zip(names, types):
+        if d.get(name) is not None and not isinstance(d[name], typ):
+            raise DatabaseError(f"{what}[{i}].{name}: expected {_type_name(typ)} or null, got {type(d[name]).__name__}")
+
+
+def _records(doc: dict, what: str) -> list:
+    items = doc.get(what, [])
+    if not isinstance(items, list):
+        raise DatabaseError(f"{what}: expected a list, got {type(items).__name__}")
+    return items
 
 
 _KEY_TYPES = (str, str, str, str, str, int, str, str, str)
+_NUM = (int, float)
 
 
 def _best_from_json(d, i) -> Best:
-    _require(d, i, "best", _KEY_COLUMNS + ("variant", "symbol", "time_ms"), _KEY_TYPES + (dict, str, (int, float)))
+    _require(d, i, "best", _KEY_COLUMNS + ("variant", "symbol", "time_ms"), _KEY_TYPES + (dict, str, _NUM))
+    _optional(d, i, "best", ("tflops", "run_id", "updated"), (_NUM, str, _NUM))
     return Best(_key_from(d), d["variant"], d["symbol"], float(d["time_ms"]), d.get("tflops"), str(d.get("run_id", "")),
                 float(d.get("updated", time.time())))
 
 
 def _trial_from_json(d, i) -> Trial:
     _require(d, i, "trials", _KEY_COLUMNS + ("variant", "symbol", "outcome"), _KEY_TYPES + (dict, str, str))
+    _optional(d, i, "trials", ("time_ms", "tflops", "max_error", "registers", "spills", "detail", "run_id", "created"),
+              (_NUM, _NUM, _NUM, int, int, str, str, _NUM))
     if d["outcome"] not in OUTCOMES:
         raise DatabaseError(f"trials[{i}].outcome: {d['outcome']!r} is not one of {OUTCOMES}")
     return Trial(_key_from(d), d["variant"], d["symbol"], d["outcome"], d.get("time_ms"), d.get("tflops"),

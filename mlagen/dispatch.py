@@ -120,7 +120,10 @@ class Dispatcher:
     def _choose(self, spec, problem: str, specialization: dict, info: DeviceInfo, device: int) -> Selection:
         from .families.mla_prefill import ProblemKey
 
-        chosen, origin = variant_mod.make(spec, specialization), "default"
+        chosen = variant_mod.feasible_default(spec, info.target, specialization)
+        if chosen is None:
+            raise SpecError(spec.path, "tune", f"no variant of {spec.name} fits {info.target.name}")
+        origin = "default"
         if not knobs.no_tuned():
             key = record_key(spec, problem, info)
 

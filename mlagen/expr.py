@@ -14,7 +14,7 @@ from __future__ import annotations
 import ast
 import math
 import operator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 FUNCTIONS = {
@@ -58,14 +58,21 @@ class Expr:
     """A parsed expression; ``names`` lists the free variables it reads."""
 
     text: str
-    tree: ast.Expression
-    names: frozenset[str]
+    # Both follow from ``text``; an expression (and so a spec) is equal to one parsed from the
+    # same text, which ast nodes (compared by identity) would prevent.
+    tree: ast.Expression = field(compare=False)
+    names: frozenset[str] = field(compare=False)
 
     def __call__(self, env: Mapping[str, Any]) -> Any:
         missing = self.names - env.keys()
         if missing:
             raise ExprError(f"{self.text!r} uses undefined name(s) {', '.join(sorted(missing))}")
-        return _eval(self.tree.body, env)
+        try:
+            return _eval(self.tree.body, env)
+        except ExprError:
+            raise
+        except (ArithmeticError, TypeError, ValueError) as exc:  # e.g. ceil_div(a, 0), 'pad' + 1
+            raise ExprError(f"{self.text!r}: {type(exc).__name__}: {exc}") from None
 
 
 def parse(text: str | int | float | bool) -> Expr:

@@ -83,4 +83,7 @@ def compile_workers() -> int:
 
 
 def log_level() -> str:
-    return LOG.raw().upper()
+    value = LOG.raw().strip().lower()
+    if value not in ("debug", "info", "warning", "error", "critical"):
+        raise ValueError(f"{LOG.name}={value!r}: expected debug, info, warning, error or critical")
+    return value.upper()

@@ -20,6 +20,7 @@ from . import expr
 from .errors import SpecError
 
 ROLE_KEYS = ("warpgroups", "registers", "tasks")
+PRODUCER_KEYS = ROLE_KEYS + ("load_warps",)
 PRODUCER_TASKS = ("load_q", "load_k", "load_v")
 CONSUMER_TASKS = ("mma_qk", "softmax", "mma_pv", "store_o")
 PIPELINE_KEYS = ("stages", "producer", "consumer")
@@ -76,8 +77,11 @@ def validate_spec(spec) -> None:
                         f"this kernel has the roles {list(ROLE_ENTRY)} in that order, got {list(roles) if isinstance(roles, dict) else roles!r}")
     for name, body in roles.items():
         where = f"schedule.roles.{name}"
-        if not isinstance(body, dict) or set(body) != set(ROLE_KEYS):
-            raise SpecError(spec.path, where, f"expected keys {list(ROLE_KEYS)}")
+        keys = PRODUCER_KEYS if name == "producer" else ROLE_KEYS
+        if not isinstance(body, dict) or set(body) != set(keys):
+            raise SpecError(spec.path, where, f"expected keys {list(keys)}")
+        if name == "producer":
+            _expr(spec, body["load_warps"], f"{where}.load_warps", known)
         _expr(spec, body["warpgroups"], f"{where}.warpgroups", known)
         _expr(spec, body["registers"], f"{where}.registers", known)
         expected = ROLE_ENTRY[name][1]
@@ -122,6 +126,7 @@ class Role:
 @dataclass(frozen=True)
 class Schedule:
     roles: tuple[Role, ...]
+    load_warps: int  # warps of the producer that issue loads: 1 (Q, K, V) or 2 (Q and K | V)
     stages: dict
     consumer_order: str
     overlap: bool
@@ -156,10 +161,11 @@ def evaluate(variant) -> Schedule:
         roles.append(Role(name, ROLE_ENTRY[name][0], first, wgs, regs, tuple(body["tasks"])))
         first += wgs
     stages = {name: int(_expr(spec, body["stages"], "", known)(env)) for name, body in sched["pipelines"].items()}
+    load_warps = int(_expr(spec, sched["roles"]["producer"]["load_warps"], "", known)(env))
     value = {k: _expr(spec, sched[k], "", known)(env) for k in ("consumer_order", "intra_warpgroup_overlap",
                                                                 "scheduler", "cluster", "epilogue")}
     swizzle = {op: int(_expr(spec, sched["swizzle"][op], "", known)(env)) for op in OPERANDS}
-    return Schedule(tuple(roles), stages, str(value["consumer_order"]), bool(value["intra_warpgroup_overlap"]),
+    return Schedule(tuple(roles), load_warps, stages, str(value["consumer_order"]), bool(value["intra_warpgroup_overlap"]),
                     str(value["scheduler"]), int(value["cluster"]), str(value["epilogue"]), swizzle)
 
 
@@ -178,6 +184,8 @@ def check_variant(variant, target, resources) -> list[str]:
 
     if producer.warpgroups != 1:
         reasons.append(f"the producer role is one warpgroup, got {producer.warpgroups}")
+    if s.load_warps not in (1, 2):
+        reasons.append(f"load_warps {s.load_warps}: the producer loads with one warp or two (Q and K | V)")
     if consumer.warpgroups < 1:
         reasons.append("at least one consumer warpgroup is needed")
     if s.threads != resources.threads:

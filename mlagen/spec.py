@@ -166,7 +166,7 @@ def from_dict(data: Any, path: str | Path, text: str = "") -> KernelSpec:
 
     targets = v.sequence(data["targets"], "targets", nonempty=True)
     for i, t in enumerate(targets):
-        if t not in arch.TARGETS:
+        if not isinstance(t, str) or t not in arch.TARGETS:
             raise SpecError(path, f"targets[{i}]", f"{t!r} is not one of {list(arch.TARGETS)}")
 
     problem = v.mapping(data["problem"], "problem")

@@ -20,7 +20,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
-from . import arch, db, dispatch, resources
+from . import arch, db, dispatch
 from . import spec as spec_mod
 from . import variant as variant_mod
 from .build import build_many
@@ -237,10 +237,6 @@ class GpuWorker:
 # --- search strategies ------------------------------------------------------------------------
 
 
-def _space(spec, fixed: dict) -> list[variant_mod.Variant]:
-    return list(variant_mod.enumerate_space(spec, fixed))
-
-
 class Search:
     """Proposes batches of variants; told the outcome of each before the next batch."""
 
@@ -257,15 +253,11 @@ class Search:
 
 
 class Exhaustive(Search):
+    """Every variant of the space; a seeded uniform sample of ``max_trials`` when it is larger."""
+
     def __init__(self, *args):
         super().__init__(*args)
-        space = _space(self.spec, self.fixed)
-        if len(space) > self.max_trials:
-            default = variant_mod.make(self.spec, self.fixed)
-            rest = [v for v in space if v != default]
-            self.rng.shuffle(rest)
-            space = [default] + rest[: self.max_trials - 1]
-        self.pending = space
+        self.pending = variant_mod.sample_space(self.spec, self.max_trials, self.fixed, self.rng.randrange(2**31))
 
     def next_batch(self):
         batch, self.pending = self.pending, []
@@ -318,11 +310,7 @@ def make_search(strategy: str, spec, fixed: dict, target: arch.Target, max_trial
     if strategy not in STRATEGIES:
         raise TuningError(f"strategy {strategy!r} is not one of {list(STRATEGIES)}")
     if strategy == "auto":
-        size = 1
-        for t in spec.tunables:
-            if t.name not in fixed:
-                size *= len(t.values)
-        strategy = "exhaustive" if size <= max_trials else "coordinate"
+        strategy = "exhaustive" if variant_mod.space_size(spec, fixed) <= max_trials else "coordinate"
     cls = Exhaustive if strategy == "exhaustive" else Coordinate
     return cls(spec, fixed, target, max_trials, seed)
 
@@ -383,7 +371,10 @@ def _tune_shape(spec, shape, target, config: TuneConfig, database: db.TuningDB, 
     finally:
         worker.stop()
     ok = [r for r in trials if r.outcome == "ok"]
-    best = min(ok, key=lambda r: r.time_ms) if ok else None
+    # A variant that spills registers to local memory is recorded but never made the winner
+    # (unless nothing else passed): spills make a kernel's speed fragile across inputs.
+    eligible = [r for r in ok if not r.spills] or ok
+    best = min(eligible, key=lambda r: r.time_ms) if eligible else None
     default_v = variant_mod.make(spec, fixed)
     default = next((r for r in trials if r.variant == default_v), None)
     if best is not None:
@@ -410,7 +401,3 @@ def _run_batch(batch, target, worker: GpuWorker, config: TuneConfig, progress, d
         note = "" if r.outcome == "ok" else f" ({r.detail.splitlines()[0][:100]})" if r.detail else ""
         progress(f"  [{n}] {r.outcome:13s}{speed} {r.variant.symbol}{note}")
         yield r
-
-
-def verdicts(spec, target: arch.Target, fixed: dict) -> list[resources.Verdict]:
-    return [resources.check(v, target) for v in _space(spec, fixed)]

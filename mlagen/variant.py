@@ -7,6 +7,7 @@ they are readable (``mla_prefill_sm80_causal_m128_n64_w8_s2_swxor_qr1``) and sta
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass
 from typing import Any, Iterator, Mapping
 
@@ -108,6 +109,56 @@ def default(spec: KernelSpec, **specialization: Any) -> Variant:
     return make(spec, specialization)
 
 
+def feasible_default(spec: KernelSpec, target, specialization: Mapping[str, Any] | None = None,
+                     limit: int = 100_000) -> Variant | None:
+    """The spec's default if it fits ``target``, else the variant closest to it that does.
+
+    Closest means fewest tunables changed, then the earliest values in each tunable's list (specs
+    list preferred values first). Searches at most ``limit`` candidates; None if none fits.
+    """
+    from . import resources
+
+    base = make(spec, dict(specialization or {}))
+    if resources.check(base, target).ok:
+        return base
+    free = [t for t in spec.tunables if len(t.values) > 1]
+    tried = 0
+    for changed in range(1, len(free) + 1):
+        for axes in itertools.combinations(free, changed):
+            choices = [[v for v in t.values if v != base[t.name]] for t in axes]
+            for combo in itertools.product(*choices):
+                candidate = base.with_values(**{t.name: v for t, v in zip(axes, combo)})
+                if resources.check(candidate, target).ok:
+                    return candidate
+                tried += 1
+                if tried >= limit:
+                    return None
+    return None
+
+
+def sample_space(spec: KernelSpec, count: int, fixed: Mapping[str, Any] | None = None,
+                 seed: int = 0) -> list[Variant]:
+    """Up to ``count`` distinct variants drawn uniformly from the space (without enumerating it;
+    the whole space when it is that small). The spec default comes first."""
+    import random
+
+    fixed = dict(fixed or {})
+    total = space_size(spec, fixed)
+    if total <= count:
+        return list(enumerate_space(spec, fixed))
+    rng = random.Random(seed)
+    first = make(spec, fixed)
+    out, seen = [first], {first}
+    held = dict(first.values)
+    axes = [(k, vals) for k, vals in spec.specialize] + [(t.name, t.values) for t in spec.tunables]
+    while len(out) < count:
+        v = Variant(spec, tuple((k, held[k] if k in fixed else rng.choice(vals)) for k, vals in axes))
+        if v not in seen:
+            seen.add(v)
+            out.append(v)
+    return out
+
+
 def parse_assignments(spec: KernelSpec, items: list[str]) -> dict[str, Any]:
     """``["block_n=64", "stages=3"]`` from the command line into a mapping (values checked by make)."""
     out: dict[str, Any] = {}
@@ -121,15 +172,33 @@ def parse_assignments(spec: KernelSpec, items: list[str]) -> dict[str, Any]:
             key, value = part.split("=", 1)
             key = key.strip()
             value = value.strip()
-            out[key] = int(value) if value.lstrip("-").isdigit() else value
+            # Converted through the key's allowed values, so "q_in_regs=1" (as in the symbol
+            # "..._qr1") means True; an unknown key is left for make() to report.
+            allowed = dict(spec.specialize).get(key)
+            where = f"specialize.{key}"
+            if allowed is None and key in {t.name for t in spec.tunables}:
+                allowed, where = spec.tunable(key).values, f"tune.{key}"
+            out[key] = _coerce(spec, key, where, allowed, value) if allowed is not None else value
     return out
+
+
+def space_size(spec: KernelSpec, fixed: Mapping[str, Any] | None = None) -> int:
+    """How many variants ``enumerate_space(spec, fixed)`` yields, without enumerating them."""
+    fixed = dict(fixed or {})
+    make(spec, fixed)
+    counts = [len(vals) for k, vals in spec.specialize if k not in fixed]
+    counts += [len(t.values) for t in spec.tunables if t.name not in fixed]
+    return math.prod(counts)
 
 
 def enumerate_space(spec: KernelSpec, fixed: Mapping[str, Any] | None = None) -> Iterator[Variant]:
     """Every variant of the search space (specialisations x tunables), ``fixed`` held constant."""
     fixed = dict(fixed or {})
-    make(spec, fixed)  # validates the names and values in ``fixed``
+    held = dict(make(spec, fixed).values)  # validates the names and values in ``fixed``
     axes = [(k, vals) for k, vals in spec.specialize] + [(t.name, t.values) for t in spec.tunables]
-    choices = [[fixed[k]] if k in fixed else list(vals) for k, vals in axes]
+    names = tuple(k for k, _ in axes)
+    choices = [[held[k]] if k in fixed else list(vals) for k, vals in axes]
+    # Every combination is of allowed values already, so it skips make()'s checks: the sm90 space
+    # has over a million variants.
     for combo in itertools.product(*choices):
-        yield make(spec, dict(zip((k for k, _ in axes), combo)))
+        yield Variant(spec, tuple(zip(names, combo)))

@@ -89,7 +89,10 @@ class ProblemKey:
             mask, h, q, k = text.split("/")
             if mask not in MASKS or h[0] != "h" or q[0] != "q" or k[0] != "k":
                 raise ValueError
-            return cls(mask, int(h[1:]), int(q[1:]), int(k[1:]))
+            key = cls(mask, int(h[1:]), int(q[1:]), int(k[1:]))
+            if min(key.heads, key.q_per_seq, key.k_per_seq) < 1:  # distance() takes their log2
+                raise ValueError
+            return key
         except (ValueError, IndexError):
             raise ValueError(f"{text!r} is not a problem key like 'causal/h128/q8192/k8192'") from None
 
@@ -358,6 +361,18 @@ class MlaPrefillFamily(Family):
             from .. import schedule
 
             schedule.validate_spec(spec)
+        from .. import expr, variant
+
+        default = variant.make(spec, {})
+        env = default.env()
+        for i, c in enumerate(spec.constraints):
+            try:
+                ok = c.require(env)
+            except expr.ExprError as exc:
+                raise SpecError(spec.path, f"constraints[{i}].require", str(exc)) from None
+            if not ok:
+                raise SpecError(spec.path, "tune", f"the default variant breaks constraint {i}: {c.message} "
+                                f"(requires {c.require.text})")
 
     def check_variant(self, variant, target, resources) -> list[str]:
         if variant.spec.abi == "tma":

@@ -245,3 +245,58 @@ def test_empty_inputs():
     out, lse = api.mla_prefill(q, k, v, k_rope=k_rope, causal=False)
     assert (out == 0).all() and torch.isinf(lse).all() and (lse > 0).all()
     assert math.isinf(lse[0, 0].item())
+
+
+SCHEDULES = [
+    {"scheduler": "dynamic", "epilogue": "tma", "order": "pingpong", "overlap": True},
+    {"scheduler": "dynamic", "epilogue": "direct", "order": "pingpong", "overlap": True},
+    {"scheduler": "persistent", "epilogue": "direct", "order": "none", "overlap": True},
+    {"scheduler": "static", "epilogue": "tma", "order": "none", "overlap": False},
+    {"scheduler": "dynamic", "epilogue": "direct", "order": "pingpong", "overlap": False},
+    {"consumers": 1, "order": "none", "block_n": 160, "stages": 2},
+    {"block_n": 64, "stages": 4, "swizzle_q": 64, "swizzle_k": 32, "swizzle_v": 64},
+    {"block_n": 112, "producer_regs": 40, "consumer_regs": 232},
+    {"load_warps": 1, "scheduler": "dynamic", "epilogue": "direct"},
+    {"load_warps": 1, "scheduler": "persistent", "order": "none", "block_n": 80, "stages": 3},
+    {"q_operand": "regs", "epilogue": "direct", "block_n": 112},
+    {"q_operand": "regs", "epilogue": "direct", "block_n": 96, "order": "none", "scheduler": "persistent"},
+]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
+                    reason="the sm90 kernel needs a Hopper GPU")
+@pytest.mark.parametrize("schedule", SCHEDULES, ids=lambda s: "-".join(f"{k}={v}" for k, v in s.items()))
+@pytest.mark.parametrize("causal", [True, False])
+def test_sm90_schedules(schedule, causal):
+    """Every barrier-schedule option on odd shapes: ragged, length 1, empty, prefix, no keys."""
+    from mlagen import spec, variant
+
+    v = variant.make(spec.load("mla_prefill_sm90"), {**schedule, "mask": "causal" if causal else "none"})
+    q, k, v_, k_rope, cu_q, cu_k = make([5, 1, 0, 129, 300, 2], [5, 1, 0, 200, 300, 0], 16, seed=21)
+    run_and_check(v, q, k, v_, k_rope, cu_q, cu_k, causal)
+    q, k, v_, k_rope, _, _ = make(385, 385, 128, seed=22)
+    run_and_check(v, q, k, v_, k_rope, None, None, causal)
+
+
+def _shipped_variants():
+    from mlagen import db, spec, variant
+
+    out = []
+    for best in db.shipped_records():
+        s = spec.load(best.key.spec)
+        mask = best.key.problem.split("/")[0]
+        out.append(pytest.param(variant.make(s, {**best.variant, "mask": mask}), id=f"{best.key.spec}:{best.key.problem}"))
+    return out or [pytest.param(None, marks=pytest.mark.skip(reason="no shipped tuning records"))]
+
+
+@pytest.mark.parametrize("shipped", _shipped_variants())
+def test_shipped_winners(shipped):
+    """The variants the package ships as tuned defaults pass the odd-shape cases too."""
+    target = device_info(torch.cuda.current_device()).target.name
+    if target not in shipped.spec.targets:
+        pytest.skip(f"{shipped.spec.name} does not target {target}")
+    causal = shipped["mask"] == "causal"
+    q, k, v, k_rope, cu_q, cu_k = make([5, 1, 0, 129, 300, 2], [5, 1, 0, 200, 300, 0], 16, seed=23)
+    run_and_check(shipped, q, k, v, k_rope, cu_q, cu_k, causal)
+    q, k, v, k_rope, _, _ = make(100, 400, 128, seed=24)
+    run_and_check(shipped, q, k, v, k_rope, None, None, causal)

@@ -80,6 +80,16 @@ struct TileSchedule {
   __device__ __forceinline__ int next_dynamic() const { return gridDim.x + atomicAdd(p.tile_counter, 1); }
 };
 
+// Read the next tile id the producer published in slot `slot` and release the slot.
+template <class L>
+__device__ __forceinline__ int next_published_tile(u32 smem, const Barriers& bar, int slot, int id_iter) {
+  mbar_wait(bar.tile_full(slot), (id_iter >> 1) & 1);
+  int next;
+  asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(next) : "r"(smem + L::kTileIds + 4 * slot) : "memory");
+  mbar_arrive(bar.tile_empty(slot));
+  return next;
+}
+
 template <class Cfg, class Params>
 __device__ __forceinline__ QueryTile query_tile(const Params& p, int t, int& head) {
   head = t / p.num_virtual_tiles;
@@ -88,13 +98,18 @@ __device__ __forceinline__ QueryTile query_tile(const Params& p, int t, int& hea
 }
 
 // ------------------------------------------------------------------------------------------------
-// Producer: one warp issues every TMA load.
+// Producer: warp 0 loads Q and K and runs the dynamic tile queue; with LOAD_WARPS = 2, warp 1
+// loads V (else warp 0 does). Separate warps keep a K load from waiting behind a V slot (V is
+// released later, after P V), so each ring has the whole time between a slot's release and its
+// next use to hide the TMA latency.
 
 template <class Cfg, class Params>
 __device__ void producer(const Params& p, u32 smem, const Barriers& bar) {
   using L = Layout<Cfg>;
   const int warp = (threadIdx.x / 32) % 4;
-  if (warp != 0) return;
+  const bool loads_qk = warp == 0;
+  const bool loads_v = Cfg::kLoadWarps == 1 ? warp == 0 : warp == 1;
+  if (!loads_qk && !loads_v) return;
   const int lane = threadIdx.x % 32;
   const TileSchedule<Cfg, Params> sched(p);
   int tile_iter = 0, kv_iter = 0, id_iter = 0;
@@ -107,50 +122,59 @@ __device__ void producer(const Params& p, u32 smem, const Barriers& bar) {
         const int key0 = qt.seq.k_start + (qt.n_blocks - 1 - i) * Cfg::kBlockN;
         const int s = kv_iter % Cfg::kStages;
         const u32 phase = ((kv_iter / Cfg::kStages) & 1) ^ 1;
-        const u32 k_tile = smem + L::kK + s * L::kKBytes;
-        mbar_wait(bar.k_empty(s), phase);
-        if (lane == 0) {
-          mbar_arrive_expect_tx(bar.k_full(s), L::kKBytes);
-#pragma unroll
-          for (int cb = 0; cb < Cfg::kDNope / L::kCbK; ++cb)
-            tma_load_3d(k_tile + cb * L::kKCbBytes, &p.tma_k, bar.k_full(s), cb * L::kCbK, head, key0);
-#pragma unroll
-          for (int cb = 0; cb < Cfg::kDRope / L::kCbK; ++cb)
-            tma_load_3d(k_tile + (Cfg::kDNope / L::kCbK + cb) * L::kKCbBytes, &p.tma_k_rope, bar.k_full(s),
-                        cb * L::kCbK, rope_head, key0);
-        }
-        if (i == 0) {
-          // Q after the first K tile: that load overlaps the previous tile's epilogue, which
-          // still owns the Q buffer until both consumer warpgroups release it.
-          mbar_wait(bar.q_empty(), (tile_iter & 1) ^ 1);
+        if (loads_qk) {
+          const u32 k_tile = smem + L::kK + s * L::kKBytes;
+          mbar_wait(bar.k_empty(s), phase);
           if (lane == 0) {
-            mbar_arrive_expect_tx(bar.q_full(), L::kQBytes);
+            mbar_arrive_expect_tx(bar.k_full(s), L::kKBytes);
 #pragma unroll
-            for (int cb = 0; cb < Cfg::kDQk / L::kCbQ; ++cb)
-              tma_load_3d(smem + L::kQ + cb * L::kQCbBytes, &p.tma_q, bar.q_full(), cb * L::kCbQ, head,
-                          qt.seq.q_start + qt.row0);
+            for (int cb = 0; cb < Cfg::kDNope / L::kCbK; ++cb)
+              tma_load_3d(k_tile + cb * L::kKCbBytes, &p.tma_k, bar.k_full(s), cb * L::kCbK, head, key0);
+#pragma unroll
+            for (int cb = 0; cb < Cfg::kDRope / L::kCbK; ++cb)
+              tma_load_3d(k_tile + (Cfg::kDNope / L::kCbK + cb) * L::kKCbBytes, &p.tma_k_rope, bar.k_full(s),
+                          cb * L::kCbK, rope_head, key0);
           }
-          ++tile_iter;
-        }
-        mbar_wait(bar.v_empty(s), phase);
-        if (lane == 0) {
-          mbar_arrive_expect_tx(bar.v_full(s), L::kVBytes);
+          if (i == 0) {
+            // Q after the first K tile: that load overlaps the previous tile's epilogue, which
+            // still owns the Q buffer until both consumer warpgroups release it.
+            mbar_wait(bar.q_empty(), (tile_iter & 1) ^ 1);
+            if (lane == 0) {
+              mbar_arrive_expect_tx(bar.q_full(), L::kQBytes);
 #pragma unroll
-          for (int cb = 0; cb < Cfg::kDV / L::kCbV; ++cb)
-            tma_load_3d(smem + L::kV + s * L::kVBytes + cb * L::kVCbBytes, &p.tma_v, bar.v_full(s), cb * L::kCbV,
-                        head, key0);
+              for (int cb = 0; cb < Cfg::kDQk / L::kCbQ; ++cb)
+                tma_load_3d(smem + L::kQ + cb * L::kQCbBytes, &p.tma_q, bar.q_full(), cb * L::kCbQ, head,
+                            qt.seq.q_start + qt.row0);
+            }
+            ++tile_iter;
+          }
+        }
+        if (loads_v) {
+          mbar_wait(bar.v_empty(s), phase);
+          if (lane == 0) {
+            mbar_arrive_expect_tx(bar.v_full(s), L::kVBytes);
+#pragma unroll
+            for (int cb = 0; cb < Cfg::kDV / L::kCbV; ++cb)
+              tma_load_3d(smem + L::kV + s * L::kVBytes + cb * L::kVCbBytes, &p.tma_v, bar.v_full(s), cb * L::kCbV,
+                          head, key0);
+          }
         }
       }
     }
     if constexpr (Cfg::kScheduler == Scheduler::kDynamic) {
-      int next = 0;
-      if (lane == 0) next = sched.next_dynamic();
-      next = __shfl_sync(0xffffffffu, next, 0);
       const int slot = id_iter & 1;
-      mbar_wait(bar.tile_empty(slot), ((id_iter >> 1) & 1) ^ 1);
-      if (lane == 0) {
-        asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(smem + L::kTileIds + 4 * slot), "r"(next) : "memory");
-        mbar_arrive(bar.tile_full(slot));
+      int next;
+      if (loads_qk) {
+        next = 0;
+        if (lane == 0) next = sched.next_dynamic();
+        next = __shfl_sync(0xffffffffu, next, 0);
+        mbar_wait(bar.tile_empty(slot), ((id_iter >> 1) & 1) ^ 1);
+        if (lane == 0) {
+          asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(smem + L::kTileIds + 4 * slot), "r"(next) : "memory");
+          mbar_arrive(bar.tile_full(slot));
+        }
+      } else {
+        next = next_published_tile<L>(smem, bar, slot, id_iter);
       }
       ++id_iter;
       t = next;
@@ -170,8 +194,27 @@ struct ConsumerRegs {
   float s[kSFrags * 4];
   float o[kOFrags * 4];
   u32 p[Cfg::kBlockN / 16][4];
+  u32 q[Cfg::kQInRegs ? Cfg::kDQk / 16 : 1][4];  // Q as wgmma A fragments (QK with A in registers)
   RowStats stats;
 };
+
+// Load this warpgroup's 64 Q rows from the swizzled Q tile into A fragments (the wgmma A layout
+// of each warp's 16 rows is the mma.sync one, so ldmatrix.x4 produces it directly).
+template <class Cfg>
+__device__ __forceinline__ void load_q_fragments(ConsumerRegs<Cfg>& r, u32 smem, int wg) {
+  using L = Layout<Cfg>;
+  const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
+  const int row = wg * 64 + warp * 16 + (lane % 8) + 8 * ((lane / 8) % 2);
+#pragma unroll
+  for (int kk = 0; kk < Cfg::kDQk / 16; ++kk) {
+    const int col = kk * 16 + 8 * (lane / 16);
+    const u32 addr = smem + L::kQ + (col / L::kCbQ) * L::kQCbBytes +
+                     swizzle_offset<Cfg::kSwQ>(row * Cfg::kSwQ + (col % L::kCbQ) * 2);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r.q[kk][0]), "=r"(r.q[kk][1]), "=r"(r.q[kk][2]), "=r"(r.q[kk][3])
+                 : "r"(addr));
+  }
+}
 
 template <class Cfg>
 __device__ __forceinline__ void issue_qk(ConsumerRegs<Cfg>& r, u32 smem, int wg, int stage) {
@@ -179,13 +222,18 @@ __device__ __forceinline__ void issue_qk(ConsumerRegs<Cfg>& r, u32 smem, int wg,
   const u32 q_rows = smem + L::kQ + wg * 64 * Cfg::kSwQ;
   const u32 k_tile = smem + L::kK + stage * L::kKBytes;
   pin_registers(r.s);
+  if constexpr (Cfg::kQInRegs) pin_registers(r.q);
   wgmma_fence();
 #pragma unroll
   for (int kk = 0; kk < Cfg::kDQk / 16; ++kk) {
     const int col = kk * 16;
-    const u32 a = q_rows + (col / L::kCbQ) * L::kQCbBytes + (col % L::kCbQ) * 2;
     const u32 b = k_tile + (col / L::kCbK) * L::kKCbBytes + (col % L::kCbK) * 2;
-    Wgmma<Cfg::kBlockN>::ss(r.s, desc_k_major<Cfg::kSwQ>(a), desc_k_major<Cfg::kSwK>(b), kk > 0);
+    if constexpr (Cfg::kQInRegs) {
+      Wgmma<Cfg::kBlockN>::template rs<0>(r.s, r.q[kk], desc_k_major<Cfg::kSwK>(b), kk > 0);
+    } else {
+      const u32 a = q_rows + (col / L::kCbQ) * L::kQCbBytes + (col % L::kCbQ) * 2;
+      Wgmma<Cfg::kBlockN>::ss(r.s, desc_k_major<Cfg::kSwQ>(a), desc_k_major<Cfg::kSwK>(b), kk > 0);
+    }
   }
   wgmma_commit();
 }
@@ -355,6 +403,10 @@ __device__ void consumer(const Params& p, u32 smem, const Barriers& bar, int wg)
     if (qt.rows > 0 && qt.n_blocks > 0) {
       mbar_wait(bar.q_full(), tile_iter & 1);
       ++tile_iter;
+      if constexpr (Cfg::kQInRegs) {
+        load_q_fragments<Cfg>(r, smem, wg);
+        mbar_arrive(bar.q_empty());  // Q lives in registers now: the next tile's Q may load
+      }
 #pragma unroll
       for (int i = 0; i < ConsumerRegs<Cfg>::kOFrags * 4; ++i) r.o[i] = 0.f;
       r.stats.init();
@@ -374,7 +426,7 @@ __device__ void consumer(const Params& p, u32 smem, const Barriers& bar, int wg)
           turn_pass<Cfg>(wg);
           wgmma_wait<1>();
           mbar_arrive(bar.k_empty(s));
-          if (!Cfg::kTmaEpilogue && n == 0) mbar_arrive(bar.q_empty());  // last Q K^T done
+          if (!Cfg::kTmaEpilogue && !Cfg::kQInRegs && n == 0) mbar_arrive(bar.q_empty());  // last Q K^T done
           scores_to_probabilities<Cfg>(r, qt, n, row_base, p.scale_log2, corr);
           wgmma_wait<0>();
           mbar_arrive(bar.v_empty(prev_stage));
@@ -385,7 +437,7 @@ __device__ void consumer(const Params& p, u32 smem, const Barriers& bar, int wg)
           turn_pass<Cfg>(wg);
           wgmma_wait<0>();
           mbar_arrive(bar.k_empty(s));
-          if (!Cfg::kTmaEpilogue && n == 0) mbar_arrive(bar.q_empty());  // last Q K^T done
+          if (!Cfg::kTmaEpilogue && !Cfg::kQInRegs && n == 0) mbar_arrive(bar.q_empty());  // last Q K^T done
           scores_to_probabilities<Cfg>(r, qt, n, row_base, p.scale_log2, corr);
           rescale_and_pack<Cfg>(r, corr);
           if (!Cfg::kOverlap) {
@@ -412,13 +464,8 @@ __device__ void consumer(const Params& p, u32 smem, const Barriers& bar, int wg)
       epilogue<Cfg>(p, r, qt, head, wg, smem, bar);
     }
     if constexpr (Cfg::kScheduler == Scheduler::kDynamic) {
-      const int slot = id_iter & 1;
-      mbar_wait(bar.tile_full(slot), (id_iter >> 1) & 1);
-      int next;
-      asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(next) : "r"(smem + L::kTileIds + 4 * slot) : "memory");
-      mbar_arrive(bar.tile_empty(slot));
+      t = next_published_tile<L>(smem, bar, id_iter & 1, id_iter);
       ++id_iter;
-      t = next;
     } else {
       t = sched.next_static(t);
     }
@@ -443,7 +490,8 @@ __device__ __forceinline__ Barriers init_barriers(u32 smem) {
     }
     for (int s = 0; s < 2; ++s) {
       mbar_init(bar.tile_full(s), 1);
-      mbar_init(bar.tile_empty(s), Cfg::kConsumers * 128);
+      // Every consumer thread and, when it is a warp of its own, the V producer warp.
+      mbar_init(bar.tile_empty(s), Cfg::kConsumers * 128 + (Cfg::kLoadWarps == 2 ? 32 : 0));
     }
     fence_barrier_init();
   }

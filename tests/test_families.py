@@ -1,0 +1,230 @@
+"""Host-side parts of mlagen.families.mla_prefill: shape classes, visible pairs, FLOPs, and the
+reference implementation, checked on the CPU in float64 against a naive loop."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+
+import pytest
+
+from mlagen.families import mla_prefill as fam
+from mlagen.families.mla_prefill import ProblemKey
+
+torch = pytest.importorskip("torch")
+
+
+# --- shape classes --------------------------------------------------------------------------
+
+
+def test_problem_key_text_round_trip():
+    k = ProblemKey.parse("causal/h128/q8192/k8192")
+    assert (k.mask, k.heads, k.q_per_seq, k.k_per_seq) == ("causal", 128, 8192, 8192)
+    assert str(k) == "causal/h128/q8192/k8192"
+    assert str(ProblemKey("none", 16, 4096, 16384)) == "none/h16/q4096/k16384"
+    assert ProblemKey.parse(str(ProblemKey("none", 1, 2, 4))) == ProblemKey("none", 1, 2, 4)
+
+
+@pytest.mark.parametrize("text", ["", "causal", "causal/h128/q8192", "causal/h128/q8192/k8192/x",
+                                  "sliding/h128/q8192/k8192", "causal/x128/q8192/k8192", "causal/h/q8192/k8192",
+                                  "causal/hx/q1/k1", "causal/h128/k8192/q8192", "causal/h0/q1/k1",
+                                  "causal/h-4/q1/k1"])
+def test_problem_key_rejects(text):
+    with pytest.raises(ValueError, match=r"is not a problem key like 'causal/h128/q8192/k8192'"):
+        ProblemKey.parse(text)
+
+
+@pytest.mark.parametrize("a, b, d", [
+    ("causal/h128/q8192/k8192", "causal/h128/q8192/k8192", 0),
+    ("causal/h128/q8192/k8192", "causal/h64/q8192/k8192", 1),
+    ("causal/h128/q8192/k8192", "causal/h16/q2048/k16384", 3 + 2 + 1),
+    ("none/h1/q1/k1", "none/h2/q4/k8", 6),
+    ("causal/h128/q8192/k8192", "none/h128/q8192/k8192", math.inf),
+])
+def test_problem_key_distance(a, b, d):
+    ka, kb = ProblemKey.parse(a), ProblemKey.parse(b)
+    assert ka.distance(kb) == d
+    assert kb.distance(ka) == d
+
+
+@pytest.mark.parametrize("args, key", [
+    ((128, 8192, 8192, 1, True), "causal/h128/q8192/k8192"),
+    ((100, 3000, 5000, 2, False), "none/h128/q2048/k4096"),
+    ((1, 1, 1, 1, True), "causal/h1/q1/k1"),
+    ((16, 0, 0, 4, True), "causal/h16/q1/k1"),       # empty batch: smallest class, no log of zero
+    ((3, 10, 10, 0, True), "causal/h4/q16/k16"),     # batch 0 counts as 1
+    ((129, 8193, 2048, 1, True), "causal/h256/q16384/k2048"),
+])
+def test_problem_key_of_a_call(args, key):
+    assert str(fam.problem_key(*args)) == key
+
+
+# --- visible pairs and FLOPs ----------------------------------------------------------------
+
+
+def brute_pairs(lq, lk, causal):
+    return sum(1 for i in range(lq) for j in range(lk) if not causal or j <= i + lk - lq)
+
+
+def test_visible_pairs_against_brute_force():
+    for lq, lk in itertools.product(range(0, 26), range(0, 26)):
+        for causal in (True, False):
+            assert fam.visible_pairs(lq, lk, causal) == brute_pairs(lq, lk, causal), (lq, lk, causal)
+
+
+def test_visible_pairs_random_larger_shapes():
+    rng = random.Random(0)
+    for _ in range(60):
+        lq, lk = rng.randint(0, 300), rng.randint(0, 300)
+        assert fam.visible_pairs(lq, lk, True) == brute_pairs(lq, lk, True), (lq, lk)
+
+
+@pytest.mark.parametrize("lq, lk, pairs", [
+    (8192, 8192, 8192 * 8193 // 2),
+    (2048, 16384, 2048 * 14336 + 2048 * 2049 // 2),   # a chunk after a cached prefix
+    (100, 10, 55),                                    # only the last 10 rows see keys
+    (5, 0, 0), (0, 5, 0),
+])
+def test_visible_pairs_closed_forms(lq, lk, pairs):
+    assert fam.visible_pairs(lq, lk, True) == pairs
+
+
+def test_flops():
+    lengths = [(0, 3, 0, 5), (3, 0, 5, 2), (3, 7, 7, 4)]
+    heads = 16
+    expect = sum(2 * heads * (192 + 128) * brute_pairs(lq, lk, True) for _, lq, _, lk in lengths)
+    assert fam.flops(lengths, heads, True) == expect
+    assert fam.flops(lengths, heads, False) == 2 * heads * 320 * (15 + 0 + 28)
+    assert fam.flops([(0, 8192, 0, 8192)], 128, True) == 2 * 128 * 320 * 8192 * 8193 // 2
+
+
+def test_sequence_lengths():
+    assert fam.sequence_lengths(None, None, 7, 9) == [(0, 7, 0, 9)]
+    assert fam.sequence_lengths([0, 3, 3, 8], [0, 5, 7, 7], 8, 7) == [(0, 3, 0, 5), (3, 0, 5, 2), (3, 5, 7, 0)]
+    cu_q = torch.tensor([0, 2, 6], dtype=torch.int32)
+    cu_k = torch.tensor([0, 4, 4], dtype=torch.int32)
+    assert fam.sequence_lengths(cu_q, cu_k, 6, 4) == [(0, 2, 0, 4), (2, 4, 4, 0)]
+
+
+# --- the reference --------------------------------------------------------------------------
+
+
+def naive(q, k, v, cu_q, cu_k, causal, scale):
+    """One (sequence, head, query row) at a time, in float64, straight from the definition.
+    ``k`` holds all 192 columns per head. Returns (out, lse); lse is +inf where nothing is seen."""
+    tq, h, _ = q.shape
+    out = torch.zeros(tq, h, 128, dtype=torch.float64)
+    lse = torch.full((tq, h), math.inf, dtype=torch.float64)
+    cu_q = cu_q or [0, tq]
+    cu_k = cu_k or [0, k.shape[0]]
+    for b in range(len(cu_q) - 1):
+        q0, lq, k0, lk = cu_q[b], cu_q[b + 1] - cu_q[b], cu_k[b], cu_k[b + 1] - cu_k[b]
+        for head in range(h):
+            for i in range(lq):
+                seen = [j for j in range(lk) if not causal or j <= i + lk - lq]
+                if not seen:
+                    continue
+                s = [float((q[q0 + i, head].double() * k[k0 + j, head].double()).sum()) * scale for j in seen]
+                m = max(s)
+                w = [math.exp(x - m) for x in s]
+                total = sum(w)
+                lse[q0 + i, head] = m + math.log(total)
+                for wj, j in zip(w, seen):
+                    out[q0 + i, head] += (wj / total) * v[k0 + j, head].double()
+    return out, lse
+
+
+def inputs(lq, lk, heads, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    tq, tk = sum(lq), sum(lk)
+    q = torch.randn(tq, heads, 192, generator=g).to(torch.bfloat16)
+    k = torch.randn(tk, heads, 128, generator=g).to(torch.bfloat16)
+    rope = torch.randn(tk, 1, 64, generator=g).to(torch.bfloat16)
+    v = torch.randn(tk, heads, 128, generator=g).to(torch.bfloat16)
+    cu = (lambda ls: [0] + list(itertools.accumulate(ls))) if len(lq) > 1 else (lambda ls: None)
+    return q, k, rope, v, cu(lq), cu(lk)
+
+
+def check(out, lse, ref_out, ref_lse):
+    assert out.dtype == lse.dtype == torch.float64
+    assert out.shape == ref_out.shape and lse.shape == ref_lse.shape
+    torch.testing.assert_close(out, ref_out, rtol=1e-10, atol=1e-10)
+    assert torch.equal(torch.isinf(lse), torch.isinf(ref_lse))
+    finite = torch.isfinite(ref_lse)
+    torch.testing.assert_close(lse[finite], ref_lse[finite], rtol=1e-10, atol=1e-10)
+    assert (lse[~finite] == math.inf).all()
+    assert (out[~finite] == 0).all()
+
+
+CASES = [
+    # (id, q lengths, k lengths, heads, causal)
+    ("square causal", [5], [5], 2, True),
+    ("square full", [5], [5], 2, False),
+    ("chunk after prefix Lq<Lk", [3], [8], 2, True),
+    ("Lq>Lk: first rows see nothing", [7], [3], 3, True),
+    ("single query", [1], [6], 1, True),
+    ("ragged with empty sequences", [3, 0, 2, 4, 2], [5, 2, 0, 4, 1], 2, True),
+    ("ragged full", [3, 0, 2, 4], [5, 2, 0, 4], 2, False),
+]
+
+
+@pytest.mark.parametrize("lq, lk, heads, causal", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+@pytest.mark.parametrize("rope", ["shared", "per_head", "folded"])
+def test_reference_matches_naive_loops(lq, lk, heads, causal, rope):
+    q, k, shared, v, cu_q, cu_k = inputs(lq, lk, heads)
+    full_k = torch.cat([k, shared.expand(-1, heads, -1)], dim=-1)
+    scale = 1 / math.sqrt(192)
+    ref_out, ref_lse = naive(q, full_k, v, cu_q, cu_k, causal, scale)
+    kwargs = {}
+    if cu_q is not None:
+        kwargs = {"cu_seqlens_q": torch.tensor(cu_q, dtype=torch.int32),
+                  "cu_seqlens_k": torch.tensor(cu_k, dtype=torch.int32)}
+    if rope == "shared":
+        out, lse = fam.reference(q, k, v, k_rope=shared, causal=causal, **kwargs)
+    elif rope == "per_head":
+        out, lse = fam.reference(q, k, v, k_rope=shared.expand(-1, heads, -1).contiguous(), causal=causal, **kwargs)
+    else:
+        out, lse = fam.reference(q, full_k, v, causal=causal, **kwargs)
+    check(out, lse, ref_out, ref_lse)
+
+
+def test_rows_that_see_nothing():
+    q, k, shared, v, _, _ = inputs([6], [2], 2)
+    out, lse = fam.reference(q, k, v, k_rope=shared, causal=True)
+    assert torch.isinf(lse[:4]).all() and (lse[:4] > 0).all()
+    assert (out[:4] == 0).all()
+    assert torch.isfinite(lse[4:]).all()
+
+
+def test_reference_with_no_keys_at_all():
+    q, k, shared, v, _, _ = inputs([4], [0], 2)
+    out, lse = fam.reference(q, k, v, k_rope=shared, causal=False)
+    assert (out == 0).all() and (lse == math.inf).all()
+
+
+def test_reference_scale_and_head_chunks():
+    q, k, shared, v, cu_q, cu_k = inputs([4, 3], [6, 3], 5, seed=3)
+    full_k = torch.cat([k, shared.expand(-1, 5, -1)], dim=-1)
+    ref_out, ref_lse = naive(q, full_k, v, cu_q, cu_k, True, 0.3)
+    out, lse = fam.reference(q, k, v, k_rope=shared, cu_seqlens_q=torch.tensor(cu_q, dtype=torch.int32),
+                             cu_seqlens_k=torch.tensor(cu_k, dtype=torch.int32), causal=True, softmax_scale=0.3,
+                             head_chunk=2)
+    check(out, lse, ref_out, ref_lse)
+
+
+def test_reference_dtype():
+    q, k, shared, v, _, _ = inputs([3], [3], 1)
+    out, lse = fam.reference(q, k, v, k_rope=shared, dtype=torch.float32)
+    assert out.dtype == lse.dtype == torch.float32
+    out64, _ = fam.reference(q, k, v, k_rope=shared)
+    torch.testing.assert_close(out.double(), out64, rtol=1e-5, atol=1e-5)
+
+
+def test_causal_is_bottom_right_aligned():
+    # With Lk = Lq + 2, the first query already sees three keys; the last sees all.
+    q, k, shared, v, _, _ = inputs([2], [4], 1, seed=5)
+    full_k = torch.cat([k, shared], dim=-1)
+    out, lse = fam.reference(q, k, v, k_rope=shared, causal=True)
+    s = (q[0, 0].double() @ full_k[:3, 0].double().T) / math.sqrt(192)
+    assert lse[0, 0].item() == pytest.approx(torch.logsumexp(s, 0).item(), rel=1e-12)

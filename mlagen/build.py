@@ -57,10 +57,19 @@ def _compile_one(spec: spec_mod.KernelSpec, values: dict, target: str, out_dir: 
     return "ok", (), binary, artifact, time.perf_counter() - t0
 
 
+def compile_pool(jobs: int | None = None) -> cf.ProcessPoolExecutor:
+    """A pool of spawned compile processes; pass it to several build_many calls to pay the
+    process start-up (interpreter, imports, NVRTC load) once."""
+    return cf.ProcessPoolExecutor(max_workers=jobs or knobs.compile_workers(),
+                                  mp_context=multiprocessing.get_context("spawn"))
+
+
 def build_many(variants: Iterable[variant_mod.Variant], targets: Iterable[str], jobs: int | None = None,
                out_dir: Path | str | None = None,
-               progress: Callable[[BuildResult, int, int], None] | None = None) -> list[BuildResult]:
-    """Prune then compile every (variant, target); results in input order."""
+               progress: Callable[[BuildResult, int, int], None] | None = None,
+               pool: cf.Executor | None = None) -> list[BuildResult]:
+    """Prune then compile every (variant, target); results in input order. ``pool`` reuses a
+    :func:`compile_pool`; without one a pool is made for this call."""
     jobs = jobs or knobs.compile_workers()
     work, results = [], {}
     items = [(v, t) for v in variants for t in targets]
@@ -86,14 +95,15 @@ def build_many(variants: Iterable[variant_mod.Variant], targets: Iterable[str], 
             progress(results[i], done, len(items))
 
     out = str(out_dir) if out_dir is not None else None
-    if jobs <= 1 or len(work) <= 1:
+    if pool is None and (jobs <= 1 or len(work) <= 1):
         for i in work:
             v, t = items[i]
             finish(i, _compile_one(v.spec, dict(v.values), t, out))
     else:
-        ctx = multiprocessing.get_context("spawn")
-        with cf.ProcessPoolExecutor(max_workers=min(jobs, len(work)), mp_context=ctx) as pool:
-            futures = {pool.submit(_compile_one, items[i][0].spec, dict(items[i][0].values), items[i][1], out): i
+        own = pool is None
+        executor = compile_pool(min(jobs, len(work))) if own else pool
+        try:
+            futures = {executor.submit(_compile_one, items[i][0].spec, dict(items[i][0].values), items[i][1], out): i
                        for i in work}
             for fut in cf.as_completed(futures):
                 i = futures[fut]
@@ -104,4 +114,7 @@ def build_many(variants: Iterable[variant_mod.Variant], targets: Iterable[str], 
                 except Exception as exc:  # a crashed worker is a failed build, not a failed tool
                     payload = ("compile_error", (f"{type(exc).__name__}: {exc}",), None, None, 0.0)
                 finish(i, payload)
+        finally:
+            if own:
+                executor.shutdown()
     return [results[i] for i in range(len(items))]

@@ -222,7 +222,12 @@ def check_variant(variant, target, resources) -> list[str]:
             reasons.append(f"{name} {rows} exceeds the TMA box limit of {TMA_BOX_MAX} rows by {rows - TMA_BOX_MAX}")
     if block_n % 16:
         reasons.append(f"block_n {block_n} must be a multiple of 16 (the k-step of P V)")
+    rows = {"q": block_m, "k": block_n, "v": block_n}
     widths = {"q": [env["d_qk"], env["d_v"]], "k": [env["d_nope"], env["d_rope"]], "v": [env["d_v"]]}
+    for op, sw in s.swizzle.items():
+        if sw in SWIZZLES and (rows[op] * sw) % (8 * sw):
+            reasons.append(f"swizzle.{op}: a box of {rows[op]} rows of {sw} B does not end on the {8 * sw}-byte "
+                           "swizzle atom the next box must start on")
     for op, sw in s.swizzle.items():
         if sw not in SWIZZLES:
             reasons.append(f"swizzle.{op} {sw}: must be one of {list(SWIZZLES)} bytes")

@@ -23,7 +23,7 @@ from typing import Callable, Iterable
 from . import arch, db, dispatch
 from . import spec as spec_mod
 from . import variant as variant_mod
-from .build import build_many
+from .build import build_many, compile_pool
 from .errors import MlagenError, TuningError
 
 STRATEGIES = ("auto", "exhaustive", "coordinate")
@@ -335,13 +335,11 @@ def tune(config: TuneConfig, progress: Callable[[str], None] = print) -> list[Tu
         raise TuningError(f"{spec.name} does not target {target.name} (targets: {', '.join(spec.targets)})")
     database = db.TuningDB(config.db_path)
     shapes = [s if isinstance(s, bench.Shape) else bench.parse_shapes(s)[0] for s in config.shapes]
-    results = []
-    for shape in shapes:
-        results.append(_tune_shape(spec, shape, target, config, database, progress))
-    return results
+    with compile_pool(config.jobs) as pool:  # one set of compile processes for the whole session
+        return [_tune_shape(spec, shape, target, config, database, progress, pool) for shape in shapes]
 
 
-def _tune_shape(spec, shape, target, config: TuneConfig, database: db.TuningDB, progress) -> TuneResult:
+def _tune_shape(spec, shape, target, config: TuneConfig, database: db.TuningDB, progress, pool) -> TuneResult:
     from .families.mla_prefill import problem_key
 
     t0 = time.time()
@@ -363,7 +361,7 @@ def _tune_shape(spec, shape, target, config: TuneConfig, database: db.TuningDB, 
             batch = [v for v in search.next_batch() if v not in search.seen][: config.max_trials - len(trials)]
             if not batch:
                 break
-            for r in _run_batch(batch, target, worker, config, progress, len(trials)):
+            for r in _run_batch(batch, target, worker, config, progress, len(trials), pool):
                 trials.append(r)
                 search.tell(r.variant, r.time_ms if r.outcome == "ok" else None)
                 database.add_trial(db.Trial(key, dict(r.variant.tunables), r.variant.symbol, r.outcome, r.time_ms,
@@ -383,8 +381,9 @@ def _tune_shape(spec, shape, target, config: TuneConfig, database: db.TuningDB, 
     return TuneResult(shape.id, problem, run_id, trials, best, default, time.time() - t0)
 
 
-def _run_batch(batch, target, worker: GpuWorker, config: TuneConfig, progress, done: int) -> Iterable[TrialResult]:
-    builds = build_many(batch, [target.name], jobs=config.jobs)
+def _run_batch(batch, target, worker: GpuWorker, config: TuneConfig, progress, done: int,
+               pool=None) -> Iterable[TrialResult]:
+    builds = build_many(batch, [target.name], jobs=config.jobs, pool=pool)
     for i, b in enumerate(builds):
         n = done + i + 1
         if b.status == "pruned":

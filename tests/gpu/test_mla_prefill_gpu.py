@@ -259,6 +259,7 @@ SCHEDULES = [
     {"load_warps": 1, "scheduler": "dynamic", "epilogue": "direct"},
     {"load_warps": 1, "scheduler": "persistent", "order": "none", "block_n": 80, "stages": 3},
     {"q_operand": "regs", "epilogue": "direct", "block_n": 112},
+    {"block_n": 80, "swizzle_q": 32, "swizzle_k": 64, "swizzle_v": 32, "order": "none"},
     {"q_operand": "regs", "epilogue": "direct", "block_n": 96, "order": "none", "scheduler": "persistent"},
 ]
 

@@ -44,9 +44,11 @@ struct Layout {
   static constexpr int kReserved = 1024;  // barriers and tile ids, rounded up
   static constexpr int kSmemBytes = kBarriers + kReserved + 1024;  // + slack to align the base to 1024
   static_assert(kEnd - kBarriers <= kReserved, "barrier area overflows its reservation");
-  static_assert(kQCbBytes % 1024 == 0 && kKCbBytes % 1024 == 0 && kVCbBytes % 1024 == 0 &&
-                    kQBytes % 1024 == 0 && kKBytes % 1024 == 0 && kVBytes % 1024 == 0,
-                "tiles must keep every TMA box on a 1024-byte swizzle-atom boundary");
+  // A swizzled box must start where its pattern starts: on its swizzle atom (8 rows of SW bytes).
+  static_assert(kQCbBytes % (8 * Cfg::kSwQ) == 0 && kKCbBytes % (8 * Cfg::kSwK) == 0 &&
+                    kVCbBytes % (8 * Cfg::kSwV) == 0 && kQBytes % 1024 == 0 && kKBytes % 1024 == 0 &&
+                    kVBytes % 1024 == 0,
+                "every TMA box must start on its swizzle atom, every tile on a 1024-byte boundary");
   static_assert(Cfg::kDV * 2 <= Cfg::kDQk * 2, "the output staging tile reuses the Q tile");
 };
 

@@ -33,6 +33,7 @@ class Selection:
     kernel: CudaKernel
     resources: resources.Resources
     origin: str  # "default", "user" or "shipped:<file>"
+    env: dict    # variant.env(), computed once: launches read block sizes from it
 
 
 @functools.lru_cache(maxsize=None)
@@ -144,7 +145,7 @@ class Dispatcher:
     def _materialise(self, variant, target: arch.Target, device: int, origin: str) -> Selection:
         binary = build(variant, target)
         kernel = runtime().load(binary, device)
-        return Selection(variant.spec, variant, binary, kernel, resources.estimate(variant), origin)
+        return Selection(variant.spec, variant, binary, kernel, resources.estimate(variant), origin, variant.env())
 
 
 @functools.lru_cache(maxsize=None)

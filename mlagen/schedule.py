@@ -14,6 +14,7 @@ by how much.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from . import expr
@@ -149,7 +150,9 @@ class Schedule:
         return min(255, REGS_PER_SM // self.threads // 8 * 8)
 
 
+@functools.lru_cache(maxsize=4096)
 def evaluate(variant) -> Schedule:
+    """The variant's schedule with every expression evaluated (cached: launches read it)."""
     spec = variant.spec
     sched = _section(spec)
     env = variant.env()

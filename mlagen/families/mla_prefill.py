@@ -476,7 +476,7 @@ def accepts(spec, call: Call) -> bool:
 
 def launch(selection, call: Call, stream: int) -> None:
     """Launch the selected kernel on ``stream``; no host synchronisation."""
-    env = selection.variant.env()
+    env = selection.env
     res = selection.resources
     if selection.spec.abi == "simt":
         params = pack_simt(call, env)

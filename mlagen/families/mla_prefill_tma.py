@@ -43,7 +43,6 @@ def tensor_map(t, box_cols: int, box_rows: int, swizzle: int, what: str) -> byte
 def launch(selection, call: Call, env: dict, stream: int) -> None:
     import torch
 
-    sched = selection.variant.spec  # noqa: F841  (kept for symmetry with the simt launcher)
     from ..schedule import evaluate
 
     s = evaluate(selection.variant)

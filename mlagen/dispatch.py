@@ -53,12 +53,12 @@ def _nvrtc_version(target: str) -> str:
     return for_target(target).version()
 
 
-def record_key(spec: spec_mod.KernelSpec, problem: str, info: DeviceInfo, dtypes: str = "bf16") -> db.RecordKey:
-    target = info.target
+def record_key(spec: spec_mod.KernelSpec, problem: str, *, device: str, sm_count: int, driver: str,
+               target: arch.Target, dtypes: str = "bf16") -> db.RecordKey:
+    """The tuning-database key of ``spec`` on a device; the tuner writes and dispatch reads with it."""
     return db.RecordKey(
-        family=spec.family, spec=spec.name, problem=problem, dtypes=dtypes, device=info.name,
-        sm_count=info.sm_count, driver=info.driver_version, nvrtc=_nvrtc_version(target.name),
-        source_hash=cached_source_hash(spec),
+        family=spec.family, spec=spec.name, problem=problem, dtypes=dtypes, device=device, sm_count=sm_count,
+        driver=driver, nvrtc=_nvrtc_version(target.name), source_hash=cached_source_hash(spec),
     )
 
 
@@ -126,7 +126,8 @@ class Dispatcher:
             raise SpecError(spec.path, "tune", f"no variant of {spec.name} fits {info.target.name}")
         origin = "default"
         if not knobs.no_tuned():
-            key = record_key(spec, problem, info)
+            key = record_key(spec, problem, device=info.name, sm_count=info.sm_count, driver=info.driver_version,
+                             target=info.target)
 
             def distance(a: str, b: str) -> float:
                 return ProblemKey.parse(a).distance(ProblemKey.parse(b))

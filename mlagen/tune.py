@@ -89,8 +89,7 @@ def _worker_main(conn, spec_path: str, shape, seed: int, iters: int, warmup: int
         check_ref = family.reference(*check["args"], **check["kwargs"])
         flush = bench.L2Flush(device)
         info = device_info(device.index)
-        conn.send(("ready", {"device": info.name, "sm_count": info.sm_count, "driver": info.driver_version,
-                             "flops": shape.flops()}))
+        conn.send(("ready", {"device": info.name, "sm_count": info.sm_count, "driver": info.driver_version}))
     except Exception:
         conn.send(("setup_failed", traceback.format_exc()))
         return
@@ -179,7 +178,6 @@ class GpuWorker:
         self.ctx = multiprocessing.get_context("spawn")
         self.proc = None
         self.conn = None
-        self.info: dict | None = None
 
     def start(self) -> dict:
         parent, child = self.ctx.Pipe()
@@ -199,7 +197,6 @@ class GpuWorker:
             self.stop()
             last = payload.strip().splitlines()[-1] if payload.strip() else "unknown error"
             raise TuningError(f"the GPU worker failed to start: {last}\n{payload}")
-        self.info = payload
         return payload
 
     def run(self, values: dict) -> dict:
@@ -285,15 +282,16 @@ class Coordinate(Search):
             self.started = True
             return [self.point]
         while self.passes < 3:
+            # Move to the best point so far first: the last axis of a pass can improve it too.
+            best = self._best() or self.point
+            if best != self.point:
+                self.point, self.improved_in_pass = best, True
             if self.axis_index >= len(self.axes):
                 if not self.improved_in_pass:
                     return []
                 self.passes += 1
                 self.axis_index, self.improved_in_pass = 0, False
                 continue
-            best = self._best() or self.point
-            if best != self.point:
-                self.point, self.improved_in_pass = best, True
             axis = self.axes[self.axis_index]
             self.axis_index += 1
             batch = []
@@ -352,9 +350,8 @@ def _tune_shape(spec, shape, target, config: TuneConfig, database: db.TuningDB, 
 
     worker = GpuWorker(spec.path, shape, config.seed, config.iters, config.warmup, config.timeout_s)
     info = worker.start()
-    key = db.RecordKey(family=spec.family, spec=spec.name, problem=problem, dtypes="bf16", device=info["device"],
-                       sm_count=info["sm_count"], driver=info["driver"],
-                       nvrtc=dispatch._nvrtc_version(target.name), source_hash=db.source_hash(spec))
+    key = dispatch.record_key(spec, problem, device=info["device"], sm_count=info["sm_count"], driver=info["driver"],
+                              target=target)
     trials: list[TrialResult] = []
     try:
         while len(trials) < config.max_trials:

@@ -156,7 +156,7 @@ class TuningDB:
             conn.close()
 
     def _init(self, conn: sqlite3.Connection) -> None:
-        conn.execute("PRAGMA journal_mode = WAL")
+        self._use_wal(conn)
         conn.execute("BEGIN IMMEDIATE")
         try:
             # One statement at a time: executescript() would commit the open transaction first.
@@ -177,6 +177,24 @@ class TuningDB:
                 conn.execute("ROLLBACK")
             raise
         self._initialised = True
+
+    @staticmethod
+    def _use_wal(conn: sqlite3.Connection, timeout_s: float = 60.0) -> None:
+        """Switch the file to write-ahead logging once. Several processes opening a new database
+        race on the switch, and SQLite answers the loser "locked" without waiting on the busy
+        timeout, so the switch alone is retried (the mode persists in the file)."""
+        deadline = time.monotonic() + timeout_s
+        delay = 0.01
+        while True:
+            try:
+                if conn.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
+                    conn.execute("PRAGMA journal_mode = WAL")
+                return
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) or time.monotonic() > deadline:
+                    raise
+                time.sleep(delay)
+                delay = min(delay * 2, 0.5)
 
     @contextlib.contextmanager
     def _transaction(self) -> Iterator[sqlite3.Connection]:

@@ -261,12 +261,17 @@ class Exhaustive(Search):
         return batch
 
 
+REPAIR_CHANGES = 2  # other tunables coordinate descent may change to make a value fit
+REPAIR_WIDTH = 3  # nearest fitting points tried for such a value
+
+
 class Coordinate(Search):
     """Coordinate descent: sweep each free axis in turn from the best point so far."""
 
     def __init__(self, *args):
         super().__init__(*args)
-        self.point = variant_mod.make(self.spec, self.fixed)
+        start = variant_mod.make(self.spec, self.fixed)
+        self.point = variant_mod.nearest_feasible(start, self.target, keep=self.fixed) or start
         self.axes = [t.name for t in self.spec.tunables if t.name not in self.fixed and len(t.values) > 1]
         self.axis_index = 0
         self.improved_in_pass = False
@@ -297,8 +302,14 @@ class Coordinate(Search):
             batch = []
             for value in self.spec.tunable(axis).values:
                 cand = self.point.with_values(**{axis: value})
-                if cand not in self.seen and cand not in batch:
-                    batch.append(cand)
+                # A value that fits only with another tunable changed (a cluster needs a static
+                # or persistent schedule, a deeper ring smaller tiles) is tried at the nearest
+                # points where it fits: constraints must not hide part of the space.
+                fits = variant_mod.feasible_neighbours(cand, self.target, keep={*self.fixed, axis},
+                                                       max_changes=REPAIR_CHANGES)
+                for c in fits[:REPAIR_WIDTH] or [cand]:
+                    if c not in self.seen and c not in batch:
+                        batch.append(c)
             if batch:
                 return batch
         return []

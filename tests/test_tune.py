@@ -36,8 +36,27 @@ def test_coordinate_descent_uses_a_gain_found_on_the_last_axis():
 def test_coordinate_descent_stops_when_a_pass_improves_nothing():
     search = Coordinate(S80, FIXED, SM90A, 200, 0)
     run(search, lambda v: 1.0)
+    assert search.passes == 0
     free = [t for t in S80.tunables if len(t.values) > 1]
-    assert len(search.seen) == 1 + sum(len(t.values) - 1 for t in free)  # the default, then one sweep
+    # The default, then one sweep (values that only fit elsewhere may land on an already seen point).
+    assert len(search.seen) <= 1 + sum(len(t.values) - 1 for t in free)
+    for t in free:
+        assert {v[t.name] for v in search.seen} == set(t.values), t.name
+
+
+def test_coordinate_descent_reaches_values_behind_constraints():
+    # A 4-deep ring of 128-key tiles does not fit in shared memory: the sweep of the stages axis
+    # must try 4 stages where they fit (smaller tiles) instead of recording them as pruned.
+    s90 = spec_mod.load("mla_prefill_sm90")
+    search = Coordinate(s90, FIXED, SM90A, 500, 0)
+    best = run(search, lambda v: 1.0 - 0.5 * (v["stages"] == 4))
+    assert best["stages"] == 4 and resources.check(best, SM90A).ok
+    first = next(v for v in search.seen if v["stages"] == 4)  # seen keeps proposal order
+    assert resources.check(first, SM90A).ok and first["block_n"] < 128
+    # Held tunables are never changed to make a value fit.
+    search = Coordinate(s90, {**FIXED, "block_n": 128}, SM90A, 500, 0)
+    run(search, lambda v: 1.0)
+    assert all(v["block_n"] == 128 for v in search.seen)
 
 
 def test_exhaustive_covers_a_small_space_and_auto_picks_it():

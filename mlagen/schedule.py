@@ -31,6 +31,7 @@ ORDERS = ("none", "pingpong")
 SCHEDULERS = ("static", "persistent", "dynamic")
 EPILOGUES = ("tma", "direct")  # through shared memory and a TMA store, or registers straight to global
 SWIZZLES = (32, 64, 128)
+CLUSTERS = (1, 2)  # CTAs per cluster; 2 shares each K/V tile between a pair of query tiles (multicast)
 OPERANDS = ("q", "k", "v")
 REGS_PER_SM = 65536
 TMA_BOX_MAX = 256
@@ -213,9 +214,11 @@ def check_variant(variant, target, resources) -> list[str]:
         reasons.append(f"scheduler {s.scheduler!r} is not one of {list(SCHEDULERS)}")
     if s.epilogue not in EPILOGUES:
         reasons.append(f"epilogue {s.epilogue!r} is not one of {list(EPILOGUES)}")
-    if s.cluster != 1:
-        reasons.append(f"cluster {s.cluster}: 2-CTA clusters with K/V multicast are not implemented by this kernel "
-                       "(the spec allows only 1)")
+    if s.cluster not in CLUSTERS:
+        reasons.append(f"cluster {s.cluster}: must be one of {list(CLUSTERS)} CTAs")
+    elif s.cluster > 1 and s.scheduler == "dynamic":
+        reasons.append(f"cluster {s.cluster} needs a static or persistent scheduler: the CTAs of a cluster must "
+                       "agree on their tiles, and the dynamic queue hands each CTA its own")
     if s.stages.get("q") != 1:
         reasons.append(f"the q pipeline has one stage in this kernel, got {s.stages.get('q')}")
     if not 2 <= s.stages.get("kv", 0) <= 4:
@@ -229,6 +232,9 @@ def check_variant(variant, target, resources) -> list[str]:
             reasons.append(f"{name} {rows} exceeds the TMA box limit of {TMA_BOX_MAX} rows by {rows - TMA_BOX_MAX}")
     if block_n % 16:
         reasons.append(f"block_n {block_n} must be a multiple of 16 (the k-step of P V)")
+    if s.cluster in CLUSTERS and s.cluster > 1 and block_n % (8 * s.cluster):
+        reasons.append(f"cluster {s.cluster}: each CTA loads block_n / {s.cluster} = {block_n / s.cluster:g} rows of "
+                       "every K/V tile, which must be a whole number of 8-row swizzle atoms")
     rows = {"q": block_m, "k": block_n, "v": block_n}
     widths = {"q": [env["d_qk"], env["d_v"]], "k": [env["d_nope"], env["d_rope"]], "v": [env["d_v"]]}
     for op, sw in s.swizzle.items():

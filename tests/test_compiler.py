@@ -6,6 +6,9 @@ from __future__ import annotations
 import json
 import multiprocessing
 import pickle
+import re
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -133,6 +136,49 @@ def test_non_causal_sm90_variant_compiles(nvrtc):
                            "epilogue": "direct", "swizzle_k": 64, "swizzle_v": 64, "stages": 3})
     b = nvrtc.compile(render.render(v), "sm_90a")
     assert b.data[:4] == b"\x7fELF" and not b.resources.spills
+
+
+@pytest.mark.parametrize("values", [
+    {"mask": "causal", "scheduler": "persistent"},
+    {"mask": "none", "scheduler": "static", "load_warps": 1, "block_n": 96, "swizzle_k": 64},
+], ids=["persistent-causal", "static-none"])
+def test_cluster_variant_compiles_with_multicast(nvrtc, values):
+    # 2-CTA clusters: the cluster shape is compiled in, K/V arrive by multicast TMA, stages are
+    # released across the cluster, and the 24-register producer still does not spill.
+    v = variant.make(S90, {"cluster": 2, **values})
+    text = render.render(v).text
+    assert "__cluster_dims__(2, 1, 1)" in text and "cluster_sync();" in text
+    b = nvrtc.compile(render.render(v), "sm_90a")
+    assert not b.resources.spills and b.resources.stack_bytes == 0, b.resources
+
+
+def _rs_operand_registers(cubin: bytes, tmp_path) -> tuple[set, set]:
+    """Registers holding the A fragments of Q K^T (K-major B) and of P V (transposed B)."""
+    path = tmp_path / "k.cubin"
+    path.write_bytes(cubin)
+    sass = subprocess.run(["cuobjdump", "-sass", str(path)], capture_output=True, text=True, check=True).stdout
+    qk, pv = set(), set()
+    for m in re.finditer(r"HGMMA\.\S+ R\d+, R(\d+), gdesc\[[^\]]*\](\.tnspB)?", sass):
+        (pv if m.group(2) else qk).update(int(m.group(1)) + i for i in range(4))
+    return qk, pv
+
+
+@pytest.mark.skipif(shutil.which("cuobjdump") is None, reason="cuobjdump (CUDA toolkit) is not on PATH")
+@pytest.mark.parametrize("values", [
+    {"mask": "causal", "order": "pingpong"},
+    {"mask": "none", "order": "none", "scheduler": "static", "cluster": 2, "swizzle_q": 64},
+    # The schedule the spec rules out; when this starts passing, the compiler was fixed and the
+    # spec's constraint can go.
+    pytest.param({"mask": "causal", "order": "none", "overlap": False},
+                 marks=pytest.mark.xfail(strict=True, reason="ptxas 13.0 packs P into Q's registers")),
+], ids=["pingpong", "cluster", "no-overlap"])
+def test_q_fragments_keep_their_registers(nvrtc, tmp_path, values):
+    # With Q in registers, P must be packed into other registers: Q is read again by the next
+    # Q K^T. ptxas 13.0 breaks this when the next Q K^T is not overlapped with P V (the spec rules
+    # that schedule out); this guards the schedules the spec allows.
+    v = variant.make(S90, {"q_operand": "regs", "epilogue": "direct", "overlap": True, **values})
+    qk, pv = _rs_operand_registers(nvrtc.compile(render.render(v), "sm_90a").data, tmp_path)
+    assert len(qk) == 4 * 12 and pv and not qk & pv, (sorted(qk), sorted(pv))
 
 
 def test_sm80_variant_compiles_for_sm100a(nvrtc):

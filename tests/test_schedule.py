@@ -123,10 +123,27 @@ def test_swizzle_width_must_divide_the_rows():
     assert "swizzle.k 64 B does not divide the 96 B rows of that operand" in reasons(v)
 
 
-def test_cluster_other_than_one():
-    s = spec90_with(cluster=[1, 2])
-    r = reasons(variant.make(s, {"cluster": 2}))
-    assert any(x.startswith("cluster 2: 2-CTA clusters with K/V multicast are not implemented") for x in r)
+def test_cluster_sizes():
+    s = spec90_with(cluster=[1, 2, 4])
+    assert "cluster 4: must be one of [1, 2] CTAs" in reasons(variant.make(s, {"cluster": 4, "scheduler": "static"}))
+    assert reasons(variant.make(S90, {"cluster": 2, "scheduler": "persistent"})) == []
+    assert reasons(variant.make(S90, {"cluster": 2, "scheduler": "static", "block_n": 64})) == []
+
+
+def test_cluster_needs_an_agreed_schedule():
+    # The dynamic queue hands each CTA its own tile; a cluster's CTAs must share one.
+    r = reasons(variant.make(S90, {"cluster": 2, "scheduler": "dynamic"}))
+    assert any(x.startswith("cluster 2 needs a static or persistent scheduler") for x in r), r
+    # The spec says the same before the schedule is looked at.
+    verdict = resources.check(variant.make(S90, {"cluster": 2, "scheduler": "dynamic"}), SM90A)
+    assert any("use the static or persistent scheduler" in x for x in verdict.reasons), verdict.reasons
+
+
+def test_cluster_share_of_a_kv_tile_is_whole_swizzle_atoms():
+    s = spec90_with(block_n=[128, 72])
+    r = reasons(variant.make(s, {"cluster": 2, "scheduler": "static", "block_n": 72}))
+    assert any("block_n / 2 = 36 rows of every K/V tile, which must be a whole number of 8-row swizzle atoms" in x
+               for x in r), r
 
 
 def test_kv_stages_range():

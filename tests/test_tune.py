@@ -59,6 +59,16 @@ def test_coordinate_descent_reaches_values_behind_constraints():
     assert all(v["block_n"] == 128 for v in search.seen)
 
 
+def test_coordinate_descent_reaches_clusters():
+    # cluster 2 does not fit the default (dynamic) scheduler; it is tried on a static or
+    # persistent one, and the next pass tunes the scheduler with the cluster in place.
+    s90 = spec_mod.load("mla_prefill_sm90")
+    search = Coordinate(s90, FIXED, SM90A, 500, 0)
+    best = run(search, lambda v: 1.0 - 0.5 * (v["cluster"] == 2) - 0.1 * (v["cluster"] == 2 and
+                                                                           v["scheduler"] == "static"))
+    assert best["cluster"] == 2 and best["scheduler"] == "static"
+
+
 def test_exhaustive_covers_a_small_space_and_auto_picks_it():
     assert isinstance(make_search("auto", S80, FIXED, SM90A, 200, 0), Exhaustive)
     assert isinstance(make_search("auto", S80, FIXED, SM90A, 10, 0), Coordinate)

@@ -48,19 +48,22 @@ def launch(selection, call: Call, env: dict, stream: int) -> None:
     s = evaluate(selection.variant)
     bm, bn = env["block_m"], env["block_n"]
     sw_q, sw_k, sw_v = s.swizzle["q"], s.swizzle["k"], s.swizzle["v"]
+    kv_rows = bn // s.cluster  # in a cluster, each CTA loads its share of every K/V tile
     maps = {
         "tma_q": tensor_map(call.q, sw_q // 2, bm, sw_q, "q"),
-        "tma_k": tensor_map(call.k, sw_k // 2, bn, sw_k, "k"),
-        "tma_k_rope": tensor_map(call.k_rope, sw_k // 2, bn, sw_k, "k_rope"),
-        "tma_v": tensor_map(call.v, sw_v // 2, bn, sw_v, "v"),
+        "tma_k": tensor_map(call.k, sw_k // 2, kv_rows, sw_k, "k"),
+        "tma_k_rope": tensor_map(call.k_rope, sw_k // 2, kv_rows, sw_k, "k_rope"),
+        "tma_v": tensor_map(call.v, sw_v // 2, kv_rows, sw_v, "v"),
         "tma_o": tensor_map(call.out, sw_q // 2, 64, sw_q, "out"),
     }
-    n_virtual = num_virtual_tiles(call, bm)
+    # Tiles are numbered per cluster: a cluster of C CTAs takes C * block_m query rows.
+    n_virtual = num_virtual_tiles(call, bm * s.cluster)
     total = n_virtual * call.heads
     if s.scheduler == "static":
-        grid = total
+        clusters = total
     else:
-        grid = min(total, device_info(call.q.device.index).sm_count)
+        clusters = min(total, device_info(call.q.device.index).sm_count // s.cluster)
+    grid = clusters * s.cluster  # the kernel is compiled with its cluster shape (__cluster_dims__)
     counter = 0
     if s.scheduler == "dynamic":
         # Zeroed per launch (a memset node when captured in a graph); the kernel counts tiles in it.

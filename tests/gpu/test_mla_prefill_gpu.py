@@ -261,6 +261,14 @@ SCHEDULES = [
     {"q_operand": "regs", "epilogue": "direct", "block_n": 112},
     {"block_n": 80, "swizzle_q": 32, "swizzle_k": 64, "swizzle_v": 32, "order": "none"},
     {"q_operand": "regs", "epilogue": "direct", "block_n": 96, "order": "none", "scheduler": "persistent"},
+    # 2-CTA clusters sharing K/V tiles by multicast (the ragged case leaves a CTA with no rows, and
+    # causal pairs where one CTA only releases the leading key tiles).
+    {"cluster": 2, "scheduler": "persistent"},
+    {"cluster": 2, "scheduler": "static", "order": "none", "overlap": False, "epilogue": "direct", "block_n": 64,
+     "stages": 3},
+    {"cluster": 2, "scheduler": "persistent", "consumers": 1, "order": "none", "load_warps": 1, "block_n": 96,
+     "swizzle_v": 64},
+    {"cluster": 2, "scheduler": "persistent", "q_operand": "regs", "epilogue": "direct", "block_n": 112},
 ]
 
 
@@ -276,6 +284,8 @@ def test_sm90_schedules(schedule, causal):
     q, k, v_, k_rope, cu_q, cu_k = make([5, 1, 0, 129, 300, 2], [5, 1, 0, 200, 300, 0], 16, seed=21)
     run_and_check(v, q, k, v_, k_rope, cu_q, cu_k, causal)
     q, k, v_, k_rope, _, _ = make(385, 385, 128, seed=22)
+    run_and_check(v, q, k, v_, k_rope, None, None, causal)
+    q, k, v_, k_rope, _, _ = make(100, 1000, 16, seed=25)  # a prefix: 100 queries after 900 cached keys
     run_and_check(v, q, k, v_, k_rope, None, None, causal)
 
 

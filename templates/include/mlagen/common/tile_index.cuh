@@ -75,6 +75,21 @@ struct QueryTile {
   int first_masked_block;  // key tiles >= this one need the causal or length mask
 };
 
+// The key tiles that rows [row0, row0 + BLOCK_M) of a tile attend to.
+template <int BLOCK_M, int BLOCK_N, bool CAUSAL>
+__device__ __forceinline__ void set_key_range(QueryTile& t) {
+  // Bottom-right aligned causal mask: row i sees key j iff j <= i + (len_k - len_q).
+  const int offset = t.seq.len_k - t.seq.len_q;
+  int n_end = t.seq.len_k;
+  if (CAUSAL) n_end = min(n_end, t.row0 + BLOCK_M + offset);
+  t.n_blocks = n_end > 0 ? ceil_div(n_end, BLOCK_N) : 0;
+  // Key tiles past the last full one are length-masked; with causal, tiles reaching past the
+  // first row's diagonal are masked too.
+  int first = t.seq.len_k / BLOCK_N;
+  if (CAUSAL) first = min(first, max(0, floor_div(t.row0 + offset + 1, BLOCK_N)));
+  t.first_masked_block = first;
+}
+
 // Map virtual tile v to its query tile. Within a sequence, tiles are visited longest-first when
 // causal (the last rows see the most keys), so a grid walked in order balances itself.
 template <int BLOCK_M, int BLOCK_N, bool CAUSAL>
@@ -97,16 +112,26 @@ __device__ __forceinline__ QueryTile locate_tile(const int* cu_q, const int* cu_
   t.m_block = CAUSAL ? m_tiles - 1 - local : local;
   t.row0 = t.m_block * BLOCK_M;
   t.rows = min(BLOCK_M, t.seq.len_q - t.row0);
-  // Bottom-right aligned causal mask: row i sees key j iff j <= i + (len_k - len_q).
-  const int offset = t.seq.len_k - t.seq.len_q;
-  int n_end = t.seq.len_k;
-  if (CAUSAL) n_end = min(n_end, t.row0 + BLOCK_M + offset);
-  t.n_blocks = n_end > 0 ? ceil_div(n_end, BLOCK_N) : 0;
-  // Key tiles past the last full one are length-masked; with causal, tiles reaching past the
-  // first row's diagonal are masked too.
-  int first = t.seq.len_k / BLOCK_N;
-  if (CAUSAL) first = min(first, max(0, floor_div(t.row0 + offset + 1, BLOCK_N)));
-  t.first_masked_block = first;
+  set_key_range<BLOCK_M, BLOCK_N, CAUSAL>(t);
+  return t;
+}
+
+// Rows [part * PART_M, (part + 1) * PART_M) of a located tile, as a tile of their own (for the
+// CTAs of a cluster that share one tile's key stream). Its key range is never longer than the
+// whole tile's; rows <= 0 means this part is past the end of the sequence.
+template <int PART_M, int BLOCK_N, bool CAUSAL>
+__device__ __forceinline__ QueryTile split_tile(const QueryTile& whole, int part) {
+  QueryTile t = whole;
+  t.row0 = whole.row0 + part * PART_M;
+  t.m_block = t.row0 / PART_M;
+  t.rows = min(PART_M, whole.rows - part * PART_M);
+  if (t.rows <= 0) {
+    t.rows = 0;
+    t.n_blocks = 0;
+    t.first_masked_block = 0;
+    return t;
+  }
+  set_key_range<PART_M, BLOCK_N, CAUSAL>(t);
   return t;
 }
 

@@ -19,10 +19,12 @@ __device__ __forceinline__ void mbar_arrive(u32 bar) {
 }
 
 // Arrive on the barrier of CTA `cta` of the cluster (for consumers releasing multicast buffers).
+// Default (CTA-scope release) semantics: what is released was read by wgmma, whose completion the
+// caller has already waited for, so no cluster-wide fence (a MEMBAR.GPU in SASS) is needed.
 __device__ __forceinline__ void mbar_arrive_cluster(u32 bar, u32 cta) {
   asm volatile(
       "{\n.reg .b32 remote;\nmapa.shared::cluster.u32 remote, %0, %1;\n"
-      "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote];\n}\n" ::"r"(bar),
+      "mbarrier.arrive.shared::cluster.b64 _, [remote];\n}\n" ::"r"(bar),
       "r"(cta)
       : "memory");
 }
@@ -63,6 +65,14 @@ __device__ __forceinline__ u32 cluster_cta_rank() {
   u32 r;
   asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
   return r;
+}
+
+// Clusters in the grid (x). Read where it is used (volatile): cheaper than a register held
+// across a loop by a warp that runs on 24 registers.
+__device__ __forceinline__ u32 cluster_count_x() {
+  u32 n;
+  asm volatile("mov.u32 %0, %%nclusterid.x;\n" : "=r"(n));
+  return n;
 }
 
 __device__ __forceinline__ void cluster_sync() {

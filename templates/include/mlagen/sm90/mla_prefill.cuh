@@ -9,6 +9,13 @@
 // issuing MMAs. The output goes back through shared memory (reusing the warpgroup's Q rows) and a
 // TMA store. Key tiles are visited last-to-first, so the masked (diagonal, partial) tiles come
 // first; fully masked tiles are never visited.
+//
+// With CLUSTER = 2, the two CTAs of a cluster take the two halves of one 2 * BLOCK_M-row tile of
+// the same head and sequence, so they read the same key tiles: each producer loads half the rows
+// of every K and V tile and multicasts them into both CTAs, and a stage is refilled only after the
+// consumers of both CTAs have released it (one arrival per consumer warp on each CTA's empty
+// barrier). When causal, the lower half needs fewer key tiles than the cluster streams; its
+// consumers release those stages without computing.
 #pragma once
 #include "mlagen/common/online_softmax.cuh"
 #include "mlagen/common/tile_index.cuh"
@@ -52,6 +59,40 @@ struct Layout {
   static_assert(Cfg::kDV * 2 <= Cfg::kDQk * 2, "the output staging tile reuses the Q tile");
 };
 
+// Per-warp arrivals on a stage's empty barrier: every consumer thread (one CTA), or one elected
+// lane per consumer warp and CTA (a cluster shares the stage, so both CTAs must release it).
+template <class Cfg>
+__device__ constexpr int kv_release_count() {
+  return Cfg::kCluster == 1 ? Cfg::kConsumers * 128 : Cfg::kCluster * Cfg::kConsumers * 4;
+}
+
+// Release a K or V stage: to this CTA's producer, or to the producers of every CTA of the cluster
+// (their multicast loads write into this CTA's ring). Called by all lanes of a consumer warp after
+// the warp's MMAs reading the stage have completed.
+template <class Cfg>
+__device__ __forceinline__ void release_kv(u32 bar) {
+  if constexpr (Cfg::kCluster == 1) {
+    mbar_arrive(bar);
+  } else {
+    const u32 lane = threadIdx.x % 32;
+    if (lane < Cfg::kCluster) mbar_arrive_cluster(bar, lane);
+  }
+}
+
+// Load rows [row0, row0 + BLOCK_N) of one column block of K or V into a ring slot. In a cluster,
+// each CTA loads its share of the rows and multicasts it to the same slot of every CTA.
+template <class Cfg, int SW>
+__device__ __forceinline__ void load_kv_box(u32 dst, const TensorMap* map, u32 bar, int col, int head, int row0) {
+  if constexpr (Cfg::kCluster == 1) {
+    tma_load_3d(dst, map, bar, col, head, row0);
+  } else {
+    constexpr int kPart = Cfg::kBlockN / Cfg::kCluster;
+    const int rank = static_cast<int>(cluster_cta_rank());
+    tma_load_3d_multicast(dst + rank * kPart * SW, map, bar, col, head, row0 + rank * kPart,
+                          static_cast<u16>((1 << Cfg::kCluster) - 1));
+  }
+}
+
 struct Barriers {
   u32 base;
   int stages;
@@ -73,11 +114,14 @@ struct TileSchedule {
   int total;
   __device__ __forceinline__ TileSchedule(const Params& params)
       : p(params), total(params.num_virtual_tiles * params.num_heads) {}
-  __device__ __forceinline__ int first() const { return blockIdx.x; }
+  // A cluster takes one tile (of CLUSTER * BLOCK_M rows); clusters are consecutive CTAs in x.
+  __device__ __forceinline__ int first() const { return blockIdx.x / Cfg::kCluster; }
   // Static and persistent schedules are computed identically by every warp; the dynamic one is
   // fetched by the producer (next_dynamic) and published to the consumers through shared memory.
   __device__ __forceinline__ int next_static(int t) const {
-    return Cfg::kScheduler == Scheduler::kStatic ? total : t + gridDim.x;
+    if constexpr (Cfg::kScheduler == Scheduler::kStatic) return total;
+    if constexpr (Cfg::kCluster == 1) return t + gridDim.x;
+    return t + static_cast<int>(cluster_count_x());
   }
   __device__ __forceinline__ int next_dynamic() const { return gridDim.x + atomicAdd(p.tile_counter, 1); }
 };
@@ -92,11 +136,16 @@ __device__ __forceinline__ int next_published_tile(u32 smem, const Barriers& bar
   return next;
 }
 
+// This CTA's rows of tile t, and how many key tiles the cluster streams for it (the CTA's own
+// count, or more for the lower half of a causal cluster tile).
 template <class Cfg, class Params>
-__device__ __forceinline__ QueryTile query_tile(const Params& p, int t, int& head) {
+__device__ __forceinline__ QueryTile query_tile(const Params& p, int t, int& head, int& kv_blocks) {
   head = t / p.num_virtual_tiles;
-  return locate_tile<Cfg::kBlockM, Cfg::kBlockN, Cfg::kCausal>(p.cu_seqlens_q, p.cu_seqlens_k, p.total_q,
-                                                              p.total_k, p.batch, t % p.num_virtual_tiles);
+  const QueryTile whole = locate_tile<Cfg::kBlockM * Cfg::kCluster, Cfg::kBlockN, Cfg::kCausal>(
+      p.cu_seqlens_q, p.cu_seqlens_k, p.total_q, p.total_k, p.batch, t % p.num_virtual_tiles);
+  kv_blocks = whole.n_blocks;
+  if constexpr (Cfg::kCluster == 1) return whole;
+  return split_tile<Cfg::kBlockM, Cfg::kBlockN, Cfg::kCausal>(whole, static_cast<int>(cluster_cta_rank()));
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -116,12 +165,13 @@ __device__ void producer(const Params& p, u32 smem, const Barriers& bar) {
   const TileSchedule<Cfg, Params> sched(p);
   int tile_iter = 0, kv_iter = 0, id_iter = 0;
   for (int t = sched.first(); t < sched.total;) {
-    int head;
-    const QueryTile qt = query_tile<Cfg>(p, t, head);
-    if (qt.rows > 0 && qt.n_blocks > 0) {
+    int head, kv_blocks;
+    const QueryTile qt = query_tile<Cfg>(p, t, head, kv_blocks);
+    const bool computes = qt.rows > 0 && qt.n_blocks > 0;  // else the consumers only release stages
+    if (kv_blocks > 0) {
       const int rope_head = p.rope_shared ? 0 : head;
-      for (int i = 0; i < qt.n_blocks; ++i, ++kv_iter) {
-        const int key0 = qt.seq.k_start + (qt.n_blocks - 1 - i) * Cfg::kBlockN;
+      for (int i = 0; i < kv_blocks; ++i, ++kv_iter) {
+        const int key0 = qt.seq.k_start + (kv_blocks - 1 - i) * Cfg::kBlockN;
         const int s = kv_iter % Cfg::kStages;
         const u32 phase = ((kv_iter / Cfg::kStages) & 1) ^ 1;
         if (loads_qk) {
@@ -131,13 +181,14 @@ __device__ void producer(const Params& p, u32 smem, const Barriers& bar) {
             mbar_arrive_expect_tx(bar.k_full(s), L::kKBytes);
 #pragma unroll
             for (int cb = 0; cb < Cfg::kDNope / L::kCbK; ++cb)
-              tma_load_3d(k_tile + cb * L::kKCbBytes, &p.tma_k, bar.k_full(s), cb * L::kCbK, head, key0);
+              load_kv_box<Cfg, Cfg::kSwK>(k_tile + cb * L::kKCbBytes, &p.tma_k, bar.k_full(s), cb * L::kCbK, head,
+                                          key0);
 #pragma unroll
             for (int cb = 0; cb < Cfg::kDRope / L::kCbK; ++cb)
-              tma_load_3d(k_tile + (Cfg::kDNope / L::kCbK + cb) * L::kKCbBytes, &p.tma_k_rope, bar.k_full(s),
-                          cb * L::kCbK, rope_head, key0);
+              load_kv_box<Cfg, Cfg::kSwK>(k_tile + (Cfg::kDNope / L::kCbK + cb) * L::kKCbBytes, &p.tma_k_rope,
+                                          bar.k_full(s), cb * L::kCbK, rope_head, key0);
           }
-          if (i == 0) {
+          if (i == 0 && computes) {
             // Q after the first K tile: that load overlaps the previous tile's epilogue, which
             // still owns the Q buffer until both consumer warpgroups release it.
             mbar_wait(bar.q_empty(), (tile_iter & 1) ^ 1);
@@ -157,8 +208,8 @@ __device__ void producer(const Params& p, u32 smem, const Barriers& bar) {
             mbar_arrive_expect_tx(bar.v_full(s), L::kVBytes);
 #pragma unroll
             for (int cb = 0; cb < Cfg::kDV / L::kCbV; ++cb)
-              tma_load_3d(smem + L::kV + s * L::kVBytes + cb * L::kVCbBytes, &p.tma_v, bar.v_full(s), cb * L::kCbV,
-                          head, key0);
+              load_kv_box<Cfg, Cfg::kSwV>(smem + L::kV + s * L::kVBytes + cb * L::kVCbBytes, &p.tma_v, bar.v_full(s),
+                                          cb * L::kCbV, head, key0);
           }
         }
       }
@@ -399,10 +450,20 @@ __device__ void consumer(const Params& p, u32 smem, const Barriers& bar, int wg)
     if (wg == 1) named_arrive(1, 256);  // warpgroup 0 issues first
   }
   for (int t = sched.first(); t < sched.total;) {
-    int head;
-    const QueryTile qt = query_tile<Cfg>(p, t, head);
+    int head, kv_blocks;
+    const QueryTile qt = query_tile<Cfg>(p, t, head, kv_blocks);
     if (qt.rows > 0 && qt.n_blocks == 0) write_empty_rows<Cfg>(p, qt, head, wg);
-    if (qt.rows > 0 && qt.n_blocks > 0) {
+    const bool computes = qt.rows > 0 && qt.n_blocks > 0;
+    // Key tiles the cluster streams that this CTA's rows do not see (they come first): release them.
+    for (int i = computes ? qt.n_blocks : 0; i < kv_blocks; ++i, ++kv_iter) {
+      const int s = kv_iter % Cfg::kStages;
+      const u32 phase = (kv_iter / Cfg::kStages) & 1;
+      mbar_wait(bar.k_full(s), phase);
+      release_kv<Cfg>(bar.k_empty(s));
+      mbar_wait(bar.v_full(s), phase);
+      release_kv<Cfg>(bar.v_empty(s));
+    }
+    if (computes) {
       mbar_wait(bar.q_full(), tile_iter & 1);
       ++tile_iter;
       if constexpr (Cfg::kQInRegs) {
@@ -427,18 +488,18 @@ __device__ void consumer(const Params& p, u32 smem, const Barriers& bar, int wg)
           issue_pv<Cfg>(r, smem, prev_stage);
           turn_pass<Cfg>(wg);
           wgmma_wait<1>();
-          mbar_arrive(bar.k_empty(s));
+          release_kv<Cfg>(bar.k_empty(s));
           if (!Cfg::kTmaEpilogue && !Cfg::kQInRegs && n == 0) mbar_arrive(bar.q_empty());  // last Q K^T done
           scores_to_probabilities<Cfg>(r, qt, n, row_base, p.scale_log2, corr);
           wgmma_wait<0>();
-          mbar_arrive(bar.v_empty(prev_stage));
+          release_kv<Cfg>(bar.v_empty(prev_stage));
           rescale_and_pack<Cfg>(r, corr);
         } else {
           turn_wait<Cfg>(wg);
           issue_qk<Cfg>(r, smem, wg, s);
           turn_pass<Cfg>(wg);
           wgmma_wait<0>();
-          mbar_arrive(bar.k_empty(s));
+          release_kv<Cfg>(bar.k_empty(s));
           if (!Cfg::kTmaEpilogue && !Cfg::kQInRegs && n == 0) mbar_arrive(bar.q_empty());  // last Q K^T done
           scores_to_probabilities<Cfg>(r, qt, n, row_base, p.scale_log2, corr);
           rescale_and_pack<Cfg>(r, corr);
@@ -448,7 +509,7 @@ __device__ void consumer(const Params& p, u32 smem, const Barriers& bar, int wg)
             issue_pv<Cfg>(r, smem, s);
             turn_pass<Cfg>(wg);
             wgmma_wait<0>();
-            mbar_arrive(bar.v_empty(s));
+            release_kv<Cfg>(bar.v_empty(s));
           }
         }
         prev_stage = s;
@@ -460,7 +521,7 @@ __device__ void consumer(const Params& p, u32 smem, const Barriers& bar, int wg)
         issue_pv<Cfg>(r, smem, prev_stage);
         turn_pass<Cfg>(wg);
         wgmma_wait<0>();
-        mbar_arrive(bar.v_empty(prev_stage));
+        release_kv<Cfg>(bar.v_empty(prev_stage));
       }
       pin_registers(r.o);
       epilogue<Cfg>(p, r, qt, head, wg, smem, bar);
@@ -486,9 +547,9 @@ __device__ __forceinline__ Barriers init_barriers(u32 smem) {
     mbar_init(bar.q_empty(), Cfg::kConsumers * 128);
     for (int s = 0; s < Cfg::kStages; ++s) {
       mbar_init(bar.k_full(s), 1);
-      mbar_init(bar.k_empty(s), Cfg::kConsumers * 128);
+      mbar_init(bar.k_empty(s), kv_release_count<Cfg>());
       mbar_init(bar.v_full(s), 1);
-      mbar_init(bar.v_empty(s), Cfg::kConsumers * 128);
+      mbar_init(bar.v_empty(s), kv_release_count<Cfg>());
     }
     for (int s = 0; s < 2; ++s) {
       mbar_init(bar.tile_full(s), 1);

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import multiprocessing
 import os
+import stat
 import time
 from pathlib import Path
 
@@ -21,6 +22,17 @@ def test_atomic_write_creates_parents_and_leaves_no_temporaries(tmp_path):
     cache.atomic_write(path, b"two")
     assert path.read_bytes() == b"two"
     assert os.listdir(path.parent) == ["file.bin"]
+
+
+@pytest.mark.parametrize("umask, mode", [(0o022, 0o644), (0o077, 0o600), (0o002, 0o664)], ids=["022", "077", "002"])
+def test_atomic_write_gives_the_umask_permissions(tmp_path, umask, mode):
+    # Exports and bench reports are for people and other tools: not the temporary file's 0600.
+    old = os.umask(umask)
+    try:
+        cache.atomic_write(tmp_path / "out.json", b"{}")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "out.json").stat().st_mode) == mode
 
 
 def test_atomic_write_failure_keeps_the_old_file(tmp_path, monkeypatch):

@@ -128,25 +128,13 @@ class CudaKernel:
             self._smem_configured = smem
 
     def launch(self, grid: tuple[int, int, int], block: tuple[int, int, int], smem: int, stream: int,
-               params: PackedParams, cluster: tuple[int, int, int] = (1, 1, 1)) -> None:
+               params: PackedParams) -> None:
+        """Launch on ``stream``. A kernel that runs in clusters has its cluster shape compiled in
+        (``__cluster_dims__``), so a plain launch forms the clusters; ``grid`` must be a multiple."""
         d = _driver()
         self._ensure_smem(smem)
-        if cluster == (1, 1, 1):
-            check(d.cuLaunchKernel(self.function, *grid, *block, smem, d.CUstream(stream), params.kernel_params, 0),
-                  f"cuLaunchKernel({self.binary.symbol})")
-            return
-        config = d.CUlaunchConfig()
-        config.gridDimX, config.gridDimY, config.gridDimZ = grid
-        config.blockDimX, config.blockDimY, config.blockDimZ = block
-        config.sharedMemBytes = smem
-        config.hStream = d.CUstream(stream)
-        attr = d.CUlaunchAttribute()
-        attr.id = d.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
-        attr.value.clusterDim.x, attr.value.clusterDim.y, attr.value.clusterDim.z = cluster
-        config.attrs = [attr]
-        config.numAttrs = 1
-        check(d.cuLaunchKernelEx(config, self.function, params.kernel_params, 0),
-              f"cuLaunchKernelEx({self.binary.symbol}, cluster={cluster})")
+        check(d.cuLaunchKernel(self.function, *grid, *block, smem, d.CUstream(stream), params.kernel_params, 0),
+              f"cuLaunchKernel({self.binary.symbol})")
 
 
 class CudaRuntime:

@@ -83,3 +83,8 @@ class DatabaseError(MlagenError):
 class BenchError(MlagenError):
     """A benchmark cannot run as asked: an unknown shape or peer id, no GPU, or a peer that cannot
     run a shape the way BENCHMARKS.md requires (the message says which and why)."""
+
+
+class ShapeError(BenchError, ValueError):
+    """A shape description, shape id or workload file is malformed; the message names the bad
+    item and what is allowed. A ValueError too: it is an argument error."""

@@ -1,0 +1,188 @@
+"""mlagen.shapes: the BENCHMARKS.md table, shape descriptions, workload files."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from mlagen import shapes
+from mlagen.errors import BenchError, MlagenError, ShapeError
+
+D4_LENGTHS = (3586, 1705, 3232, 3774, 1850, 293, 1188, 4082, 2222, 2118, 1786, 3889, 3338, 3527, 1370, 4092)
+
+
+def test_shape_table_matches_benchmarks_md():
+    s = shapes.SHAPES
+    assert list(s) == ["D1", "D2", "D3", "D4", "D5", "D6", "D7"]
+    expect = {  # id: (batch, q_lens, k_lens, heads, causal)
+        "D1": (1, (8192,), (8192,), 128, True),
+        "D2": (4, (4096,) * 4, (4096,) * 4, 16, True),
+        "D3": (2, (8192,) * 2, (8192,) * 2, 16, False),
+        "D4": (16, D4_LENGTHS, D4_LENGTHS, 128, True),
+        "D5": (1, (2048,), (16384,), 128, True),
+        "D6": (32, (512,) * 32, (512,) * 32, 128, True),
+        "D7": (8, (2048,) * 8, (2048,) * 8, 16, True),
+    }
+    for sid, (batch, q_lens, k_lens, heads, causal) in expect.items():
+        shape = s[sid]
+        assert (shape.id, shape.batch, shape.q_lens, shape.k_lens, shape.heads, shape.causal) == \
+            (sid, batch, q_lens, k_lens, heads, causal)
+
+
+def test_d4_lengths_are_seed0_uniform_draws():
+    d4 = shapes.SHAPES["D4"]
+    rng = random.Random(0)
+    assert d4.q_lens == tuple(rng.randint(128, 4096) for _ in range(16))
+    assert d4.q_lens == shapes.ragged_lengths(16, 128, 4096, seed=0)
+    assert len(d4.q_lens) == 16 and all(128 <= n <= 4096 for n in d4.q_lens)
+    assert d4.packed and not d4.uniform
+
+
+def test_d5_is_a_chunk_after_a_cached_prefix():
+    d5 = shapes.SHAPES["D5"]
+    assert d5.k_lens[0] - d5.q_lens[0] == 14336
+    assert not d5.packed and d5.uniform
+    assert "14336 cached" in d5.description
+
+
+def test_flops():
+    s = shapes.SHAPES
+    assert s["D1"].flops() == 2 * 128 * 320 * 8192 * 8193 // 2
+    assert s["D3"].flops() == 2 * 16 * 320 * 2 * 8192 * 8192
+    assert s["D5"].flops() == 2 * 128 * 320 * (2048 * 14336 + 2048 * 2049 // 2)
+    assert s["D4"].flops() == sum(2 * 128 * 320 * n * (n + 1) // 2 for n in D4_LENGTHS)
+
+
+def test_cu_seqlens_and_sequence_lengths():
+    shape = shapes.Shape("T", (3, 5), (4, 7), 2, True)
+    assert shape.cu_seqlens() == ([0, 3, 8], [0, 4, 11])
+    assert shape.sequence_lengths() == [(0, 3, 0, 4), (3, 5, 4, 7)]
+
+
+def test_shape_rejects_mismatched_lengths():
+    with pytest.raises(BenchError, match="same sequences"):
+        shapes.Shape("T", (3, 5), (4,), 2, True)
+
+
+def test_parse_shapes():
+    assert [s.id for s in shapes.parse_shapes("D1,D3")] == ["D1", "D3"]
+    assert [s.id for s in shapes.parse_shapes(" d2 , D2,D5")] == ["D2", "D5"]
+    assert [s.id for s in shapes.parse_shapes(["D4"])] == ["D4"]
+    assert len(shapes.parse_shapes("all")) == 7
+
+
+def test_parse_shapes_names_the_bad_ids():
+    with pytest.raises(BenchError) as info:
+        shapes.parse_shapes("D1,D9,S1")
+    assert "'D9'" in str(info.value) and "'S1'" in str(info.value) and "D1, D2" in str(info.value)
+    assert isinstance(info.value, MlagenError)
+    with pytest.raises(BenchError, match="no shape"):
+        shapes.parse_shapes(" , ")
+
+
+# --- descriptions -----------------------------------------------------------------------------
+
+
+def test_parse_description_uniform_batch():
+    s = shapes.parse_shape("b=4,q=4096,k=4096,h=16,causal")
+    assert (s.q_lens, s.k_lens, s.heads, s.causal) == ((4096,) * 4, (4096,) * 4, 16, True)
+    assert s.id == "b=4,q=4096,h=16,causal"
+    assert s.flops() == shapes.SHAPES["D2"].flops()
+    assert shapes.parse_shape(" H=16 , q=4096 ,B=4") == s      # order, spaces, case; causal by default
+
+
+def test_parse_description_defaults_prefix_and_mask():
+    s = shapes.parse_shape("q=2048,k=16384,h=128")
+    assert (s.batch, s.q_lens, s.k_lens, s.causal) == (1, (2048,), (16384,), True)
+    assert s.flops() == shapes.SHAPES["D5"].flops()
+    n = shapes.parse_shape("b=2,q=8192,h=16,none")
+    assert not n.causal and n.flops() == shapes.SHAPES["D3"].flops()
+
+
+def test_parse_description_ragged():
+    s = shapes.parse_shape("q=[300,1200,77],h=128")
+    assert s.batch == 3 and s.q_lens == (300, 1200, 77) and s.k_lens == s.q_lens and s.packed
+    s = shapes.parse_shape("b=2,q=[5,7],k=[9,7],h=2,none")
+    assert s.k_lens == (9, 7) and not s.causal
+    assert shapes.parse_shape("q=[5,7],k=100,h=2").k_lens == (100, 100)
+
+
+@pytest.mark.parametrize("shape", ["D1", "D4", "D5", "b=3,q=100,k=300,h=4,none", "q=[1,2,3],k=[4,5,6],h=8"])
+def test_description_round_trips(shape):
+    s = shapes.parse_shape(shape)
+    again = shapes.parse_shape(s.describe_text())
+    assert (again.q_lens, again.k_lens, again.heads, again.causal) == (s.q_lens, s.k_lens, s.heads, s.causal)
+
+
+@pytest.mark.parametrize("text, fragment", [
+    ("q=4096", "h=<heads> is required"),
+    ("h=16", "q=<len>"),
+    ("b=4,q=4096,h=16,x=3", "unknown key 'x'"),
+    ("q=4096,h=16,sliding", "a bare word must be a mask"),
+    ("q=4096,h=16,causal,none", "mask is given twice"),
+    ("q=4096,q=2,h=16", "q is given twice"),
+    ("q=0,h=16", "'q=0': a length must be a positive integer"),
+    ("q=-3,h=16", "positive integer"),
+    ("q=4k,h=16", "'4k'"),
+    ("q=4096,h=1.5", "h must be a positive integer"),
+    ("q=[1,,2],h=4", "no empty entries"),
+    ("q=[1,2,h=4", "'[' without ']'"),
+    ("q=[1,2],k=[1,2,3],h=4", "one length per sequence"),
+    ("b=3,q=[1,2],h=4", "'b=3': the length lists give 2 sequences"),
+    ("q=4096,,h=16", "empty item"),
+    ("D9", "unknown shape id 'D9'"),
+    ("", "empty shape"),
+])
+def test_parse_description_errors_name_the_item(text, fragment):
+    with pytest.raises(ShapeError) as info:
+        shapes.parse_shape(text)
+    assert fragment in str(info.value)
+    assert isinstance(info.value, ValueError) and "\n" not in str(info.value)
+
+
+def test_parse_shapes_takes_one_description():
+    (s,) = shapes.parse_shapes("b=4,q=4096,h=16")
+    assert s.batch == 4
+    assert [x.id for x in shapes.parse_shapes(["D1", "q=[3,4],h=2"])] == ["D1", "q=[3,4],h=2,causal"]
+
+
+# --- workloads --------------------------------------------------------------------------------
+
+
+def test_load_workload(tmp_path):
+    path = tmp_path / "w.yaml"
+    path.write_text('''family: mla_prefill
+shapes:
+  - {shape: "b=4,q=4096,k=4096,h=16,causal", weight: 120}
+  - {shape: D4, weight: 3}      # ids from BENCHMARKS.md are allowed too
+  - shape: "q=[100,200],h=8,none"
+''')
+    items = shapes.load_workload(path)
+    assert [(i.shape.id, i.weight) for i in items] == [("b=4,q=4096,h=16,causal", 120.0), ("D4", 3.0),
+                                                        ("q=[100,200],h=8,none", 1.0)]
+
+
+@pytest.mark.parametrize("content, fragment", [
+    ("[1, 2]", "expected a mapping"),
+    ("family: sparse\nshapes: [D1]", "family: 'sparse'"),
+    ("shapes: []", "non-empty list"),
+    ("shapes: [{shape: D1, weight: 0}]", "shapes[0].weight: expected a positive number"),
+    ("shapes: [{shape: D1, weight: yes}]", "shapes[0].weight"),
+    ("shapes: [D1, {shape: 'q=5'}]", "shapes[1].shape: shape 'q=5': h=<heads> is required"),
+    ("shapes: [{shape: D1, wieght: 2}]", "unknown key 'wieght'"),
+    ("shapes: [D1]\nextra: 1", "unknown key 'extra'"),
+    ("shapes: [{weight: 2}]", "shapes[0]: expected"),
+    ("shapes: [D1", "not YAML"),
+])
+def test_workload_errors_name_the_entry(tmp_path, content, fragment):
+    path = tmp_path / "w.yaml"
+    path.write_text(content)
+    with pytest.raises(ShapeError) as info:
+        shapes.load_workload(path)
+    assert fragment in str(info.value) and str(path) in str(info.value)
+
+
+def test_missing_workload_file(tmp_path):
+    with pytest.raises(ShapeError, match="no such workload file"):
+        shapes.load_workload(tmp_path / "nope.yaml")

@@ -254,11 +254,25 @@ def db_import(database, path):
 
 @cli.command("tune")
 @click.argument("spec", required=False)
-@click.option("--shape", "shapes", multiple=True, required=True,
-              help="Shape class to tune for, from BENCHMARKS.md (D1..D5); repeatable.")
-@click.option("--strategy", type=click.Choice(["auto", "exhaustive", "coordinate"]), default="auto",
-              show_default=True, help="auto: exhaustive if the space fits --max-trials, else coordinate descent.")
-@click.option("--max-trials", default=200, show_default=True, help="Most variants tried per shape.")
+@click.option("--shape", "shapes", multiple=True, metavar="SHAPE",
+              help="Shape to tune for (repeatable): an id of BENCHMARKS.md (D1..D7) or a description such as "
+                   "b=4,q=4096,k=4096,h=16,causal (q=[l1,l2,...] for ragged lengths; k defaults to q).")
+@click.option("--workload", "workload", type=click.Path(dir_okay=False), default=None,
+              help="YAML file of weighted shapes (e.g. written by MLAGEN_RECORD_SHAPES); each shape class is "
+                   "tuned, heaviest first, and --budget is split by weight.")
+@click.option("--strategy", type=click.Choice(["auto", "global", "exhaustive", "coordinate"]), default="auto",
+              show_default=True,
+              help="auto: exhaustive if the space fits --max-trials, else global (random samples, successive "
+                   "halving, coordinate descent from the survivors).")
+@click.option("--max-trials", default=200, show_default=True, help="Most variants tried per shape class.")
+@click.option("--budget", "budget_min", type=float, default=None, metavar="MINUTES",
+              help="Wall time for the whole tune; the search stops and the finalists are re-timed when it is spent.")
+@click.option("--resume", is_flag=True,
+              help="Reuse the trials the database holds for the same record key and variant instead of running "
+                   "them again (continues an interrupted tune).")
+@click.option("--seed", default=0, show_default=True, help="Seed of the random samples and of the inputs.")
+@click.option("--devices", "devices", default=None, metavar="0,1,...",
+              help="GPUs that measure (one worker each); default: every visible GPU of the kind of GPU 0.")
 @click.option("--fixed", "assignments", multiple=True, metavar="NAME=VALUE[,..]", help="Hold tunables fixed.")
 @click.option("--timeout", "timeout_s", default=60.0, show_default=True,
               help="Seconds a GPU trial may take before it is recorded as a hang and its worker killed.")
@@ -268,38 +282,73 @@ def db_import(database, path):
               help=f"Tuning database (default: ${knobs.TUNING_DB.name} or <out>/tuning.sqlite).")
 @click.option("--arch", "target", default=None, help="Target to build for (default: the GPU's).")
 @click.option("--top", default=10, show_default=True, help="Rows of the results table per shape.")
+@click.option("--progress/--no-progress", "show_bar", default=None,
+              help="Progress bar on stderr (default: only on a terminal; plain lines otherwise).")
 @_friendly
-def tune_cmd(spec, shapes, strategy, max_trials, assignments, timeout_s, iters, jobs, db_path, target, top):
+def tune_cmd(spec, shapes, workload, strategy, max_trials, budget_min, resume, seed, devices, assignments,
+             timeout_s, iters, jobs, db_path, target, top, show_bar):
     """Search SPEC's variants per shape class on this GPU; record every trial and the winner.
 
     Every variant is checked against the reference before it is timed; compile errors, wrong
     results, crashes and hangs are recorded as trial outcomes and never selected.
     """
-    import collections
-
     from . import spec as spec_mod
     from . import variant as variant_mod
-    from .tune import TuneConfig, tune
+    from .progress import Progress
+    from .shapes import load_workload, parse_shape
+    from .tune import TuneConfig, parse_devices, tune
 
+    if not shapes and not workload:
+        raise click.ClickException("give --shape SHAPE (repeatable) or --workload FILE")
+    items = [parse_shape(text) for text in shapes] + (load_workload(workload) if workload else [])
+    if budget_min is not None and not budget_min > 0:
+        raise click.ClickException(f"--budget: expected a positive number of minutes, got {budget_min}")
+    if max_trials < 1:
+        raise click.ClickException(f"--max-trials: expected at least 1, got {max_trials}")
     s = spec_mod.load(spec or default_spec_name())
     fixed = variant_mod.parse_assignments(s, list(assignments))
     variant_mod.make(s, fixed)  # names and values checked before any GPU work
-    config = TuneConfig(spec=s.path, shapes=tuple(shapes), strategy=strategy, max_trials=max_trials, fixed=fixed,
-                        timeout_s=timeout_s, iters=iters, jobs=jobs, db_path=db_path, target=target)
-    results = tune(config, progress=lambda line: click.echo(line, err=True))
+    config = TuneConfig(spec=s.path, shapes=tuple(items), strategy=strategy, max_trials=max_trials, fixed=fixed,
+                        timeout_s=timeout_s, iters=iters, jobs=jobs, db_path=db_path, target=target, seed=seed,
+                        budget_s=budget_min * 60 if budget_min else None, resume=resume,
+                        devices=parse_devices(devices) if devices else None)
+    bar = Progress(enabled=show_bar)
+    # With the bar on, trial lines would scroll it away: only the stage lines are printed.
+    log = (lambda line: None if line.startswith("  [") else bar.message(line)) if bar.enabled else \
+        (lambda line: click.echo(line, err=True))
+    results = tune(config, progress=log, bar=bar)
+    click.echo(format_tune_results(results, top))
+
+
+def format_tune_results(results, top: int) -> str:
+    """The summary: per shape class the outcome counts, the fastest trials, the final re-timing."""
+    import collections
+
+    lines = []
     for r in results:
         counts = collections.Counter(t.outcome for t in r.trials)
-        click.echo(f"\n{r.shape} ({r.problem}), run {r.run_id}: {len(r.trials)} trials in {r.seconds:.0f} s: "
-                   + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
+        resumed = sum(t.resumed for t in r.trials)
+        lines.append(f"\n{r.shape} ({r.problem}, weight {r.weight:g}), run {r.run_id}: {len(r.trials)} trials "
+                     f"in {r.seconds:.0f} s" + (f" ({resumed} resumed)" if resumed else "")
+                     + (" [stopped: budget spent]" if r.stopped else "") + ": "
+                     + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
         ok = sorted((t for t in r.trials if t.outcome == "ok"), key=lambda t: t.time_ms)
         rows = [[i + 1, t.variant.symbol, f"{t.time_ms:.3f}", f"{t.tflops:.1f}", f"{t.max_error:.1e}",
                  t.registers, t.spills] for i, t in enumerate(ok[:top])]
         if rows:
-            click.echo(table(["rank", "variant", "ms", "TFLOP/s", "rel err", "regs", "spill B"], rows))
+            lines.append(table(["rank", "variant", "ms", "TFLOP/s", "rel err", "regs", "spill B"], rows))
+        if r.finals:
+            lines.append("final re-timing (median of rounds, ms): " + ", ".join(
+                f"{f.variant.symbol} {f.median_ms:.3f}" for f in sorted(r.finals, key=lambda f: f.median_ms)))
         if r.best and r.default and r.default.outcome == "ok":
-            click.echo(f"winner {r.best.variant.symbol}: {r.default.time_ms / r.best.time_ms:.2f}x the spec default")
+            final = {f.variant: f.median_ms for f in r.finals}
+            base = final.get(r.default.variant, r.default.time_ms)
+            lines.append(f"winner {r.best.variant.symbol}: {base / r.best.time_ms:.2f}x the spec default")
         elif r.best is None:
-            click.echo("no variant passed; nothing recorded as winner")
+            lines.append("no variant passed; nothing recorded as winner")
+        elif r.best:
+            lines.append(f"winner {r.best.variant.symbol}")
+    return "\n".join(lines)
 
 
 @cli.command("bench")

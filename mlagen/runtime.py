@@ -77,6 +77,12 @@ def _init() -> None:
             _initialised = True
 
 
+def device_count() -> int:
+    """CUDA devices the driver sees (after ``CUDA_VISIBLE_DEVICES``)."""
+    _init()
+    return int(check(_driver().cuDeviceGetCount(), "cuDeviceGetCount"))
+
+
 @functools.lru_cache(maxsize=None)
 def device_info(index: int = 0) -> DeviceInfo:
     _init()

@@ -1,23 +1,47 @@
-"""The autotuner: search a spec's variants for one shape class, record every trial, keep the winner.
+"""The autotuner: search a spec's variants for each shape class, record every trial, keep the winner.
 
-For each shape the tuner picks candidate variants (``exhaustive`` over the space, or
-``coordinate`` descent from the default: one axis at a time, all its values, move to the best),
-prunes them with the resource model, compiles the rest in parallel processes, and runs each one
-in a GPU worker process: checked against the float32 reference first (a small ragged problem
-with odd lengths, then two heads of the real shape), timed only if right. Failures are data: a
-compile error, a wrong result, a crash (the worker dies or the CUDA context is lost) and a hang
-(the trial outlives its timeout; the worker is killed) are recorded like successes and never
-selected. The fastest correct variant becomes the database's winner for the shape class.
+What is tuned. ``TuneConfig.shapes`` lists shapes (BENCHMARKS.md ids, descriptions such as
+``b=4,q=4096,h=16,causal``, :class:`~mlagen.shapes.Shape` objects) or weighted
+:class:`~mlagen.shapes.WorkloadItem` entries from a workload file. Shapes are grouped by shape
+class (the dispatcher's problem key: mask, and heads, mean query and key length rounded up to
+powers of two), because a tuning record applies to a class. Every distinct class is tuned once,
+on its heaviest shape; the classes run in order of their summed weight, heaviest first, and
+``budget_s`` is split between them in proportion to that weight (equal weights without a
+workload file). ``max_trials`` is per class.
+
+How. A search strategy proposes variants; the resource model prunes them; the rest compile on
+the CPU pool while one measuring worker process per GPU (``devices``) checks each compiled
+variant against the float32 reference (a small ragged problem with odd lengths, then two heads
+of the real shape) and times it if right. Failures are data: a compile error, a wrong result, a
+crash (the worker dies or the CUDA context is lost) and a hang (the trial outlives its timeout;
+the worker is killed) are recorded like successes and never selected. Results reach the search
+in proposal order, so the trials and records do not depend on how many GPUs ran them.
+
+Strategies: ``global`` (default for spaces larger than ``max_trials``): random feasible samples
+plus known good starts (the spec default, winners recorded for other shape classes), successive
+halving with re-timing (keep the fastest third, time them again with twice the calls, until
+``LOCAL_STARTS`` remain), then coordinate descent from each survivor. ``exhaustive`` (default for
+small spaces) and ``coordinate`` (descent from the default) stay available.
+
+Choosing. The fastest few correct variants (and the spec default) are re-timed in interleaved
+rounds on one GPU; the winner is the lowest median. Finalists within the measured noise of the
+fastest are tied, and a tie goes to the variant closest to the spec default, then the first
+symbol in sort order, so that runs with different seeds agree. ``resume`` reuses the trials the
+database already holds for the same record key and variant symbol instead of repeating them.
 """
 
 from __future__ import annotations
 
+import math
 import multiprocessing
+import os
+import queue
 import random
+import threading
 import time
 import traceback
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Iterable
 
 from . import arch, db, dispatch
@@ -25,14 +49,22 @@ from . import spec as spec_mod
 from . import variant as variant_mod
 from .build import build_many, compile_pool
 from .errors import MlagenError, TuningError
+from .shapes import Shape, WorkloadItem, parse_shape
 
-STRATEGIES = ("auto", "exhaustive", "coordinate")
+STRATEGIES = ("auto", "global", "exhaustive", "coordinate")
+FINALISTS = 4           # variants re-timed at the end, besides the spec default
+FINAL_ROUNDS = 3        # interleaved rounds of the final re-timing
+NOISE_FLOOR = 0.005     # finalists closer than this (or their measured spread) are tied ...
+NOISE_CAP = 0.015       # ... but never when further apart than this
+FINAL_SHARE = 0.1       # part of a class's budget kept for the final re-timing
 
 
 @dataclass
 class TuneConfig:
+    """What to tune and how; ``mlagen tune`` fills it from its options."""
+
     spec: str
-    shapes: tuple  # BENCHMARKS.md ids ("D1") or bench.Shape objects
+    shapes: tuple  # ids ("D1"), descriptions ("b=4,q=4096,h=16"), Shape or WorkloadItem objects
     strategy: str = "auto"
     max_trials: int = 200
     fixed: dict = field(default_factory=dict)
@@ -42,7 +74,12 @@ class TuneConfig:
     jobs: int | None = None
     db_path: str | None = None
     seed: int = 0
-    target: str | None = None  # default: the target of the GPU the trials run on
+    target: str | None = None     # default: the target of the GPU the trials run on
+    budget_s: float | None = None  # whole tune, all classes; None: no limit but max_trials
+    resume: bool = False
+    devices: tuple[int, ...] | None = None  # CUDA ordinals; None: every visible GPU like device 0
+    finalists: int = FINALISTS
+    final_rounds: int = FINAL_ROUNDS
 
 
 @dataclass
@@ -55,6 +92,24 @@ class TrialResult:
     registers: int | None = None
     spills: int | None = None
     detail: str = ""
+    resumed: bool = False   # taken from the database (--resume), not run again
+
+
+@dataclass
+class Final:
+    """One finalist's re-timing: the median of its block medians, and their spread."""
+
+    variant: variant_mod.Variant
+    block_ms: list[float]
+
+    @property
+    def median_ms(self) -> float:
+        return _median(self.block_ms)
+
+    @property
+    def noise(self) -> float:
+        """Relative spread of the block medians."""
+        return (max(self.block_ms) - min(self.block_ms)) / self.median_ms if self.block_ms else math.inf
 
 
 @dataclass
@@ -66,80 +121,139 @@ class TuneResult:
     best: TrialResult | None
     default: TrialResult | None
     seconds: float
+    weight: float = 1.0
+    finals: list[Final] = field(default_factory=list)
+    stopped: str = ""   # why the search stopped early ("budget"), empty if it finished
+
+
+def _median(xs: list[float]) -> float:
+    s = sorted(xs)
+    n = len(s)
+    return s[n // 2] if n % 2 else 0.5 * (s[n // 2 - 1] + s[n // 2])
+
+
+# --- family hooks: the only dense-MLA-specific code of the tuner -----------------------------
+# (problem key, inputs, reference, call, compare, FLOPs). Routed through the family protocol
+# when there is one.
+
+
+def problem_of(shape: Shape) -> str:
+    """The shape class (record key problem) of ``shape``."""
+    from .families.mla_prefill import problem_key
+
+    return str(problem_key(shape.heads, shape.total_q, shape.total_k, shape.batch, shape.causal))
+
+
+def specialization_of(shape: Shape) -> dict:
+    return {"mask": "causal" if shape.causal else "none"}
+
+
+class _DenseTrial:
+    """Inputs, references and the call of one shape, held by a GPU worker for all its trials."""
+
+    def __init__(self, shape: Shape, seed: int):
+        import torch
+
+        from . import verify
+        from .families import mla_prefill as family
+
+        self.torch, self.verify, self.shape = torch, verify, shape
+        self.device = torch.device("cuda", torch.cuda.current_device())
+        self.inputs = verify.make_inputs(shape, self.device, seed)
+        self.ref = verify.reference_heads(shape, self.inputs)
+        self.check = verify.check_problem(shape, self.device, seed)
+        self.check_ref = family.reference(*self.check["args"], **self.check["kwargs"])
+        self.family = family
+
+    def select(self, v):
+        return dispatch.dispatcher().select(self.family.FAMILY.name, "", {}, self.device.index, None, variant=v)
+
+    def verify_variant(self, v) -> tuple[str | None, float]:
+        """(None, max relative error) if ``v`` is right on both problems, else (why, error)."""
+        from .api import mla_prefill
+
+        torch = self.torch
+        out = torch.full_like(self.check_ref[0], float("nan"), dtype=torch.bfloat16)
+        lse = torch.full_like(self.check_ref[1], float("nan"))
+        mla_prefill(*self.check["args"], **self.check["kwargs"], out=out, lse=lse, kernel=v)
+        torch.cuda.synchronize()
+        small = self.verify.compare(out, lse, *self.check_ref)
+        if not small.ok:
+            return f"check problem: {small.problem}", small.rel_l2
+        out, lse = self._outputs(nan=True)
+        self.call(v, out, lse)
+        torch.cuda.synchronize()
+        full = self.verify.compare(out, lse, *self.ref)
+        if not full.ok:
+            return f"shape: {full.problem}", full.rel_l2
+        return None, max(small.rel_l2, full.rel_l2)
+
+    def _outputs(self, nan: bool):
+        torch, s = self.torch, self.shape
+        fill = float("nan") if nan else 0.0
+        out = torch.full((s.total_q, s.heads, self.family.D_V), fill, dtype=torch.bfloat16, device=self.device)
+        lse = torch.full((s.total_q, s.heads), fill, device=self.device)
+        return out, lse
+
+    def call(self, v, out, lse):
+        from .api import mla_prefill
+
+        x = self.inputs
+        mla_prefill(x["q"], x["k"], x["v"], k_rope=x["k_rope"], cu_seqlens_q=x["cu_seqlens_q"],
+                    cu_seqlens_k=x["cu_seqlens_k"], causal=self.shape.causal, out=out, lse=lse, kernel=v)
+
+    def flops(self) -> int:
+        return self.shape.flops()
 
 
 # --- GPU worker process -----------------------------------------------------------------------
 
 
-def _worker_main(conn, spec_path: str, shape, seed: int, iters: int, warmup: int) -> None:
-    """Runs in a spawned process: owns the CUDA context, the inputs and the references."""
-    try:
-        import torch
+def _worker_main(conn, spec_path: str, shape, seed: int, warmup: int, visible: str | None) -> None:
+    """Runs in a spawned process: owns one GPU's CUDA context, the inputs and the references.
 
-        from . import bench
-        from .api import mla_prefill
-        from .families import mla_prefill as family
+    Requests are ``{"values": ..., "iters": n}``; a variant is verified the first time this
+    process sees it and timed only if right."""
+    if visible is not None:  # before anything initialises CUDA in this process
+        os.environ["CUDA_VISIBLE_DEVICES"] = visible
+    try:
+        from . import measure
         from .runtime import device_info
 
         spec = spec_mod.load(spec_path)
-        device = torch.device("cuda", torch.cuda.current_device())
-        inputs = bench.make_inputs(shape, device, seed)
-        ref = bench.reference_heads(shape, inputs)
-        check = _check_problem(torch, shape, device, seed)
-        check_ref = family.reference(*check["args"], **check["kwargs"])
-        flush = bench.L2Flush(device)
-        info = device_info(device.index)
+        trial = _DenseTrial(shape, seed)
+        flush = measure.L2Flush(trial.device)
+        info = device_info(trial.device.index)
         conn.send(("ready", {"device": info.name, "sm_count": info.sm_count, "driver": info.driver_version}))
     except Exception:
         conn.send(("setup_failed", traceback.format_exc()))
         return
 
+    verified: dict[variant_mod.Variant, float] = {}
     while True:
         msg = conn.recv()
         if msg is None:
             return
-        values = msg
-        v = variant_mod.make(spec, values)
+        v = variant_mod.make(spec, msg["values"])
         try:
-            sel = dispatch.dispatcher().select(family.FAMILY.name, "", {}, device.index, None, variant=v)
+            sel = trial.select(v)
         except MlagenError as exc:
             conn.send({"outcome": "launch_error", "detail": str(exc)})
             continue
         try:
-            # 1. The small ragged problem with odd lengths.
-            args, kwargs = check["args"], check["kwargs"]
-            out = torch.full_like(check_ref[0], float("nan"), dtype=torch.bfloat16)
-            lse = torch.full_like(check_ref[1], float("nan"))
-            mla_prefill(*args, **kwargs, out=out, lse=lse, kernel=v)
-            torch.cuda.synchronize()
-            small = bench.compare(out, lse, *check_ref)
-            if not small.ok:
-                conn.send({"outcome": "wrong_result", "max_error": small.rel_l2,
-                           "detail": f"check problem: {small.problem}"})
-                continue
-            # 2. The real shape, checked on two heads, then timed.
-            kw = {"k_rope": inputs["k_rope"], "cu_seqlens_q": inputs["cu_seqlens_q"],
-                  "cu_seqlens_k": inputs["cu_seqlens_k"], "causal": shape.causal, "kernel": v}
-            out = torch.full((shape.total_q, shape.heads, family.D_V), float("nan"), dtype=torch.bfloat16,
-                             device=device)
-            lse = torch.full((shape.total_q, shape.heads), float("nan"), device=device)
-            mla_prefill(inputs["q"], inputs["k"], inputs["v"], out=out, lse=lse, **kw)
-            torch.cuda.synchronize()
-            full = bench.compare(out, lse, *ref)
-            if not full.ok:
-                conn.send({"outcome": "wrong_result", "max_error": full.rel_l2, "detail": f"shape: {full.problem}"})
-                continue
-
-            def call():
-                mla_prefill(inputs["q"], inputs["k"], inputs["v"], out=out, lse=lse, check_seqlens=False, **kw)
-
+            if v not in verified:
+                problem, err = trial.verify_variant(v)
+                if problem is not None:
+                    conn.send({"outcome": "wrong_result", "max_error": err, "detail": problem})
+                    continue
+                verified[v] = err
+            out, lse = trial._outputs(nan=False)
             for _ in range(warmup):
-                call()
-            samples = bench.time_calls(call, iters, flush)
-            med = bench.median(samples)
-            conn.send({"outcome": "ok", "time_ms": med * 1e3, "tflops": shape.flops() / med / 1e12,
-                       "max_error": max(small.rel_l2, full.rel_l2),
-                       "registers": sel.binary.resources.registers,
+                trial.call(v, out, lse)
+            samples = measure.time_calls(lambda: trial.call(v, out, lse), msg["iters"], flush)
+            med = measure.median(samples)
+            conn.send({"outcome": "ok", "time_ms": med * 1e3, "tflops": trial.flops() / med / 1e12,
+                       "max_error": verified[v], "registers": sel.binary.resources.registers,
                        "spills": sel.binary.resources.spill_stores + sel.binary.resources.spill_loads})
         except Exception as exc:
             # A CUDA error poisons the context: report and exit so the parent starts a fresh worker.
@@ -147,32 +261,15 @@ def _worker_main(conn, spec_path: str, shape, seed: int, iters: int, warmup: int
             return
 
 
-def _check_problem(torch, shape, device, seed: int) -> dict:
-    """A small packed batch with length-1, empty and off-tile sequences, the shape's mask and
-    head count (capped at 16), and a cached prefix when causal."""
-    from .families.mla_prefill import D_NOPE, D_ROPE, D_V
-
-    heads = min(shape.heads, 16)
-    lq = [1, 77, 0, 300, 129]
-    lk = [1, 77, 5, 333, 129] if shape.causal else [3, 50, 5, 333, 200]
-    g = torch.Generator(device=device).manual_seed(seed + 1)
-
-    def rnd(*s):
-        return torch.randn(*s, generator=g, device=device, dtype=torch.float32).to(torch.bfloat16)
-
-    tq, tk = sum(lq), sum(lk)
-    cu = lambda xs: torch.tensor([0] + [sum(xs[:i + 1]) for i in range(len(xs))], dtype=torch.int32, device=device)
-    return {"args": (rnd(tq, heads, D_NOPE + D_ROPE), rnd(tk, heads, D_NOPE), rnd(tk, heads, D_V)),
-            "kwargs": {"k_rope": rnd(tk, 1, D_ROPE), "cu_seqlens_q": cu(lq), "cu_seqlens_k": cu(lk),
-                       "causal": shape.causal}}
-
-
 class GpuWorker:
-    """A worker process with a per-trial timeout; restarted after a crash or a hang."""
+    """A worker process on one GPU with a per-trial timeout; restarted after a crash or a hang.
 
-    def __init__(self, spec_path: str, shape, seed: int, iters: int, warmup: int, timeout_s: float,
+    ``device`` is a CUDA ordinal as this process sees it; the worker sees only that GPU."""
+
+    def __init__(self, spec_path: str, shape, seed: int, warmup: int, timeout_s: float, device: int | None = None,
                  setup_timeout_s: float = 300.0):
-        self.args = (spec_path, shape, seed, iters, warmup)
+        self.args = (spec_path, shape, seed, warmup, _visible_name(device))
+        self.device = device
         self.timeout_s = timeout_s
         self.setup_timeout_s = setup_timeout_s
         self.ctx = multiprocessing.get_context("spawn")
@@ -199,10 +296,10 @@ class GpuWorker:
             raise TuningError(f"the GPU worker failed to start: {last}\n{payload}")
         return payload
 
-    def run(self, values: dict) -> dict:
+    def run(self, values: dict, iters: int) -> dict:
         if self.proc is None or not self.proc.is_alive():
             self.start()
-        self.conn.send(values)
+        self.conn.send({"values": values, "iters": iters})
         if not self.conn.poll(self.timeout_s):
             self.stop()
             return {"outcome": "hang", "detail": f"no result within {self.timeout_s:.0f} s; worker killed"}
@@ -231,28 +328,73 @@ class GpuWorker:
         self.conn = None
 
 
+def _visible_name(device: int | None) -> str | None:
+    """The CUDA_VISIBLE_DEVICES entry of ordinal ``device`` as this process numbers it."""
+    if device is None:
+        return None
+    current = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if current:
+        names = [n.strip() for n in current.split(",") if n.strip()]
+        if device >= len(names):
+            raise TuningError(f"--devices {device}: only {len(names)} GPU(s) visible (CUDA_VISIBLE_DEVICES={current})")
+        return names[device]
+    return str(device)
+
+
+def parse_devices(text: str) -> tuple[int, ...]:
+    """``"0,1"`` into (0, 1). Raises ValueError naming the bad entry."""
+    out = []
+    for item in text.split(","):
+        item = item.strip()
+        if not item.isdigit():
+            raise ValueError(f"--devices: {item!r} is not a GPU index; expected a list like 0,1")
+        if int(item) in out:
+            raise ValueError(f"--devices: {item} is listed twice")
+        out.append(int(item))
+    return tuple(out)
+
+
+def default_devices() -> tuple[int, ...]:
+    """Every visible GPU of the same kind (name and SM count) as device 0."""
+    from .runtime import device_count, device_info
+
+    first = device_info(0)
+    return tuple(i for i in range(device_count())
+                 if (device_info(i).name, device_info(i).sm_count) == (first.name, first.sm_count))
+
+
 # --- search strategies ------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class Ask:
+    """A measurement a search wants: a new trial of ``variant``, or (``retime``) another timing of
+    one already measured, with ``scale`` times the configured timed calls."""
+
+    variant: variant_mod.Variant
+    retime: bool = False
+    scale: int = 1
+
+
 class Search:
-    """Proposes batches of variants; told the outcome of each before the next batch."""
+    """Proposes batches of variants (or :class:`Ask` s); told the outcome of each before the next batch."""
 
     def __init__(self, spec, fixed: dict, target: arch.Target, max_trials: int, seed: int):
         self.spec, self.fixed, self.target, self.max_trials = spec, fixed, target, max_trials
         self.rng = random.Random(seed)
-        self.seen: dict[variant_mod.Variant, float] = {}  # variant -> time (inf if failed)
+        self.seen: dict[variant_mod.Variant, float] = {}  # variant -> latest time (inf if failed)
 
     def tell(self, v: variant_mod.Variant, time_ms: float | None) -> None:
         self.seen[v] = time_ms if time_ms is not None else float("inf")
 
-    def next_batch(self) -> list[variant_mod.Variant]:
+    def next_batch(self) -> list:
         raise NotImplementedError
 
 
 class Exhaustive(Search):
     """Every variant of the space; a seeded uniform sample of ``max_trials`` when it is larger."""
 
-    def __init__(self, *args):
+    def __init__(self, *args, **kwargs):
         super().__init__(*args)
         self.pending = variant_mod.sample_space(self.spec, self.max_trials, self.fixed, self.rng.randrange(2**31))
 
@@ -266,30 +408,43 @@ REPAIR_WIDTH = 3  # nearest fitting points tried for such a value
 
 
 class Coordinate(Search):
-    """Coordinate descent: sweep each free axis in turn from the best point so far."""
+    """Coordinate descent: sweep each free axis in turn from the best point so far.
 
-    def __init__(self, *args):
-        super().__init__(*args)
-        start = variant_mod.make(self.spec, self.fixed)
-        self.point = variant_mod.nearest_feasible(start, self.target, keep=self.fixed) or start
+    ``start`` (default: the spec default, or the nearest variant that fits) is where it starts;
+    ``seen`` may be shared with other searches: points already measured are not proposed again,
+    and only points this descent considered can move it (so descents from several starts stay
+    in their own basins)."""
+
+    def __init__(self, spec, fixed, target, max_trials, seed, start=None, seen=None, max_passes: int = 3):
+        super().__init__(spec, fixed, target, max_trials, seed)
+        if seen is not None:
+            self.seen = seen
+        if start is None:
+            start = variant_mod.make(self.spec, self.fixed)
+            start = variant_mod.nearest_feasible(start, self.target, keep=self.fixed) or start
+        self.point = start
+        self.own = {start}
         self.axes = [t.name for t in self.spec.tunables if t.name not in self.fixed and len(t.values) > 1]
         self.axis_index = 0
         self.improved_in_pass = False
         self.started = False
         self.passes = 0
+        self.max_passes = max_passes
 
     def _best(self):
-        ok = [(t, v) for v, t in self.seen.items() if t != float("inf")]
-        return min(ok, key=lambda x: x[0])[1] if ok else None
+        ok = [(t, v.symbol, v) for v in self.own if (t := self.seen.get(v, float("inf"))) != float("inf")]
+        return min(ok)[2] if ok else None
 
     def next_batch(self):
         if not self.started:
             self.started = True
-            return [self.point]
-        while self.passes < 3:
+            if self.point not in self.seen:
+                return [self.point]
+        while self.passes < self.max_passes:
             # Move to the best point so far first: the last axis of a pass can improve it too.
             best = self._best() or self.point
-            if best != self.point:
+            # Move only to a strictly faster point: an equal time is no reason to wander.
+            if best != self.point and self.seen.get(best, math.inf) < self.seen.get(self.point, math.inf):
                 self.point, self.improved_in_pass = best, True
             if self.axis_index >= len(self.axes):
                 if not self.improved_in_pass:
@@ -308,6 +463,7 @@ class Coordinate(Search):
                 fits = variant_mod.feasible_neighbours(cand, self.target, keep={*self.fixed, axis},
                                                        max_changes=REPAIR_CHANGES)
                 for c in fits[:REPAIR_WIDTH] or [cand]:
+                    self.own.add(c)
                     if c not in self.seen and c not in batch:
                         batch.append(c)
             if batch:
@@ -315,23 +471,230 @@ class Coordinate(Search):
         return []
 
 
-def make_search(strategy: str, spec, fixed: dict, target: arch.Target, max_trials: int, seed: int) -> Search:
+GLOBAL_SHARE = 0.3   # part of max_trials spent on random samples
+LOCAL_STARTS = 2     # halving survivors that coordinate descent starts from
+ETA = 3              # successive halving keeps the fastest 1/ETA of each rung
+
+
+class Global(Search):
+    """Global stage, successive halving, then local descents (the module docstring says why).
+
+    ``starts`` are variants worth measuring whatever the seed (winners recorded for other shape
+    classes); the spec default (or the nearest fitting variant) is always one. ``samples``
+    random feasible variants (default ``GLOBAL_SHARE`` of ``max_trials``) join them."""
+
+    def __init__(self, spec, fixed, target, max_trials, seed, starts: Iterable = (), samples: int | None = None,
+                 local_starts: int = LOCAL_STARTS, eta: int = ETA):
+        super().__init__(spec, fixed, target, max_trials, seed)
+        from . import resources
+
+        self.local_starts, self.eta = local_starts, eta
+        default = variant_mod.make(spec, fixed)
+        default = variant_mod.nearest_feasible(default, target, keep=fixed) or default
+        population = [default]
+        for v in starts:
+            if v not in population and resources.check(v, target).ok:
+                population.append(v)
+        want = len(population) + (samples if samples is not None else max(4, int(max_trials * GLOBAL_SHARE)))
+        total = variant_mod.space_size(spec, fixed)
+        axes = [(k, vals) for k, vals in spec.specialize] + [(t.name, t.values) for t in spec.tunables]
+        held = dict(default.values)
+        tries = 0
+        while len(population) < min(want, total) and tries < 200 * want:
+            tries += 1
+            v = variant_mod.Variant(spec, tuple((k, held[k] if k in fixed else self.rng.choice(vals))
+                                                for k, vals in axes))
+            if v not in population and resources.check(v, target).ok:
+                population.append(v)
+        self.population = population
+        self.stage = "global"
+        self.rung = 0
+        self.descents: list[Coordinate] = []
+
+    def ranked(self, variants) -> list:
+        """Correct variants fastest first; equal times by symbol (a stable order)."""
+        ok = [v for v in variants if self.seen.get(v, math.inf) != math.inf]
+        return sorted(ok, key=lambda v: (self.seen[v], v.symbol))
+
+    def next_batch(self):
+        if self.stage == "global":
+            self.stage = "halving"
+            return list(self.population)
+        if self.stage == "halving":
+            ranked = self.ranked(self.population)
+            if len(ranked) > self.local_starts:
+                self.rung += 1
+                self.population = ranked[:max(self.local_starts, math.ceil(len(ranked) / self.eta))]
+                return [Ask(v, retime=True, scale=2 ** self.rung) for v in self.population]
+            self.population = ranked
+            self.stage = "local"
+            self.descents = [Coordinate(self.spec, self.fixed, self.target, self.max_trials, 0, start=v,
+                                        seen=self.seen) for v in ranked[:self.local_starts]]
+        while self.descents:
+            batch = self.descents[0].next_batch()
+            if batch:
+                return batch
+            self.descents.pop(0)
+        return []
+
+
+def make_search(strategy: str, spec, fixed: dict, target: arch.Target, max_trials: int, seed: int,
+                starts: Iterable = ()) -> Search:
+    """The search object for ``strategy`` (``auto``: exhaustive if the space fits ``max_trials``,
+    else global)."""
     if strategy not in STRATEGIES:
         raise TuningError(f"strategy {strategy!r} is not one of {list(STRATEGIES)}")
     if strategy == "auto":
-        strategy = "exhaustive" if variant_mod.space_size(spec, fixed) <= max_trials else "coordinate"
+        strategy = "exhaustive" if variant_mod.space_size(spec, fixed) <= max_trials else "global"
+    if strategy == "global":
+        return Global(spec, fixed, target, max_trials, seed, starts=starts)
     cls = Exhaustive if strategy == "exhaustive" else Coordinate
     return cls(spec, fixed, target, max_trials, seed)
+
+
+# --- running trials on several GPUs ------------------------------------------------------------
+
+
+def _failed_build(b) -> TrialResult | None:
+    if b.status == "pruned":
+        return TrialResult(b.variant, "pruned", detail="; ".join(b.reasons))
+    if b.status == "compile_error":
+        return TrialResult(b.variant, "compile_error", detail=b.reasons[0][:4000] if b.reasons else "")
+    return None
+
+
+class TrialRunner:
+    """Runs a batch of asks: new trials are compiled on the CPU pool (``build``) and each is
+    measured by the first free worker (one per GPU) as soon as it is built; re-timings go to the
+    workers at once. Results come back in the order of the asks, whatever order they finished in.
+
+    ``workers`` have ``run(values, iters) -> payload``; ``build(variants, on_built)`` compiles and
+    calls ``on_built(build_result)`` as each finishes (``build_many`` with a progress callback)."""
+
+    def __init__(self, workers: list, build: Callable, iters: int):
+        self.workers, self.build, self.iters = workers, build, iters
+
+    def run(self, asks: list[Ask], should_stop: Callable[[], bool] = lambda: False,
+            only_worker: int | None = None, on_result: Callable | None = None) -> list[TrialResult | None]:
+        """One result per ask; None for an ask dropped because ``should_stop()`` said so."""
+        results: list[TrialResult | None] = [None] * len(asks)
+        builds: dict[int, object] = {}
+        work: queue.Queue = queue.Queue()
+        errors: list[BaseException] = []
+        lock = threading.Lock()
+
+        def finish(i: int, r: TrialResult) -> None:
+            with lock:
+                results[i] = r
+                if on_result is not None:
+                    on_result(asks[i], r)
+
+        def serve(worker) -> None:
+            while True:
+                i = work.get()
+                if i is None:
+                    return
+                if errors or should_stop():
+                    continue
+                ask = asks[i]
+                try:
+                    payload = worker.run(dict(ask.variant.values), self.iters * ask.scale)
+                except BaseException as exc:  # a worker that cannot start stops the tune
+                    errors.append(exc)
+                    continue
+                rep = getattr(builds.get(i), "report", None)
+                finish(i, TrialResult(ask.variant, payload.get("outcome", "crash"), payload.get("time_ms"),
+                                      payload.get("tflops"), payload.get("max_error"),
+                                      rep.registers if rep else payload.get("registers"),
+                                      (rep.spill_stores + rep.spill_loads) if rep else payload.get("spills"),
+                                      payload.get("detail", "")))
+
+        workers = self.workers if only_worker is None else [self.workers[only_worker]]
+        threads = [threading.Thread(target=serve, args=(w,), daemon=True) for w in workers]
+        for t in threads:
+            t.start()
+        try:
+            for i, a in enumerate(asks):
+                if a.retime:
+                    work.put(i)
+            index = {a.variant: i for i, a in enumerate(asks) if not a.retime}
+            if index:
+                def on_built(b):
+                    i = index[b.variant]
+                    builds[i] = b
+                    failed = _failed_build(b)
+                    if failed is not None:
+                        finish(i, failed)
+                    else:
+                        work.put(i)
+
+                self.build(list(index), on_built)
+        finally:
+            for _ in threads:
+                work.put(None)
+            for t in threads:
+                t.join()
+        if errors:
+            raise errors[0]
+        return results
+
+
+def _builder(target: arch.Target, jobs: int | None, pool) -> Callable:
+    def build(variants, on_built):
+        build_many(variants, [target.name], jobs=jobs, pool=pool, progress=lambda r, done, total: on_built(r))
+
+    return build
 
 
 # --- the tuning loop --------------------------------------------------------------------------
 
 
-def tune(config: TuneConfig, progress: Callable[[str], None] = print) -> list[TuneResult]:
-    """Tune ``config.spec`` for each shape in ``config.shapes``; returns one result per shape."""
-    from . import bench
+@dataclass
+class ShapeClass:
+    """Shapes of one problem key, tuned together on the heaviest one."""
 
+    problem: str
+    shape: Shape
+    weight: float
+    members: list[Shape]
+
+
+def shape_classes(items: Iterable) -> list[ShapeClass]:
+    """Group shapes (ids, descriptions, Shape or WorkloadItem) by problem key; heaviest class
+    first (ties: first given), each represented by its heaviest shape."""
+    classes: dict[str, ShapeClass] = {}
+    best_weight: dict[str, float] = {}
+    for item in items:
+        if isinstance(item, WorkloadItem):
+            shape, weight = item.shape, item.weight
+        else:
+            shape, weight = (item if isinstance(item, Shape) else parse_shape(item)), 1.0
+        problem = problem_of(shape)
+        c = classes.get(problem)
+        if c is None:
+            classes[problem] = ShapeClass(problem, shape, weight, [shape])
+            best_weight[problem] = weight
+            continue
+        c.weight += weight
+        if shape not in c.members:
+            c.members.append(shape)
+        if weight > best_weight[problem]:
+            c.shape, best_weight[problem] = shape, weight
+    order = list(classes)
+    return sorted(classes.values(), key=lambda c: (-c.weight, order.index(c.problem)))
+
+
+def tune(config: TuneConfig, progress: Callable[[str], None] = print, bar=None,
+         clock: Callable[[], float] = time.monotonic) -> list[TuneResult]:
+    """Tune ``config.spec`` for each shape class of ``config.shapes``; returns one result per class.
+
+    ``progress`` gets one line per step; ``bar`` (a :class:`mlagen.progress.Progress`) if given
+    counts trials. Raises TuningError (no GPU, a spec that does not target it) or ShapeError
+    (a bad shape) before any GPU work."""
     spec = spec_mod.load(config.spec)
+    classes = shape_classes(config.shapes)
+    if not classes:
+        raise TuningError("no shape to tune; give --shape or --workload")
     if config.target is None:
         from .runtime import device_info
 
@@ -342,69 +705,237 @@ def tune(config: TuneConfig, progress: Callable[[str], None] = print) -> list[Tu
         target = arch.target(config.target)
     if target.name not in spec.targets:
         raise TuningError(f"{spec.name} does not target {target.name} (targets: {', '.join(spec.targets)})")
+    devices = config.devices if config.devices is not None else default_devices()
+    if not devices:
+        raise TuningError("no GPU to tune on")
     database = db.TuningDB(config.db_path)
-    shapes = [s if isinstance(s, bench.Shape) else bench.parse_shapes(s)[0] for s in config.shapes]
+    total_weight = sum(c.weight for c in classes)
+    results = []
     with compile_pool(config.jobs) as pool:  # one set of compile processes for the whole session
-        return [_tune_shape(spec, shape, target, config, database, progress, pool) for shape in shapes]
+        build = _builder(target, config.jobs, pool)
+        for c in classes:
+            budget = None if config.budget_s is None else config.budget_s * c.weight / total_weight
+            workers = [GpuWorker(spec.path, c.shape, config.seed, config.warmup, config.timeout_s, device=d)
+                       for d in devices]
+            try:
+                infos = _start_all(workers)
+                key = _record_key(spec, c.problem, target, infos, devices)
+                runner = TrialRunner(workers, build, config.iters)
+                results.append(tune_class(spec, c, target, config, database, runner, key, progress, bar=bar,
+                                          budget_s=budget, clock=clock))
+            finally:
+                for w in workers:
+                    w.stop()
+    return results
 
 
-def _tune_shape(spec, shape, target, config: TuneConfig, database: db.TuningDB, progress, pool) -> TuneResult:
-    from .families.mla_prefill import problem_key
+def _start_all(workers: list[GpuWorker]) -> list[dict]:
+    """Start the workers in parallel (each builds its inputs and references)."""
+    infos: list = [None] * len(workers)
+    errors: list = []
 
-    t0 = time.time()
+    def start(i):
+        try:
+            infos[i] = workers[i].start()
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=start, args=(i,), daemon=True) for i in range(len(workers))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return infos
+
+
+def _record_key(spec, problem: str, target, infos: list[dict], devices) -> db.RecordKey:
+    kinds = {(i["device"], i["sm_count"], i["driver"]) for i in infos}
+    if len(kinds) > 1:
+        raise TuningError("--devices: the GPUs differ (" + "; ".join(f"{d}: {i['device']}, {i['sm_count']} SMs"
+                          for d, i in zip(devices, infos)) + "); tune on GPUs of one kind")
+    info = infos[0]
+    return dispatch.record_key(spec, problem, device=info["device"], sm_count=info["sm_count"],
+                               driver=info["driver"], target=target)
+
+
+def known_starts(spec, fixed: dict, target, database: db.TuningDB | None, key: db.RecordKey | None) -> list:
+    """Winners recorded for this spec on this kind of GPU (other shape classes too), as variants
+    with ``fixed`` applied: good regions found before are worth measuring whatever the seed."""
+    from . import resources
+
+    records = []
+    if database is not None and key is not None:
+        try:
+            records += database.bests(spec=spec.name, device=key.device, sm_count=key.sm_count)
+        except MlagenError:
+            pass
+        records += [b for b in db.shipped_records() if b.key.spec == spec.name and b.key.device == key.device]
+    out = []
+    for b in records:
+        try:
+            v = variant_mod.make(spec, {**b.variant, **fixed})
+        except MlagenError:
+            continue
+        if v not in out and resources.check(v, target).ok:
+            out.append(v)
+    return out
+
+
+def _finished_trials(database: db.TuningDB, key: db.RecordKey) -> dict[str, db.Trial]:
+    """Trials the database holds for ``key``, by variant symbol (the latest one of each)."""
+    where = {f: getattr(key, f) for f in ("family", "spec", "problem", "dtypes", "device", "sm_count", "driver",
+                                          "nvrtc", "source_hash")}
+    return {t.symbol: t for t in database.trials(**where)}
+
+
+def tune_class(spec, shape_class: ShapeClass, target, config: TuneConfig, database: db.TuningDB, runner: TrialRunner,
+               key: db.RecordKey, progress: Callable[[str], None] = print, bar=None, budget_s: float | None = None,
+               clock: Callable[[], float] = time.monotonic) -> TuneResult:
+    """Search, re-time the finalists, record every trial and the winner for one shape class."""
+    shape, problem = shape_class.shape, shape_class.problem
+    t0 = clock()
+    wall0 = time.time()
+    deadline = None if budget_s is None else t0 + budget_s * (1 - FINAL_SHARE)
     run_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
-    mask = "causal" if shape.causal else "none"
-    problem = str(problem_key(shape.heads, shape.total_q, shape.total_k, shape.batch, shape.causal))
-    fixed = {**config.fixed, "mask": mask}
-    search = make_search(config.strategy, spec, fixed, target, config.max_trials, config.seed)
-    progress(f"{shape.id} ({problem}): tuning {spec.name} on {target.name}, run {run_id}")
+    fixed = {**config.fixed, **specialization_of(shape)}
+    starts = known_starts(spec, fixed, target, database, key)
+    search = make_search(config.strategy, spec, fixed, target, config.max_trials, config.seed, starts=starts)
+    finished = _finished_trials(database, key) if config.resume else {}
+    progress(f"{shape.id} ({problem}, weight {shape_class.weight:g}): tuning {spec.name} on {target.name} with "
+             f"{type(search).__name__.lower()} search, {len(runner.workers)} GPU(s), run {run_id}"
+             + (f", {len(finished)} finished trial(s) in the database" if config.resume else ""))
+    if bar is not None:
+        bar.start(config.max_trials, label=shape.id, budget_s=budget_s)
 
-    worker = GpuWorker(spec.path, shape, config.seed, config.iters, config.warmup, config.timeout_s)
-    info = worker.start()
-    key = dispatch.record_key(spec, problem, device=info["device"], sm_count=info["sm_count"], driver=info["driver"],
-                              target=target)
     trials: list[TrialResult] = []
-    try:
-        while len(trials) < config.max_trials:
-            batch = [v for v in search.next_batch() if v not in search.seen][: config.max_trials - len(trials)]
-            if not batch:
-                break
-            for r in _run_batch(batch, target, worker, config, progress, len(trials), pool):
-                trials.append(r)
-                search.tell(r.variant, r.time_ms if r.outcome == "ok" else None)
-                database.add_trial(db.Trial(key, dict(r.variant.tunables), r.variant.symbol, r.outcome, r.time_ms,
-                                            r.tflops, r.max_error, r.registers, r.spills, r.detail, run_id))
-    finally:
-        worker.stop()
-    ok = [r for r in trials if r.outcome == "ok"]
-    # A variant that spills registers to local memory is recorded but never made the winner
-    # (unless nothing else passed): spills make a kernel's speed fragile across inputs.
-    eligible = [r for r in ok if not r.spills] or ok
-    best = min(eligible, key=lambda r: r.time_ms) if eligible else None
+    measured: dict[variant_mod.Variant, TrialResult] = {}
+    stopped = ""
+
+    def out_of_time() -> bool:
+        return deadline is not None and clock() >= deadline
+
+    def record(ask: Ask, r: TrialResult) -> None:
+        """Called as each trial finishes (any worker thread): the database and the log."""
+        if ask.retime:
+            return
+        database.add_trial(db.Trial(key, dict(r.variant.tunables), r.variant.symbol, r.outcome, r.time_ms, r.tflops,
+                                    r.max_error, r.registers, r.spills, r.detail, run_id))
+
+    idle = 0
+    while idle < 100:  # a search that keeps proposing only measured points ends too
+        if out_of_time():
+            stopped = "budget"
+            progress(f"  budget reached after {clock() - t0:.0f} s; re-timing the finalists")
+            break
+        asks = [a if isinstance(a, Ask) else Ask(a) for a in search.next_batch()]
+        new = [a for a in asks if a.retime or a.variant not in measured]
+        if not asks:
+            break
+        room = config.max_trials - len(trials)
+        fresh = [a for a in new if not a.retime]
+        if room <= 0 and not any(a.retime for a in new):
+            break
+        keep = {id(a) for a in fresh[:max(room, 0)]}
+        new = [a for a in new if a.retime or id(a) in keep]
+        to_run, done_now = [], []
+        for a in new:
+            old = None if a.retime else finished.get(a.variant.symbol)
+            if old is not None:
+                done_now.append((a, TrialResult(a.variant, old.outcome, old.time_ms, old.tflops, old.max_error,
+                                                old.registers, old.spills, old.detail, resumed=True)))
+            else:
+                to_run.append(a)
+        ran = runner.run(to_run, should_stop=out_of_time, on_result=record) if to_run else []
+        by_ask = {id(a): r for a, r in done_now}
+        by_ask.update({id(a): r for a, r in zip(to_run, ran)})
+        for a in new:  # in proposal order: the search sees the same sequence on any number of GPUs
+            r = by_ask.get(id(a))
+            if r is None:
+                continue
+            t = r.time_ms if r.outcome == "ok" else None
+            search.tell(a.variant, t)
+            if a.retime:
+                continue
+            trials.append(r)
+            measured[a.variant] = r
+            _log_trial(progress, len(trials), r)
+            if bar is not None:
+                bar.update(note=f"{r.outcome} {r.variant.symbol}")
+        idle = 0 if new else idle + 1
+
+    finals, best = _final_round(spec, fixed, trials, search, runner, config, progress)
     default_v = variant_mod.make(spec, fixed)
-    default = next((r for r in trials if r.variant == default_v), None)
+    default = measured.get(default_v)
     if best is not None:
         database.set_best(db.Best(key, dict(best.variant.tunables), best.variant.symbol, best.time_ms, best.tflops,
                                   run_id, time.time()))
-    return TuneResult(shape.id, problem, run_id, trials, best, default, time.time() - t0)
+    if bar is not None:
+        bar.finish()
+    return TuneResult(shape.id, problem, run_id, trials, best, default, time.time() - wall0, shape_class.weight,
+                      finals, stopped)
 
 
-def _run_batch(batch, target, worker: GpuWorker, config: TuneConfig, progress, done: int,
-               pool=None) -> Iterable[TrialResult]:
-    builds = build_many(batch, [target.name], jobs=config.jobs, pool=pool)
-    for i, b in enumerate(builds):
-        n = done + i + 1
-        if b.status == "pruned":
-            r = TrialResult(b.variant, "pruned", detail="; ".join(b.reasons))
-        elif b.status == "compile_error":
-            r = TrialResult(b.variant, "compile_error", detail=b.reasons[0][:4000] if b.reasons else "")
-        else:
-            rep = b.report
-            payload = worker.run(dict(b.variant.values))
-            r = TrialResult(b.variant, payload.get("outcome", "crash"), payload.get("time_ms"), payload.get("tflops"),
-                            payload.get("max_error"), rep.registers if rep else None,
-                            (rep.spill_stores + rep.spill_loads) if rep else None, payload.get("detail", ""))
-        speed = f" {r.time_ms:.3f} ms {r.tflops:.1f} TFLOP/s" if r.outcome == "ok" else ""
-        note = "" if r.outcome == "ok" else f" ({r.detail.splitlines()[0][:100]})" if r.detail else ""
-        progress(f"  [{n}] {r.outcome:13s}{speed} {r.variant.symbol}{note}")
-        yield r
+def _log_trial(progress, n: int, r: TrialResult) -> None:
+    speed = f" {r.time_ms:.3f} ms {r.tflops:.1f} TFLOP/s" if r.outcome == "ok" else ""
+    note = "" if r.outcome == "ok" else f" ({r.detail.splitlines()[0][:100]})" if r.detail else ""
+    progress(f"  [{n}] {r.outcome:13s}{speed} {r.variant.symbol}{note}{' (resumed)' if r.resumed else ''}")
+
+
+def _distance_from_default(v: variant_mod.Variant, default: variant_mod.Variant) -> int:
+    return sum(v[k] != default[k] for k in v.tunables)
+
+
+def _final_round(spec, fixed, trials, search, runner: TrialRunner, config: TuneConfig, progress):
+    """Re-time the fastest correct variants (and the default) in interleaved rounds on one GPU;
+    returns (finals, winner as a TrialResult with the re-timed median)."""
+    ok = [t for t in trials if t.outcome == "ok"]
+    # A variant that spills registers to local memory is recorded but never made the winner
+    # (unless nothing else passed): spills make a kernel's speed fragile across inputs.
+    eligible = [t for t in ok if not t.spills] or ok
+    if not eligible:
+        return [], None
+    estimate = {t.variant: search.seen.get(t.variant, t.time_ms) for t in eligible}
+    ranked = sorted(eligible, key=lambda t: (estimate[t.variant], t.variant.symbol))
+    picked = ranked[:max(1, config.finalists)]
+    default_v = variant_mod.make(spec, fixed)
+    default = next((t for t in eligible if t.variant == default_v), None)
+    if default is not None and default not in picked:
+        picked.append(default)
+    by_variant = {t.variant: t for t in picked}
+    if len(picked) < 2 or config.final_rounds < 1:
+        return [], picked[0]
+    asks = [Ask(t.variant, retime=True) for _ in range(config.final_rounds) for t in picked]
+    times = runner.run(asks, only_worker=0)
+    blocks: dict = {t.variant: [] for t in picked}
+    for a, r in zip(asks, times):
+        if r is not None and r.outcome == "ok":
+            blocks[a.variant].append(r.time_ms)
+        elif r is not None:
+            blocks[a.variant] = None  # failed when re-timed: out
+    finals = [Final(v, b) for v, b in blocks.items() if b]
+    if not finals:
+        return [], None
+    winner = choose(finals, default_v)
+    w = by_variant[winner.variant]
+    flops_per_ms = w.tflops * w.time_ms if w.tflops and w.time_ms else None
+    best = replace(w, time_ms=winner.median_ms, tflops=flops_per_ms / winner.median_ms if flops_per_ms else None)
+    for f in sorted(finals, key=lambda f: f.median_ms):
+        mark = "*" if f is winner else " "
+        progress(f"  final {mark} {f.median_ms:.3f} ms (rounds {min(f.block_ms):.3f}–{max(f.block_ms):.3f}) "
+                 f"{f.variant.symbol}")
+    return finals, best
+
+
+def choose(finals: list[Final], default: variant_mod.Variant) -> Final:
+    """The fastest finalist; those within the measured noise of it (the larger spread of the two
+    between rounds, at least NOISE_FLOOR, at most NOISE_CAP) are tied, and a tie goes to the
+    fewest tunables changed from ``default``, then the first symbol in sort order."""
+    fastest = min(finals, key=lambda f: (f.median_ms, f.variant.symbol))
+
+    def tolerance(f: Final) -> float:
+        return min(NOISE_CAP, max(NOISE_FLOOR, fastest.noise, f.noise))
+
+    tied = [f for f in finals if f.median_ms <= fastest.median_ms * (1 + tolerance(f))]
+    return min(tied, key=lambda f: (_distance_from_default(f.variant, default), f.variant.symbol))

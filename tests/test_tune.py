@@ -5,7 +5,7 @@ from __future__ import annotations
 from mlagen import arch, resources
 from mlagen import spec as spec_mod
 from mlagen import variant as variant_mod
-from mlagen.tune import Coordinate, Exhaustive, make_search
+from mlagen.tune import Coordinate, Exhaustive, Global, make_search
 
 S80 = spec_mod.load("mla_prefill_sm80")
 SM90A = arch.target("sm_90a")
@@ -71,6 +71,6 @@ def test_coordinate_descent_reaches_clusters():
 
 def test_exhaustive_covers_a_small_space_and_auto_picks_it():
     assert isinstance(make_search("auto", S80, FIXED, SM90A, 200, 0), Exhaustive)
-    assert isinstance(make_search("auto", S80, FIXED, SM90A, 10, 0), Coordinate)
+    assert isinstance(make_search("auto", S80, FIXED, SM90A, 10, 0), Global)
     search = Exhaustive(S80, FIXED, SM90A, 200, 0)
     assert len(search.next_batch()) == variant_mod.space_size(S80, FIXED) and search.next_batch() == []

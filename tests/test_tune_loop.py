@@ -1,0 +1,349 @@
+"""The tuning loop on the CPU: fake GPU workers with synthetic timings, a fake compiler, a fake
+clock. Covers the global search, budgets, resume, several devices, finalists and tie-breaks."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+
+import pytest
+
+from mlagen import arch, db, resources
+from mlagen import spec as spec_mod
+from mlagen import variant as variant_mod
+from mlagen.build import BuildResult
+from mlagen.shapes import SHAPES, Shape, WorkloadItem, parse_shape
+from mlagen.tune import (Ask, Coordinate, Final, Global, ShapeClass, TrialRunner, TuneConfig, choose,
+                         parse_devices, problem_of, shape_classes, tune_class)
+
+S90 = spec_mod.load("mla_prefill_sm90")
+SM90A = arch.target("sm_90a")
+FIXED = {"mask": "causal"}
+DEFAULT = variant_mod.nearest_feasible(variant_mod.make(S90, FIXED), SM90A, keep=FIXED)
+# The global optimum: 9 tunables away from the default (Q in registers, 2-CTA static clusters ...).
+FAR = DEFAULT.with_values(q_operand="regs", epilogue="direct", cluster=2, scheduler="static", consumer_regs=232,
+                          producer_regs=32, swizzle_v=64, load_warps=1, block_n=112)
+
+
+def distance(a, b) -> int:
+    return sum(a[k] != b[k] for k in a.tunables)
+
+
+def two_basins(v) -> float:
+    """A narrow, steep basin at the default (5 ms) and a broad, shallow one at FAR (4 ms): one
+    step from the default towards FAR costs more than the default, so descent from the default
+    stays; most random points lie in FAR's basin."""
+    return min(5.0 + 0.4 * distance(v, DEFAULT), 4.0 + 0.15 * distance(v, FAR))
+
+
+class FakeWorker:
+    """Times a variant with ``cost`` (ms), optionally with noise and a per-call clock advance."""
+
+    def __init__(self, cost, clock=None, seconds=0.0, noise=0.0, seed=0, fail_after=None, delay=0.0):
+        self.cost, self.clock, self.seconds, self.noise = cost, clock, seconds, noise
+        self.rng = random.Random(seed)
+        self.calls: list[tuple[dict, int]] = []
+        self.fail_after, self.delay = fail_after, delay
+        self.lock = threading.Lock()
+
+    def run(self, values, iters):
+        with self.lock:
+            if self.fail_after is not None and len(self.calls) >= self.fail_after:
+                raise RuntimeError("power cut")
+            self.calls.append((values, iters))
+            if self.clock is not None:
+                self.clock.now += self.seconds
+            jitter = 1 + self.noise * self.rng.uniform(-1, 1)
+        if self.delay:
+            time.sleep(self.delay * self.rng.random())
+        v = variant_mod.make(S90, values)
+        t = self.cost(v) * jitter
+        return {"outcome": "ok", "time_ms": t, "tflops": 1e3 / t, "max_error": 1e-3, "registers": 168, "spills": 0}
+
+
+class FakeBuild:
+    """Prunes with the real resource model and 'compiles' everything else instantly."""
+
+    def __init__(self):
+        self.built: list[str] = []
+
+    def __call__(self, variants, on_built):
+        for v in variants:
+            verdict = resources.check(v, SM90A)
+            if verdict.ok:
+                self.built.append(v.symbol)
+                on_built(BuildResult(v, "sm_90a", verdict.resources, "ok"))
+            else:
+                on_built(BuildResult(v, "sm_90a", verdict.resources, "pruned", verdict.reasons))
+
+
+class Clock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+KEY = db.RecordKey("mla_prefill", "mla_prefill_sm90", "causal/h128/q8192/k8192", "bf16", "Fake GPU", 132, "13.0",
+                   "13.0", "abc")
+
+
+def run_class(tmp_path, strategy="global", max_trials=200, workers=None, seed=0, budget_s=None, clock=None,
+              resume=False, build=None, cost=two_basins, finalists=4, db_name="t.sqlite"):
+    config = TuneConfig(spec=S90.path, shapes=("D1",), strategy=strategy, max_trials=max_trials, seed=seed,
+                        iters=10, resume=resume, finalists=finalists)
+    workers = workers or [FakeWorker(cost)]
+    runner = TrialRunner(workers, build or FakeBuild(), config.iters)
+    shape_class = ShapeClass(KEY.problem, SHAPES["D1"], 1.0, [SHAPES["D1"]])
+    return tune_class(S90, shape_class, SM90A, config, db.TuningDB(tmp_path / db_name), runner, KEY,
+                      progress=lambda line: None, budget_s=budget_s, clock=clock or time.monotonic)
+
+
+# --- search ------------------------------------------------------------------------------------
+
+
+def test_far_optimum_fits_and_defeats_coordinate_descent(tmp_path):
+    assert resources.check(FAR, SM90A).ok and distance(DEFAULT, FAR) == 9
+    result = run_class(tmp_path, strategy="coordinate")
+    assert result.best.variant == DEFAULT and result.best.time_ms == pytest.approx(5.0)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_global_search_finds_the_far_optimum(tmp_path, seed):
+    result = run_class(tmp_path, seed=seed)
+    assert result.best.variant == FAR, result.best.variant.symbol
+    assert result.best.time_ms == pytest.approx(4.0)
+    assert len(result.trials) <= 200
+
+
+def test_global_search_is_seeded():
+    a = Global(S90, FIXED, SM90A, 200, seed=5).population
+    b = Global(S90, FIXED, SM90A, 200, seed=5).population
+    c = Global(S90, FIXED, SM90A, 200, seed=6).population
+    assert a == b and a != c
+    assert a[0] == DEFAULT and len(a) == 1 + 60 and len(set(a)) == len(a)
+    assert all(resources.check(v, SM90A).ok for v in a)
+
+
+def test_global_search_measures_known_starts_first():
+    g = Global(S90, FIXED, SM90A, 200, seed=0, starts=[FAR, DEFAULT])
+    assert g.population[:2] == [DEFAULT, FAR]
+
+
+def test_halving_retimes_survivors_with_more_calls():
+    g = Global(S90, FIXED, SM90A, 30, seed=0, samples=26)
+    first = g.next_batch()
+    assert len(first) == 27 and not any(isinstance(a, Ask) for a in first)
+    for v in first:
+        g.tell(v, two_basins(v))
+    rung = g.next_batch()
+    assert all(a.retime and a.scale == 2 for a in rung) and len(rung) == 9
+    want = sorted(first, key=lambda v: (two_basins(v), v.symbol))[:9]
+    assert [a.variant for a in rung] == want
+    for a in rung:
+        g.tell(a.variant, two_basins(a.variant))
+    rung = g.next_batch()
+    assert len(rung) == 3 and all(a.scale == 4 for a in rung)
+    for a in rung:
+        g.tell(a.variant, two_basins(a.variant))
+    rung = g.next_batch()
+    assert len(rung) == 2 and all(a.scale == 8 for a in rung)
+    for a in rung:
+        g.tell(a.variant, two_basins(a.variant))
+    local = g.next_batch()  # descent from the first survivor starts with its first axis
+    assert local and not any(isinstance(a, Ask) for a in local) and len(g.descents) == 2
+
+
+def test_noisy_timings_still_pick_the_far_basin_with_every_seed(tmp_path):
+    picks = []
+    for seed in range(3):
+        worker = FakeWorker(two_basins, noise=0.02, seed=seed)
+        result = run_class(tmp_path, seed=seed, workers=[worker], db_name=f"n{seed}.sqlite")
+        picks.append(two_basins(result.best.variant))
+    assert max(picks) <= 4.0 * 1.02, picks
+
+
+def test_coordinate_descents_from_two_starts_stay_in_their_basins():
+    seen = {}
+    a = Coordinate(S90, FIXED, SM90A, 500, 0, start=DEFAULT, seen=seen)
+    b = Coordinate(S90, FIXED, SM90A, 500, 0, start=FAR, seen=seen)
+    for search in (a, b):
+        while batch := search.next_batch():
+            for v in batch:
+                search.tell(v, two_basins(v) if resources.check(v, SM90A).ok else None)
+    assert a.point == DEFAULT and b.point == FAR
+
+
+# --- finalists ---------------------------------------------------------------------------------
+
+
+def test_choose_breaks_ties_within_noise_by_a_stable_key():
+    near = DEFAULT.with_values(stages=3)           # 1 tunable from the default
+    far = FAR                                      # 9 tunables away
+    # far is 0.3% faster: inside the noise floor, so the variant closer to the default wins
+    finals = [Final(far, [1.000, 1.001, 0.999]), Final(near, [1.003, 1.003, 1.003])]
+    assert choose(finals, DEFAULT).variant == near
+    # 3% faster is outside the noise: the faster one wins
+    finals = [Final(far, [0.97, 0.971, 0.969]), Final(near, [1.0, 1.0, 1.0])]
+    assert choose(finals, DEFAULT).variant == far
+    # a noisy fastest widens the tie, but never beyond NOISE_CAP
+    finals = [Final(far, [0.98, 0.94, 1.00]), Final(near, [1.0, 1.0, 1.0])]
+    assert choose(finals, DEFAULT).variant == far
+    finals = [Final(far, [0.992, 0.987, 0.997]), Final(near, [1.0, 1.0, 1.0])]
+    assert choose(finals, DEFAULT).variant == near
+
+
+def test_finalists_are_retimed_on_one_gpu_and_the_winner_recorded(tmp_path):
+    workers = [FakeWorker(two_basins), FakeWorker(two_basins)]
+    result = run_class(tmp_path, workers=workers)
+    assert 2 <= len(result.finals) <= 5 and all(len(f.block_ms) == 3 for f in result.finals)
+    assert DEFAULT in {f.variant for f in result.finals}   # the default is re-timed beside them
+    (best,) = db.TuningDB(tmp_path / "t.sqlite").bests()
+    assert best.symbol == FAR.symbol == result.best.variant.symbol
+    assert best.time_ms == pytest.approx(4.0)
+
+
+def test_spilling_variants_are_never_the_winner(tmp_path):
+    class Spilling(FakeWorker):
+        def run(self, values, iters):
+            out = super().run(values, iters)
+            out["spills"] = 8 if variant_mod.make(S90, values) == FAR else 0
+            return out
+
+    result = run_class(tmp_path, workers=[Spilling(two_basins)])
+    assert result.best.variant != FAR and result.best.time_ms > 4.0
+
+
+# --- budget and resume --------------------------------------------------------------------------
+
+
+def test_budget_stops_the_search(tmp_path):
+    clock = Clock()
+    worker = FakeWorker(two_basins, clock=clock, seconds=1.0)
+    result = run_class(tmp_path, workers=[worker], budget_s=40.0, clock=clock)
+    assert result.stopped == "budget"
+    # 90% of the budget for the search at a second per measurement; then the final re-timing
+    searched = len(worker.calls) - sum(len(f.block_ms) for f in result.finals)
+    assert searched == 36 and len(result.trials) == 36
+    assert result.best is not None
+    full = run_class(tmp_path, db_name="full.sqlite")
+    assert not full.stopped and len(full.trials) > 36
+
+
+def test_resume_repeats_no_finished_trial(tmp_path):
+    build = FakeBuild()
+    with pytest.raises(RuntimeError, match="power cut"):
+        run_class(tmp_path, workers=[FakeWorker(two_basins, fail_after=50)], build=build)
+    database = db.TuningDB(tmp_path / "t.sqlite")
+    done = {t.symbol for t in database.trials()}
+    assert 40 <= len(done) <= 50 and database.bests() == []
+
+    build2 = FakeBuild()
+    result = run_class(tmp_path, resume=True, build=build2)
+    assert not set(build2.built) & done               # nothing finished is compiled or run again
+    resumed = [t for t in result.trials if t.resumed]
+    assert {t.variant.symbol for t in resumed} == {t.symbol for t in database.trials()} & done
+    assert len(resumed) == len(done)
+    assert result.best.variant == FAR
+    # the same search as one uninterrupted tune
+    straight = run_class(tmp_path, db_name="straight.sqlite")
+    assert [t.variant for t in result.trials] == [t.variant for t in straight.trials]
+
+
+def test_without_resume_everything_runs_again(tmp_path):
+    run_class(tmp_path, max_trials=20)
+    build = FakeBuild()
+    run_class(tmp_path, max_trials=20, build=build)
+    assert len(build.built) >= 15
+
+
+# --- several devices ----------------------------------------------------------------------------
+
+
+def test_runner_returns_results_in_ask_order_and_uses_every_worker():
+    workers = [FakeWorker(two_basins, seed=i, delay=0.01) for i in range(3)]
+    runner = TrialRunner(workers, FakeBuild(), 10)
+    variants = variant_mod.sample_space(S90, 200, FIXED, seed=3)
+    variants = [v for v in variants if resources.check(v, SM90A).ok][:24]
+    asks = [Ask(v) for v in variants] + [Ask(variants[0], retime=True, scale=4)]
+    results = runner.run(asks)
+    assert [r.variant for r in results] == [a.variant for a in asks]
+    assert all(r.outcome == "ok" and r.time_ms == pytest.approx(two_basins(r.variant)) for r in results)
+    calls = [c for w in workers for c in w.calls]
+    assert len(calls) == 25 and all(w.calls for w in workers)
+    assert sorted(it for _, it in calls) == [10] * 24 + [40]
+
+
+def test_runner_measures_while_compiling():
+    """A worker starts on the first built variant while later ones still compile."""
+    order = []
+    worker = FakeWorker(two_basins)
+    original = worker.run
+
+    def run(values, iters):
+        order.append("run")
+        return original(values, iters)
+
+    worker.run = run
+
+    def slow_build(variants, on_built):
+        for v in variants:
+            order.append("built")
+            on_built(BuildResult(v, "sm_90a", None, "ok"))
+            time.sleep(0.05)
+
+    variants = [DEFAULT, FAR, DEFAULT.with_values(stages=3)]
+    TrialRunner([worker], slow_build, 10).run([Ask(v) for v in variants])
+    assert order.index("run") < len(order) - 1 and order[-1] == "run" and order.count("run") == 3
+    assert order[:2] == ["built", "run"] or order[1] == "built"
+
+
+def test_runner_stops_dispatching_when_told():
+    worker = FakeWorker(two_basins)
+    runner = TrialRunner([worker], FakeBuild(), 10)
+    asks = [Ask(DEFAULT), Ask(FAR), Ask(DEFAULT.with_values(swizzle_v=64))]
+    results = runner.run(asks, should_stop=lambda: len(worker.calls) >= 1)
+    assert results[0] is not None and results[1:] == [None, None]
+
+
+def test_a_worker_that_fails_stops_the_batch():
+    runner = TrialRunner([FakeWorker(two_basins, fail_after=0)], FakeBuild(), 10)
+    with pytest.raises(RuntimeError, match="power cut"):
+        runner.run([Ask(DEFAULT)])
+
+
+def test_trials_and_records_do_not_depend_on_the_number_of_gpus(tmp_path):
+    one = run_class(tmp_path, workers=[FakeWorker(two_basins)], db_name="one.sqlite")
+    three = run_class(tmp_path, workers=[FakeWorker(two_basins, delay=0.002, seed=i) for i in range(3)],
+                      db_name="three.sqlite")
+    assert [(t.variant, t.outcome, t.time_ms) for t in one.trials] == \
+        [(t.variant, t.outcome, t.time_ms) for t in three.trials]
+    assert one.best.variant == three.best.variant
+    a = sorted((t.symbol, t.outcome) for t in db.TuningDB(tmp_path / "one.sqlite").trials())
+    b = sorted((t.symbol, t.outcome) for t in db.TuningDB(tmp_path / "three.sqlite").trials())
+    assert a == b
+
+
+def test_parse_devices():
+    assert parse_devices("0,1, 3") == (0, 1, 3)
+    with pytest.raises(ValueError, match="'x' is not a GPU index"):
+        parse_devices("0,x")
+    with pytest.raises(ValueError, match="listed twice"):
+        parse_devices("1,1")
+
+
+# --- shape classes ------------------------------------------------------------------------------
+
+
+def test_shape_classes_group_by_problem_key_and_order_by_weight():
+    small = parse_shape("b=4,q=4000,h=16")            # same class as D2 (q rounds up to 4096)
+    items = [WorkloadItem(SHAPES["D1"], 2), WorkloadItem(SHAPES["D2"], 3), WorkloadItem(small, 5),
+             WorkloadItem(SHAPES["D3"], 1)]
+    classes = shape_classes(items)
+    assert [c.problem for c in classes] == [problem_of(SHAPES["D2"]), problem_of(SHAPES["D1"]),
+                                            problem_of(SHAPES["D3"])]
+    assert classes[0].weight == 8 and classes[0].shape == small and classes[0].members == [SHAPES["D2"], small]
+    plain = shape_classes(["D1", "D2", Shape("X", (4096,) * 4, (4096,) * 4, 16, True)])
+    assert [c.weight for c in plain] == [1, 2][::-1] or [c.shape.id for c in plain] == ["D2", "D1"]

@@ -94,8 +94,10 @@ def specs_cmd():
 @click.option("--jobs", "-j", type=int, default=None, help="Parallel compile processes (default: CPU count).")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
               help="Where CUBINs go (default: <out>/build).")
+@click.option("--progress/--no-progress", "show_bar", default=None,
+              help="Progress bar on stderr (default: only on a terminal; a line per variant otherwise).")
 @_friendly
-def build_cmd(spec, archs, assignments, all_variants, max_variants, jobs, out_dir):
+def build_cmd(spec, archs, assignments, all_variants, max_variants, jobs, out_dir, show_bar):
     """Render and compile SPEC (default: the dispatcher's first choice) into out/; needs no GPU.
 
     Without --all, builds the default variant (with --variant overrides) for every
@@ -125,10 +127,19 @@ def build_cmd(spec, archs, assignments, all_variants, max_variants, jobs, out_di
     out = Path(out_dir) if out_dir else knobs.out_dir() / "build"
     click.echo(f"building {len(variants)} variant(s) of {s.name} for {', '.join(targets)} -> {out}", err=True)
 
+    from .progress import Progress
+
+    bar = Progress(enabled=show_bar)
+    bar.start(len(variants) * len(targets), "build")
+
     def progress(r, done, total):
-        click.echo(f"[{done}/{total}] {r.status:13s} {r.variant.symbol} ({r.target}, {r.seconds:.1f}s)", err=True)
+        if bar.enabled:
+            bar.update(note=f"{r.status} {r.variant.symbol}")
+        else:
+            click.echo(f"[{done}/{total}] {r.status:13s} {r.variant.symbol} ({r.target}, {r.seconds:.1f}s)", err=True)
 
     results = build_many(variants, targets, jobs=jobs, out_dir=out, progress=progress)
+    bar.finish()
     rows = []
     for r in results:
         rep, est = r.report, r.estimate

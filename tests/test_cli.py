@@ -128,6 +128,15 @@ def test_build_pruned_only_fails(run, tmp_path):
     assert "Traceback" not in result.output
 
 
+def test_build_progress_bar_when_asked(run, tmp_path):
+    args = ("build", "mla_prefill_sm80", "--arch", "sm_86", "--all", "--variant", "block_n=128,stages=3,block_m=128",
+            "--out", str(tmp_path / "a"))
+    bar = run(*args, "--progress").output    # every variant pruned: quick, and the bar still counts them
+    assert "build [" in bar and "ETA" not in bar.split("build [")[0] and "/" in bar
+    plain = run(*args).output                # not a terminal: a line per variant
+    assert "build [" not in plain and "[1/" in plain
+
+
 def test_build_bad_variant_value(run):
     user_error(run("build", "--variant", "block_n=96x"), "tune.block_n: '96x' is not one of [")
 
@@ -265,3 +274,53 @@ def test_bad_knob_is_one_line(run, monkeypatch):
 def test_bad_log_level_is_one_line(run, monkeypatch):
     monkeypatch.setenv("MLAGEN_LOG", "loud")
     user_error(run("info"), "MLAGEN_LOG='loud'")
+
+
+# --- tune: argument errors before any GPU work ----------------------------------------------------
+
+
+def test_tune_needs_a_shape_or_a_workload(run):
+    user_error(run("tune"), "--shape", "--workload")
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (("--shape", "q=5"), "h=<heads> is required"),
+    (("--shape", "D9"), "unknown shape id 'D9'"),
+    (("--shape", "b=2,q=[1,2,3],h=4"), "'b=2'"),
+    (("--shape", "D1", "--devices", "0,x"), "'x' is not a GPU index"),
+    (("--shape", "D1", "--budget", "0"), "--budget"),
+    (("--shape", "D1", "--strategy", "random"), "random"),
+    (("--shape", "D1", "--fixed", "cluster=3"), "cluster"),
+])
+def test_tune_argument_errors_are_one_line(run, args, fragment):
+    result = run("tune", "mla_prefill_sm90", *args)
+    assert result.exit_code != 0 and "Traceback" not in result.output
+    assert fragment in result.output
+
+
+def test_tune_bad_workload_is_one_line(run, tmp_path):
+    path = tmp_path / "w.yaml"
+    path.write_text("family: mla_prefill\nshapes:\n  - {shape: D1, weight: -1}\n")
+    user_error(run("tune", "--workload", str(path)), "shapes[0].weight")
+    user_error(run("tune", "--workload", str(tmp_path / "none.yaml")), "no such workload file")
+
+
+@pytest.mark.skipif(_has_gpu(), reason="checks the no-GPU error; this machine has a GPU")
+def test_tune_without_a_gpu_is_one_line(run):
+    result = run("tune", "mla_prefill_sm90", "--shape", "b=4,q=4096,h=16")
+    user_error(result)
+
+
+def test_format_tune_results():
+    from mlagen.tune import Final, TrialResult, TuneResult
+
+    d = variant.make(S90, {"mask": "causal"})
+    w = d.with_values(stages=3, block_n=64)
+    trials = [TrialResult(d, "ok", 2.0, 300.0, 1e-3, 168, 0), TrialResult(w, "ok", 1.0, 600.0, 1e-3, 168, 0, resumed=True),
+              TrialResult(d.with_values(stages=4), "pruned", detail="too big")]
+    r = TuneResult("D1", "causal/h128/q8192/k8192", "run1", trials, trials[1], trials[0], 12.0, 3.0,
+                   [Final(w, [1.0, 1.0, 1.1]), Final(d, [2.2, 2.2, 2.2])], "budget")
+    text = cli.format_tune_results([r], top=5)
+    assert "3 trials in 12 s (1 resumed) [stopped: budget spent]: ok 2, pruned 1" in text
+    assert f"winner {w.symbol}: 2.20x the spec default" in text
+    assert "final re-timing" in text and "weight 3" in text

@@ -1,17 +1,25 @@
 """Side-by-side measurement of mlagen against its peers, as ``../shared/BENCHMARKS.md`` prescribes.
 
-One process, one GPU. For each dense shape (D1-D5) every peer runs the same problem on the same
+One process, one GPU. For each dense shape (D1-D7) every peer runs the same problem on the same
 fresh ``randn`` inputs:
 
-* ``mlagen``: :func:`mlagen.api.mla_prefill` with the shared [Tk, 1, 64] rope key (the MLA case).
+* ``fa3``: FlashAttention-3's 192/128 varlen forward, built from ``<peers>/fa3`` (see
+  :func:`fa3_status`); K is nope ‖ rope expanded to every head once, before timing, as a
+  serving stack holds it. The strongest dense peer: first column of the table when present.
+* ``mlagen``: the public call exactly as a user writes it, ``mlagen.mla_prefill(q, k, v,
+  k_rope=..., cu_seqlens_q=..., cu_seqlens_k=..., causal=...)``: device cu_seqlens, default
+  arguments, the dispatched kernel, the shared [Tk, 1, 64] rope key (the MLA case).
+* ``mlagen-check``: the same with ``check_seqlens=True`` (the cu_seqlens read back and checked).
+* ``mlagen:<spec>``: one kernel spec forced (``kernel=<spec>``), for comparing specs.
 * ``cudnn``: PyTorch SDPA restricted to the cuDNN backend; K is nope ‖ rope expanded to every head.
 * ``fa2``: PyTorch SDPA restricted to the flash backend (FlashAttention-2), V zero-padded to 192.
 
 Peer-side preparation (concatenation, padding, [B, H, L, D] layout, masks) happens before any
 timing. Each peer is first checked against the float32 reference of MLA.md on two heads (ours
-with NaN-poisoned outputs), then warmed up, then timed in interleaved rounds (peer, ours, peer,
-ours ...) with CUDA events around each call and the L2 cache flushed before it, outside the
-events. A peer that raises or computes something else is reported "n/a (why)"; the run goes on.
+with NaN-poisoned outputs; :mod:`mlagen.verify`), then warmed up, then timed in interleaved
+rounds (peer, ours, peer, ours ...) with CUDA events around each call and the L2 cache flushed
+before it, outside the events (:mod:`mlagen.measure`). A peer that raises or computes something
+else is reported "n/a (why)"; the run goes on.
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
+from . import knobs
 from .errors import BenchError
 from .families.mla_prefill import D_QK, D_V
 from .measure import MIB, L2Flush, Timing, median, percentile, time_calls  # noqa: F401  (re-exported)
@@ -36,6 +45,8 @@ from .shapes import SHAPES, Shape, parse_shape, parse_shapes, ragged_lengths  # 
 from .verify import CHECK_HEADS, REL_TOL, Check, compare, make_inputs, reference_heads  # noqa: F401
 
 OURS = "mlagen"
+OURS_CHECKED = "mlagen-check"   # the public call with check_seqlens=True
+FA3 = "fa3"
 CELL_LIMIT = 80    # characters of an n/a or WRONG reason shown in a table cell
 
 
@@ -61,8 +72,9 @@ def parse_peers(text: str | Iterable[str]) -> list[str]:
 
 
 def is_ours(name: str) -> bool:
-    """``mlagen`` (the dispatcher's choice) or ``mlagen:<spec>`` (one kernel spec forced)."""
-    return name == OURS or name.startswith(OURS + ":")
+    """``mlagen`` (the public call), ``mlagen-check`` (with check_seqlens=True) or ``mlagen:<spec>``
+    (one kernel spec forced)."""
+    return name in (OURS, OURS_CHECKED) or name.startswith(OURS + ":")
 
 
 def _peer_factory(name: str):
@@ -100,34 +112,109 @@ class Peer:
     note: str = ""
 
 
-def mlagen_peer(shape: Shape, inputs: dict, kernel: str | None = None) -> Peer:
-    """Our kernel through the public API, with the shared rope key and device-side cu_seqlens.
-
-    Timed calls pass ``check_seqlens=False`` (no host read-back); the checked call poisons
-    ``out`` and ``lse`` with NaN so a row the kernel never writes shows up.
-    """
+def mlagen_peer(shape: Shape, inputs: dict, kernel: str | None = None, check_seqlens: bool | None = None) -> Peer:
+    """Our kernel through the public API, called exactly as a user writes it: device cu_seqlens,
+    the shared rope key, every other argument at its default. ``check_seqlens=True`` makes the
+    ``mlagen-check`` peer; ``kernel`` forces a spec (``mlagen:<spec>``). The checked call
+    poisons ``out`` and ``lse`` with NaN so a row the kernel never writes shows up."""
     import torch
 
     from . import api
 
     q, k, v = inputs["q"], inputs["k"], inputs["v"]
     kwargs = {"k_rope": inputs["k_rope"], "cu_seqlens_q": inputs["cu_seqlens_q"],
-              "cu_seqlens_k": inputs["cu_seqlens_k"], "causal": shape.causal, "kernel": kernel}
+              "cu_seqlens_k": inputs["cu_seqlens_k"], "causal": shape.causal}
+    extra = {}
+    if kernel is not None:
+        extra["kernel"] = kernel
+    if check_seqlens is not None:
+        extra["check_seqlens"] = check_seqlens
 
     def fn():
-        return api.mla_prefill(q, k, v, check_seqlens=False, **kwargs)
+        return api.mla_prefill(q, k, v, **kwargs, **extra)
 
     def checked_call():
         out = torch.full((shape.total_q, shape.heads, D_V), math.nan, dtype=torch.bfloat16, device=q.device)
         lse = torch.full((shape.total_q, shape.heads), math.nan, dtype=torch.float32, device=q.device)
-        got_out, got_lse = api.mla_prefill(q, k, v, out=out, lse=lse, **kwargs)
+        got_out, got_lse = api.mla_prefill(q, k, v, out=out, lse=lse, **kwargs, **extra)
         if got_out.data_ptr() != out.data_ptr() or got_lse.data_ptr() != lse.data_ptr():
             raise BenchError("mla_prefill returned new tensors instead of the out= / lse= given to it")
         return got_out, got_lse
 
     name = OURS if kernel is None else f"{OURS}:{kernel}"
-    sel = api.mla_prefill_kernel(q, k, v, **{k_: v_ for k_, v_ in kwargs.items()})
-    return Peer(name, fn, checked_call, f"shared k_rope [Tk, 1, 64]; {sel.variant.symbol} ({sel.origin})")
+    if check_seqlens:
+        name = OURS_CHECKED
+    sel = api.mla_prefill_kernel(q, k, v, **kwargs, **({"kernel": kernel} if kernel else {}))
+    how = "public call, default arguments" if not extra else ", ".join(f"{a}={b!r}" for a, b in extra.items())
+    return Peer(name, fn, checked_call, f"{how}; shared k_rope [Tk, 1, 64]; {sel.variant.symbol} ({sel.origin})")
+
+
+def mlagen_checked_peer(shape: Shape, inputs: dict) -> Peer:
+    """The public call with ``check_seqlens=True``: what checking the offsets costs."""
+    return mlagen_peer(shape, inputs, check_seqlens=True)
+
+
+FA3_BUILD_HINT = "build it on the GPU machine with: bash <peers>/fa3/run_remote.sh (about 2 minutes)"
+
+
+def fa3_status() -> tuple[str | None, str]:
+    """(path of ``fa3_peer.py``, "") if FlashAttention-3's peer build is present, else (None, why not)."""
+    import os
+
+    root = knobs.peers_dir()
+    if root is None:
+        return None, f"no peers directory (set {knobs.PEERS_DIR.name}, or put it at <repo>/../shared/peers)"
+    wrapper = root / "fa3" / "fa3_peer.py"
+    if not wrapper.is_file():
+        return None, f"{wrapper} not found"
+    so = os.environ.get("FA3_PEER_SO") or os.path.join(os.environ.get("FA3_PEER_BUILD", str(wrapper.parent / "build")),
+                                                       "fa3_peer_C.so")
+    if not os.path.exists(so):
+        return None, f"FlashAttention-3 is not built ({so} not found); {FA3_BUILD_HINT}"
+    return str(wrapper), ""
+
+
+def _load_fa3():
+    import importlib.util
+    import sys
+
+    path, why = fa3_status()
+    if path is None:
+        raise BenchError(why)
+    module = sys.modules.get("fa3_peer")
+    if module is None:
+        spec = importlib.util.spec_from_file_location("fa3_peer", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        sys.modules["fa3_peer"] = module
+    module.load()
+    return module
+
+
+def fa3_peer(shape: Shape, inputs: dict) -> Peer:
+    """FlashAttention-3's varlen forward (d_qk 192 / d_v 128). FA3 takes K with the rope part
+    expanded to every head: built once here, outside the timed call, as a serving stack holds
+    it. A batch of one gets cu_seqlens [0, T] (the varlen API, as vLLM and SGLang call it)."""
+    import torch
+
+    fa3 = _load_fa3()
+    q, v, device = inputs["q"], inputs["v"], inputs["q"].device
+    k = torch.cat([inputs["k"], inputs["k_rope"].expand(-1, shape.heads, -1)], dim=-1).contiguous()
+    cu_q, cu_k = inputs["cu_seqlens_q"], inputs["cu_seqlens_k"]
+    if cu_q is None:
+        cu_q = torch.tensor([0, shape.total_q], dtype=torch.int32, device=device)
+        cu_k = torch.tensor([0, shape.total_k], dtype=torch.int32, device=device)
+    max_q, max_k = max(shape.q_lens), max(shape.k_lens)
+
+    def fn():
+        return fa3.fwd(q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max_q, max_seqlen_k=max_k,
+                       causal=shape.causal)
+
+    def checked_call():
+        out, lse = fn()
+        return out, lse.transpose(0, 1)   # FA3's lse is [H, Tq]
+
+    return Peer(FA3, fn, checked_call, "K nope ‖ rope expanded to [Tk, H, 192] once, before timing; varlen API")
 
 
 def cudnn_peer(shape: Shape, inputs: dict) -> Peer:
@@ -233,8 +320,17 @@ def _require_flash_for_bias(calls: list[tuple]) -> None:
 
 
 #: Peer factories by name: each takes (shape, inputs) and returns a prepared :class:`Peer`.
-PEERS: dict[str, Callable[[Shape, dict], Peer]] = {OURS: mlagen_peer, "cudnn": cudnn_peer, "fa2": fa2_peer}
+PEERS: dict[str, Callable[[Shape, dict], Peer]] = {FA3: fa3_peer, OURS: mlagen_peer, OURS_CHECKED: mlagen_checked_peer,
+                                                   "cudnn": cudnn_peer, "fa2": fa2_peer}
 PEER_NAMES = tuple(PEERS)
+
+
+def default_peers(log: Callable[[str], None] | None = None) -> list[str]:
+    """fa3 (if its build is present; else one line says why it is skipped), cudnn, mlagen."""
+    path, why = fa3_status()
+    if path is None and log is not None:
+        log(f"fa3 skipped: {why}")
+    return ([FA3] if path else []) + ["cudnn", OURS]
 
 
 # --- running --------------------------------------------------------------------------------
@@ -291,13 +387,14 @@ def _reason(exc: BaseException, caught: Iterable[warnings.WarningMessage] = ()) 
     return "; ".join([text, *said])
 
 
-def run(shape_ids, peers=PEER_NAMES, iters: int = 50, rounds: int = 3, warmup: int = 5, seed: int = 0, *,
+def run(shape_ids, peers=None, iters: int = 50, rounds: int = 3, warmup: int = 5, seed: int = 0, *,
         device=None, progress: Callable[[str], None] | None = None) -> list[Result]:
     """Measure ``peers`` on each shape as BENCHMARKS.md prescribes; one :class:`Result` per shape.
 
     Args:
         shape_ids: shape ids ("D1,D2", a list of ids, or "all") or :class:`Shape` objects.
-        peers: peer names (see ``PEERS``), in the order they run in each round.
+        peers: peer names (see ``PEERS``), in the order they run in each round; default
+            :func:`default_peers`.
         iters: timed calls per block (BENCHMARKS.md asks for at least 50).
         rounds: interleaved rounds; each peer gets one block per round, ours one after each peer.
         warmup: untimed calls per peer after its correctness check.
@@ -313,13 +410,13 @@ def run(shape_ids, peers=PEER_NAMES, iters: int = 50, rounds: int = 3, warmup: i
 
     shapes = [s for item in ([shape_ids] if isinstance(shape_ids, (str, Shape)) else shape_ids)
               for s in ([item] if isinstance(item, Shape) else parse_shapes(item))]
-    names = parse_peers(peers)
+    log = progress or _log_stderr
+    names = parse_peers(peers) if peers is not None else default_peers(log)
     if iters < 1 or rounds < 1 or warmup < 0:
         raise BenchError(f"need iters >= 1, rounds >= 1 and warmup >= 0; got {iters}, {rounds}, {warmup}")
     if not torch.cuda.is_available():
         raise BenchError("bench needs a CUDA GPU, and torch sees none")
     device = torch.device(device if device is not None else f"cuda:{torch.cuda.current_device()}")
-    log = progress or _log_stderr
     flush = L2Flush(device)
     return [_bench_shape(shape, names, iters, rounds, warmup, seed, device, flush, log) for shape in shapes]
 
@@ -518,7 +615,9 @@ def _check_cell(result: Result, name: str) -> str:
 
 
 def _peer_order(results: list[Result]) -> list[str]:
-    return list(dict.fromkeys(name for r in results for name in r.peers))
+    """Peers in the order run, FlashAttention-3 (the strongest dense peer) first when present."""
+    names = list(dict.fromkeys(name for r in results for name in r.peers))
+    return sorted(names, key=lambda n: n != FA3)
 
 
 def format_table(results: list[Result], env: dict[str, str]) -> str:

@@ -363,9 +363,11 @@ def format_tune_results(results, top: int) -> str:
 
 
 @cli.command("bench")
-@click.option("--shapes", default="all", show_default=True, help="Shapes of BENCHMARKS.md: D1,...,D5 or all.")
-@click.option("--peers", default="mlagen,cudnn,fa2", show_default=True,
-              help="mlagen (dispatched), mlagen:<spec> (one spec forced), cudnn, fa2.")
+@click.option("--shapes", default="all", show_default=True,
+              help="Shapes of BENCHMARKS.md (D1,...,D7 or all), or one description such as b=4,q=4096,h=16,causal.")
+@click.option("--peers", default=None,
+              help="fa3 (FlashAttention-3, if built), mlagen (the public call), mlagen-check (check_seqlens=True), "
+                   "mlagen:<spec> (one spec forced), cudnn, fa2. Default: fa3 (if built), cudnn, mlagen.")
 @click.option("--iters", default=50, show_default=True, help="Timed calls per block.")
 @click.option("--rounds", default=3, show_default=True, help="Interleaved rounds (peer, ours, peer, ours ...).")
 @click.option("--warmup", default=5, show_default=True, help="Untimed calls per peer before timing.")
@@ -384,7 +386,7 @@ def bench_cmd(shapes, peers, iters, rounds, warmup, seed, markdown_path, json_pa
     from .cache import atomic_write
 
     shape_list = bench.parse_shapes(shapes)
-    peer_list = bench.parse_peers(peers)
+    peer_list = bench.parse_peers(peers) if peers else bench.default_peers(lambda line: click.echo(line, err=True))
     env = bench.environment()
     results = bench.run(shape_list, peer_list, iters=iters, rounds=rounds, warmup=warmup, seed=seed)
     click.echo(bench.format_table(results, env))

@@ -30,8 +30,10 @@ NO_SHIPPED = Knob("MLAGEN_NO_SHIPPED", "0", "1: ignore the tuning records shippe
 FAMILY = Knob("MLAGEN_FAMILY", None, "Force a kernel spec by name (e.g. mla_prefill_sm80) instead of dispatch.")
 COMPILE_WORKERS = Knob("MLAGEN_COMPILE_WORKERS", None, "Parallel compile processes for tuning; default: CPU count.")
 LOG = Knob("MLAGEN_LOG", "warning", "Log level of the 'mlagen' logger (debug, info, warning).")
+PEERS_DIR = Knob("MLAGEN_PEERS_DIR", None, "Benchmark peers' builds (fa3/); default <repo>/../shared/peers, "
+                 "else <repo>/shared/peers.")
 
-ALL = (OUT_DIR, CACHE_DIR, TUNING_DB, NO_TUNED, NO_SHIPPED, FAMILY, COMPILE_WORKERS, LOG)
+ALL = (OUT_DIR, CACHE_DIR, TUNING_DB, NO_TUNED, NO_SHIPPED, FAMILY, COMPILE_WORKERS, LOG, PEERS_DIR)
 
 
 def _flag(knob: Knob) -> bool:
@@ -87,3 +89,16 @@ def log_level() -> str:
     if value not in ("debug", "info", "warning", "error", "critical"):
         raise ValueError(f"{LOG.name}={value!r}: expected debug, info, warning, error or critical")
     return value.upper()
+
+
+def peers_dir() -> Path | None:
+    """Where benchmark peers live: $MLAGEN_PEERS_DIR, else ``<repo>/../shared/peers``, else
+    ``<repo>/shared/peers`` (``<repo>`` holds the mlagen package); None if none exists."""
+    raw = PEERS_DIR.raw()
+    if raw:
+        return Path(raw)
+    repo = Path(__file__).resolve().parent.parent
+    for candidate in (repo.parent / "shared" / "peers", repo / "shared" / "peers"):
+        if candidate.is_dir():
+            return candidate
+    return None

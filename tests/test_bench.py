@@ -20,9 +20,51 @@ D4_LENGTHS = (3586, 1705, 3232, 3774, 1850, 293, 1188, 4082, 2222, 2118, 1786, 3
 
 def test_parse_peers():
     assert bench.parse_peers("mlagen,cudnn,fa2") == ["mlagen", "cudnn", "fa2"]
+    assert bench.parse_peers("fa3,mlagen-check,mlagen:mla_prefill_sm80") == ["fa3", "mlagen-check",
+                                                                              "mlagen:mla_prefill_sm80"]
+    assert bench.is_ours("mlagen-check") and not bench.is_ours("fa3")
     assert bench.parse_peers(("CUDNN", "cudnn")) == ["cudnn"]
     with pytest.raises(BenchError, match="'flashinfer'"):
         bench.parse_peers("mlagen,flashinfer")
+
+
+def _fake_fa3(root, built: bool):
+    (root / "fa3").mkdir(parents=True)
+    (root / "fa3" / "fa3_peer.py").write_text("def load(): pass\n")
+    if built:
+        (root / "fa3" / "build").mkdir()
+        (root / "fa3" / "build" / "fa3_peer_C.so").write_bytes(b"")
+
+
+def test_fa3_is_a_default_peer_only_when_built(tmp_path, monkeypatch):
+    monkeypatch.delenv("FA3_PEER_SO", raising=False)
+    monkeypatch.delenv("FA3_PEER_BUILD", raising=False)
+    monkeypatch.setenv("MLAGEN_PEERS_DIR", str(tmp_path / "none"))
+    logs = []
+    assert bench.default_peers(logs.append) == ["cudnn", "mlagen"]
+    assert len(logs) == 1 and logs[0].startswith("fa3 skipped: ") and "fa3_peer.py not found" in logs[0]
+
+    _fake_fa3(tmp_path / "unbuilt", built=False)
+    monkeypatch.setenv("MLAGEN_PEERS_DIR", str(tmp_path / "unbuilt"))
+    path, why = bench.fa3_status()
+    assert path is None and "not built" in why and "run_remote.sh" in why
+    with pytest.raises(BenchError, match="not built"):
+        bench.fa3_peer(bench.SHAPES["D1"], {})   # asked for explicitly: n/a with the reason
+
+    _fake_fa3(tmp_path / "built", built=True)
+    monkeypatch.setenv("MLAGEN_PEERS_DIR", str(tmp_path / "built"))
+    logs = []
+    assert bench.default_peers(logs.append) == ["fa3", "cudnn", "mlagen"] and logs == []
+
+
+def test_fa3_is_the_first_column():
+    d1 = bench.SHAPES["D1"]
+    r = bench.Result(d1, {"cudnn": bench.PeerResult("cudnn"), "mlagen": bench.PeerResult("mlagen"),
+                          "fa3": bench.PeerResult("fa3")}, iters=1, rounds=1)
+    assert bench._peer_order([r]) == ["fa3", "cudnn", "mlagen"]
+    header = next(line for line in bench.format_table([r], {}).splitlines() if line.startswith("| shape"))
+    assert header.index("fa3 TFLOP/s") < header.index("cudnn TFLOP/s") < header.index("mlagen TFLOP/s")
+    assert "mlagen / fa3" in header
 
 
 # --- statistics and interleaving --------------------------------------------------------------

@@ -10,7 +10,7 @@ import pytest
 from mlagen import knobs
 
 NAMES = ("MLAGEN_OUT_DIR", "MLAGEN_CACHE_DIR", "MLAGEN_TUNING_DB", "MLAGEN_NO_TUNED", "MLAGEN_NO_SHIPPED",
-         "MLAGEN_FAMILY", "MLAGEN_COMPILE_WORKERS", "MLAGEN_LOG")
+         "MLAGEN_FAMILY", "MLAGEN_COMPILE_WORKERS", "MLAGEN_LOG", "MLAGEN_PEERS_DIR")
 
 
 @pytest.fixture
@@ -113,3 +113,17 @@ def test_bad_log_level_names_the_variable(clean_env):
     clean_env.setenv("MLAGEN_LOG", "loud")
     with pytest.raises(ValueError, match="MLAGEN_LOG='loud'"):
         knobs.log_level()
+
+
+def test_peers_dir(clean_env, tmp_path):
+    clean_env.setenv("MLAGEN_PEERS_DIR", str(tmp_path / "p"))
+    assert knobs.peers_dir() == tmp_path / "p"
+    clean_env.delenv("MLAGEN_PEERS_DIR")
+    repo = Path(knobs.__file__).resolve().parent.parent
+    found = knobs.peers_dir()
+    for candidate in (repo.parent / "shared" / "peers", repo / "shared" / "peers"):
+        if candidate.is_dir():
+            assert found == candidate
+            break
+    else:
+        assert found is None

@@ -347,3 +347,37 @@ def test_shape_classes_group_by_problem_key_and_order_by_weight():
     assert classes[0].weight == 8 and classes[0].shape == small and classes[0].members == [SHAPES["D2"], small]
     plain = shape_classes(["D1", "D2", Shape("X", (4096,) * 4, (4096,) * 4, 16, True)])
     assert [c.weight for c in plain] == [1, 2][::-1] or [c.shape.id for c in plain] == ["D2", "D1"]
+
+
+def test_tune_splits_the_budget_by_weight_and_starts_one_worker_per_device(tmp_path, monkeypatch):
+    from mlagen import tune as tune_mod
+
+    clock = Clock()
+    started, workers = [], {}
+
+    class Worker(FakeWorker):
+        def __init__(self, spec_path, shape, seed, warmup, timeout_s, device=None):
+            super().__init__(two_basins, clock=clock, seconds=1.0 / 2)   # two workers: half a second each
+            started.append((shape.id, device))
+            workers.setdefault(shape.id, []).append(self)
+
+        def start(self):
+            return {"device": "Fake GPU", "sm_count": 132, "driver": "13.0"}
+
+        def stop(self):
+            pass
+
+    monkeypatch.setattr(tune_mod, "GpuWorker", Worker)
+    monkeypatch.setattr(tune_mod, "_builder", lambda target, jobs, pool: FakeBuild())
+    config = TuneConfig(spec=S90.path, shapes=(WorkloadItem(SHAPES["D1"], 1), WorkloadItem(SHAPES["D2"], 3)),
+                        db_path=str(tmp_path / "t.sqlite"), target="sm_90a", devices=(0, 1), budget_s=80.0,
+                        jobs=1)
+    results = tune_mod.tune(config, progress=lambda line: None, clock=clock)
+    assert [r.shape for r in results] == ["D2", "D1"] and [r.weight for r in results] == [3, 1]
+    assert started == [("D2", 0), ("D2", 1), ("D1", 0), ("D1", 1)]
+    assert all(r.stopped == "budget" for r in results)
+    # 60 s for D2 and 20 s for D1, 90% of each for the search, at half a second per measurement
+    for r, want in zip(results, (108, 36)):
+        calls = sum(len(w.calls) for w in workers[r.shape]) - sum(len(f.block_ms) for f in r.finals)
+        assert calls == want
+    assert {b.key.problem for b in db.TuningDB(tmp_path / "t.sqlite").bests()} == {r.problem for r in results}

@@ -70,3 +70,72 @@ def test_sm90_schedule_search_runs(tmp_path):
     assert result.best is not None
     assert all(t.outcome in ("ok", "pruned") for t in result.trials), [(t.variant.symbol, t.outcome, t.detail)
                                                                        for t in result.trials]
+
+
+SMALL = "b=2,q=[300,129],k=[333,129],h=4"
+FIXED_SM90_FEW = {"consumers": 2, "stages": 2, "producer_regs": 24, "swizzle_q": 128, "swizzle_k": 128,
+                  "swizzle_v": 128, "order": "pingpong", "load_warps": 2, "overlap": True}
+
+
+def _hopper():
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the sm90 kernel needs a Hopper GPU")
+
+
+def test_global_search_on_a_described_shape(tmp_path):
+    """The global strategy end to end: samples, halving re-times, descent, finalists re-timed."""
+    _hopper()
+    config = TuneConfig(spec="mla_prefill_sm90", shapes=(SMALL,), strategy="global", max_trials=16,
+                        fixed=FIXED_SM90_FEW, timeout_s=60, iters=3, warmup=1, db_path=str(tmp_path / "t.sqlite"),
+                        seed=1)
+    (result,) = tune(config, progress=lambda line: None)
+    assert result.problem == "causal/h4/q256/k256" and result.best is not None
+    assert 2 <= len(result.finals) and all(len(f.block_ms) == 3 for f in result.finals)
+    assert len(result.trials) <= 16
+    (best,) = db.TuningDB(tmp_path / "t.sqlite").bests()
+    assert best.symbol == result.best.variant.symbol
+
+
+def test_resume_runs_no_finished_trial_again(tmp_path):
+    _hopper()
+    path = str(tmp_path / "t.sqlite")
+    first = TuneConfig(spec="mla_prefill_sm90", shapes=(SMALL,), strategy="coordinate", max_trials=5,
+                       fixed=FIXED_SM90_FEW, timeout_s=60, iters=3, warmup=1, db_path=path)
+    (a,) = tune(first, progress=lambda line: None)
+    second = TuneConfig(**{**first.__dict__, "max_trials": 9, "resume": True})
+    (b,) = tune(second, progress=lambda line: None)
+    assert sum(t.resumed for t in b.trials) == len(a.trials)
+    symbols = [t.symbol for t in db.TuningDB(path).trials()]
+    assert len(symbols) == len(set(symbols))   # every variant measured once over both runs
+
+
+def test_two_gpus_give_the_same_trials(tmp_path):
+    """--devices 0,1 on a 2-GPU machine: the same trials (variants and outcomes) as one GPU."""
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs 2 GPUs")
+    _hopper()
+    base = dict(spec="mla_prefill_sm90", shapes=(SMALL,), strategy="coordinate", max_trials=8,
+                fixed=FIXED_SM90_FEW, timeout_s=60, iters=3, warmup=1)
+    (one,) = tune(TuneConfig(**base, devices=(0,), db_path=str(tmp_path / "1.sqlite")), progress=lambda line: None)
+    (two,) = tune(TuneConfig(**base, devices=(0, 1), db_path=str(tmp_path / "2.sqlite")), progress=lambda line: None)
+    assert [t.variant.symbol for t in one.trials] == [t.variant.symbol for t in two.trials]
+    assert [t.outcome for t in one.trials] == [t.outcome for t in two.trials]
+
+
+def test_bench_public_call_and_check_peer():
+    """mlagen (the public call, default arguments) and mlagen-check run and are right; fa3 is
+    timed when built, else n/a with the reason."""
+    shape = bench.parse_shape("b=2,q=[300,700],k=[333,900],h=16")
+    (result,) = bench.run([shape], peers=["fa3", "mlagen", "mlagen-check"], iters=5, rounds=1, warmup=1,
+                          progress=lambda line: None)
+    for name in ("mlagen", "mlagen-check"):
+        p = result.peers[name]
+        assert p.check.ok and p.timing is not None, (name, p.error)
+    assert "public call, default arguments" in result.peers["mlagen"].note
+    assert "check_seqlens=True" in result.peers["mlagen-check"].note
+    fa3 = result.peers["fa3"]
+    path, why = bench.fa3_status()
+    if path is None:
+        assert fa3.timing is None and "not" in fa3.error
+    else:
+        assert fa3.check.ok and fa3.timing is not None, fa3.error

@@ -582,9 +582,12 @@ class TrialRunner:
         work: queue.Queue = queue.Queue()
         errors: list[BaseException] = []
         lock = threading.Lock()
+        aborted = threading.Event()   # the main thread was interrupted (Ctrl-C): record nothing more
 
         def finish(i: int, r: TrialResult) -> None:
             with lock:
+                if aborted.is_set():
+                    return
                 results[i] = r
                 if on_result is not None:
                     on_result(asks[i], r)
@@ -629,11 +632,17 @@ class TrialRunner:
                         work.put(i)
 
                 self.build(list(index), on_built)
+        except BaseException:
+            # Interrupted: the caller stops the workers; a trial they were running ends as a
+            # "crash" that is the interruption's doing, so it must not be recorded or waited for.
+            aborted.set()
+            raise
         finally:
             for _ in threads:
                 work.put(None)
-            for t in threads:
-                t.join()
+            if not aborted.is_set():
+                for t in threads:
+                    t.join()
         if errors:
             raise errors[0]
         return results
@@ -816,12 +825,19 @@ def tune_class(spec, shape_class: ShapeClass, target, config: TuneConfig, databa
     def out_of_time() -> bool:
         return deadline is not None and clock() >= deadline
 
+    done = [0]
+
     def record(ask: Ask, r: TrialResult) -> None:
-        """Called as each trial finishes (any worker thread): the database and the log."""
+        """Called as each measurement finishes (any worker thread, one at a time): the database,
+        the log and the bar. The search hears of it later, in proposal order."""
         if ask.retime:
             return
         database.add_trial(db.Trial(key, dict(r.variant.tunables), r.variant.symbol, r.outcome, r.time_ms, r.tflops,
                                     r.max_error, r.registers, r.spills, r.detail, run_id))
+        done[0] += 1
+        _log_trial(progress, done[0], r)
+        if bar is not None:
+            bar.update(note=f"{r.outcome} {r.variant.symbol}")
 
     idle = 0
     while idle < 100:  # a search that keeps proposing only measured points ends too
@@ -830,6 +846,7 @@ def tune_class(spec, shape_class: ShapeClass, target, config: TuneConfig, databa
             progress(f"  budget reached after {clock() - t0:.0f} s; re-timing the finalists")
             break
         asks = [a if isinstance(a, Ask) else Ask(a) for a in search.next_batch()]
+        _log_stage(progress, search, asks, config.iters)
         new = [a for a in asks if a.retime or a.variant not in measured]
         if not asks:
             break
@@ -843,8 +860,13 @@ def tune_class(spec, shape_class: ShapeClass, target, config: TuneConfig, databa
         for a in new:
             old = None if a.retime else finished.get(a.variant.symbol)
             if old is not None:
-                done_now.append((a, TrialResult(a.variant, old.outcome, old.time_ms, old.tflops, old.max_error,
-                                                old.registers, old.spills, old.detail, resumed=True)))
+                r = TrialResult(a.variant, old.outcome, old.time_ms, old.tflops, old.max_error, old.registers,
+                                old.spills, old.detail, resumed=True)
+                done_now.append((a, r))
+                done[0] += 1
+                _log_trial(progress, done[0], r)
+                if bar is not None:
+                    bar.update(note=f"resumed {r.variant.symbol}")
             else:
                 to_run.append(a)
         ran = runner.run(to_run, should_stop=out_of_time, on_result=record) if to_run else []
@@ -860,9 +882,6 @@ def tune_class(spec, shape_class: ShapeClass, target, config: TuneConfig, databa
                 continue
             trials.append(r)
             measured[a.variant] = r
-            _log_trial(progress, len(trials), r)
-            if bar is not None:
-                bar.update(note=f"{r.outcome} {r.variant.symbol}")
         idle = 0 if new else idle + 1
 
     finals, best = _final_round(spec, fixed, trials, search, runner, config, progress)
@@ -875,6 +894,18 @@ def tune_class(spec, shape_class: ShapeClass, target, config: TuneConfig, databa
         bar.finish()
     return TuneResult(shape.id, problem, run_id, trials, best, default, time.time() - wall0, shape_class.weight,
                       finals, stopped)
+
+
+def _log_stage(progress, search: Search, asks: list[Ask], iters: int) -> None:
+    if not isinstance(search, Global) or not asks:
+        return
+    if asks[0].retime:
+        progress(f"  halving: re-timing the fastest {len(asks)} with {iters * asks[0].scale} calls each")
+    elif search.stage == "halving":
+        progress(f"  global: {len(asks)} variants (the default, winners known for other shape classes, random samples)")
+    elif search.stage == "local" and search.descents and not search.descents[0].passes \
+            and search.descents[0].axis_index == 1:
+        progress(f"  local: coordinate descent from {search.descents[0].point.symbol}")
 
 
 def _log_trial(progress, n: int, r: TrialResult) -> None:

@@ -381,3 +381,26 @@ def test_tune_splits_the_budget_by_weight_and_starts_one_worker_per_device(tmp_p
         calls = sum(len(w.calls) for w in workers[r.shape]) - sum(len(f.block_ms) for f in r.finals)
         assert calls == want
     assert {b.key.problem for b in db.TuningDB(tmp_path / "t.sqlite").bests()} == {r.problem for r in results}
+
+
+def test_an_interrupted_batch_records_nothing_more_and_does_not_wait():
+    release = threading.Event()
+    recorded = []
+
+    class Blocking(FakeWorker):
+        def run(self, values, iters):
+            release.wait(5)
+            return super().run(values, iters)
+
+    def interrupted_build(variants, on_built):
+        on_built(BuildResult(variants[0], "sm_90a", None, "ok"))
+        raise KeyboardInterrupt
+
+    runner = TrialRunner([Blocking(two_basins)], interrupted_build, 10)
+    t0 = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        runner.run([Ask(DEFAULT), Ask(FAR)], on_result=lambda a, r: recorded.append(r))
+    assert time.monotonic() - t0 < 2
+    release.set()
+    time.sleep(0.1)
+    assert recorded == []

@@ -306,12 +306,12 @@ def tune_cmd(spec, shapes, workload, strategy, max_trials, budget_min, resume, s
     from . import spec as spec_mod
     from . import variant as variant_mod
     from .progress import Progress
-    from .shapes import load_workload, parse_shape
+    from .shapes import load_workload, parse_shapes
     from .tune import TuneConfig, parse_devices, tune
 
     if not shapes and not workload:
         raise click.ClickException("give --shape SHAPE (repeatable) or --workload FILE")
-    items = [parse_shape(text) for text in shapes] + (load_workload(workload) if workload else [])
+    items = [s for text in shapes for s in parse_shapes(text)] + (load_workload(workload) if workload else [])
     if budget_min is not None and not budget_min > 0:
         raise click.ClickException(f"--budget: expected a positive number of minutes, got {budget_min}")
     if max_trials < 1:

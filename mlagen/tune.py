@@ -20,7 +20,8 @@ in proposal order, so the trials and records do not depend on how many GPUs ran 
 Strategies: ``global`` (default for spaces larger than ``max_trials``): random feasible samples
 plus known good starts (the spec default, winners recorded for other shape classes), successive
 halving with re-timing (keep the fastest third, time them again with twice the calls, until
-``LOCAL_STARTS`` remain), then coordinate descent from each survivor. ``exhaustive`` (default for
+``LOCAL_STARTS`` remain), then coordinate descent from each survivor (``docs/notes.md`` says how
+these numbers were chosen). ``exhaustive`` (default for
 small spaces) and ``coordinate`` (descent from the default) stay available.
 
 Choosing. The fastest few correct variants (and the spec default) are re-timed in interleaved
@@ -415,8 +416,10 @@ class Coordinate(Search):
     and only points this descent considered can move it (so descents from several starts stay
     in their own basins)."""
 
-    def __init__(self, spec, fixed, target, max_trials, seed, start=None, seen=None, max_passes: int = 3):
+    def __init__(self, spec, fixed, target, max_trials, seed, start=None, seen=None, max_passes: int = 3,
+                 repair_width: int = REPAIR_WIDTH):
         super().__init__(spec, fixed, target, max_trials, seed)
+        self.repair_width = repair_width
         if seen is not None:
             self.seen = seen
         if start is None:
@@ -462,7 +465,7 @@ class Coordinate(Search):
                 # points where it fits: constraints must not hide part of the space.
                 fits = variant_mod.feasible_neighbours(cand, self.target, keep={*self.fixed, axis},
                                                        max_changes=REPAIR_CHANGES)
-                for c in fits[:REPAIR_WIDTH] or [cand]:
+                for c in fits[:self.repair_width] or [cand]:
                     self.own.add(c)
                     if c not in self.seen and c not in batch:
                         batch.append(c)
@@ -472,7 +475,8 @@ class Coordinate(Search):
 
 
 GLOBAL_SHARE = 0.3   # part of max_trials spent on random samples
-LOCAL_STARTS = 2     # halving survivors that coordinate descent starts from
+LOCAL_STARTS = 3     # halving survivors that coordinate descent starts from
+LOCAL_REPAIR_WIDTH = 1  # a value that fits only elsewhere is tried at its nearest fitting point only
 ETA = 3              # successive halving keeps the fastest 1/ETA of each rung
 
 
@@ -484,11 +488,11 @@ class Global(Search):
     random feasible variants (default ``GLOBAL_SHARE`` of ``max_trials``) join them."""
 
     def __init__(self, spec, fixed, target, max_trials, seed, starts: Iterable = (), samples: int | None = None,
-                 local_starts: int = LOCAL_STARTS, eta: int = ETA):
+                 local_starts: int = LOCAL_STARTS, eta: int = ETA, repair_width: int = LOCAL_REPAIR_WIDTH):
         super().__init__(spec, fixed, target, max_trials, seed)
         from . import resources
 
-        self.local_starts, self.eta = local_starts, eta
+        self.local_starts, self.eta, self.repair_width = local_starts, eta, repair_width
         default = variant_mod.make(spec, fixed)
         default = variant_mod.nearest_feasible(default, target, keep=fixed) or default
         population = [default]
@@ -529,7 +533,8 @@ class Global(Search):
             self.population = ranked
             self.stage = "local"
             self.descents = [Coordinate(self.spec, self.fixed, self.target, self.max_trials, 0, start=v,
-                                        seen=self.seen) for v in ranked[:self.local_starts]]
+                                        seen=self.seen, repair_width=self.repair_width)
+                             for v in ranked[:self.local_starts]]
         while self.descents:
             batch = self.descents[0].next_batch()
             if batch:

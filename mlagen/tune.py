@@ -182,7 +182,7 @@ class _DenseTrial:
         if not small.ok:
             return f"check problem: {small.problem}", small.rel_l2
         out, lse = self._outputs(nan=True)
-        self.call(v, out, lse)
+        self.call(v, out, lse, check_seqlens=None)
         torch.cuda.synchronize()
         full = self.verify.compare(out, lse, *self.ref)
         if not full.ok:
@@ -196,12 +196,16 @@ class _DenseTrial:
         lse = torch.full((s.total_q, s.heads), fill, device=self.device)
         return out, lse
 
-    def call(self, v, out, lse):
+    def call(self, v, out, lse, check_seqlens=False):
+        """The kernel on the shape. Timed calls skip reading cu_seqlens back: the tuner compares
+        kernels, and a host read inside the timed region would add the same stall to each
+        (``mlagen bench`` times the public call as a user makes it)."""
         from .api import mla_prefill
 
         x = self.inputs
         mla_prefill(x["q"], x["k"], x["v"], k_rope=x["k_rope"], cu_seqlens_q=x["cu_seqlens_q"],
-                    cu_seqlens_k=x["cu_seqlens_k"], causal=self.shape.causal, out=out, lse=lse, kernel=v)
+                    cu_seqlens_k=x["cu_seqlens_k"], causal=self.shape.causal, out=out, lse=lse, kernel=v,
+                    check_seqlens=check_seqlens)
 
     def flops(self) -> int:
         return self.shape.flops()

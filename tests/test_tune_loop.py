@@ -403,3 +403,64 @@ def test_an_interrupted_batch_records_nothing_more_and_does_not_wait():
     release.set()
     time.sleep(0.1)
     assert recorded == []
+
+
+def test_worker_protocol_verifies_once_then_times(monkeypatch):
+    """_worker_main in a thread with a fake trial: the request/answer protocol of the GPU worker."""
+    import multiprocessing
+
+    from mlagen import measure, runtime
+    from mlagen import tune as tune_mod
+
+    verified, timed = [], []
+
+    class FakeTrial:
+        def __init__(self, shape, seed):
+            self.device = type("D", (), {"index": 0})()
+
+        def select(self, v):
+            if v["stages"] == 4:
+                raise tune_mod.MlagenError("no such kernel")
+            res = type("R", (), {"registers": 168, "spill_stores": 0, "spill_loads": 4})()
+            return type("S", (), {"binary": type("B", (), {"resources": res})()})()
+
+        def verify_variant(self, v):
+            verified.append(v)
+            return ("shape: relative L2 error 5e-01 > 2e-02", 0.5) if v["block_n"] == 64 else (None, 1e-3)
+
+        def _outputs(self, nan):
+            return None, None
+
+        def call(self, v, out, lse, check_seqlens=False):
+            if v["block_n"] == 80:
+                raise RuntimeError("CUDA error: an illegal memory access was encountered")
+            timed.append(v)
+
+        def flops(self):
+            return 2e12
+
+    monkeypatch.setattr(tune_mod, "_DenseTrial", FakeTrial)
+    monkeypatch.setattr(measure, "L2Flush", lambda device: None)
+    monkeypatch.setattr(measure, "time_calls", lambda fn, iters, flush: [(fn(), 1e-3)[1] for _ in range(iters)])
+    monkeypatch.setattr(runtime, "device_info", lambda i: type("I", (), {"name": "Fake", "sm_count": 132,
+                                                                        "driver_version": "13.0"})())
+    parent, child = multiprocessing.Pipe()
+    thread = threading.Thread(target=tune_mod._worker_main, args=(child, S90.path, SHAPES["D1"], 0, 2, None))
+    thread.start()
+    assert parent.recv() == ("ready", {"device": "Fake", "sm_count": 132, "driver": "13.0"})
+
+    def ask(v, iters=5):
+        parent.send({"values": dict(v.values), "iters": iters})
+        return parent.recv()
+
+    ok = ask(DEFAULT)
+    assert ok["outcome"] == "ok" and ok["time_ms"] == pytest.approx(1.0) and ok["tflops"] == pytest.approx(2000)
+    assert ok["spills"] == 4 and ok["max_error"] == 1e-3
+    assert ask(DEFAULT, iters=20)["outcome"] == "ok" and verified == [DEFAULT]   # verified once
+    assert len(timed) == (2 + 5) + (2 + 20)                                       # warmup + iters
+    assert ask(DEFAULT.with_values(block_n=64))["outcome"] == "wrong_result"
+    assert ask(DEFAULT.with_values(stages=4))["outcome"] == "launch_error"
+    crash = ask(DEFAULT.with_values(block_n=80))
+    assert crash["outcome"] == "crash" and "illegal memory access" in crash["detail"]
+    thread.join(5)
+    assert not thread.is_alive()   # a crash ends the worker: the parent starts a fresh one

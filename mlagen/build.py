@@ -16,7 +16,7 @@ from typing import Callable, Iterable
 from . import arch, knobs, resources
 from . import spec as spec_mod
 from . import variant as variant_mod
-from .compiler import Binary, KernelResources, for_target, save_binary
+from .compiler import Binary, KernelResources, for_target, save_binary, spill_reason
 from .errors import CompileError, MlagenError
 from .render import render
 
@@ -26,7 +26,9 @@ class BuildResult:
     variant: variant_mod.Variant
     target: str
     estimate: resources.Resources | None
-    status: str                       # "ok", "pruned" or "compile_error"
+    # "ok", "pruned" (by the resource model before compiling, or after compiling because the
+    # kernel spills: then ``binary`` holds the report) or "compile_error"
+    status: str
     reasons: tuple[str, ...] = ()     # why pruned, or the compile error
     binary: Binary | None = None
     artifact: str | None = None
@@ -53,6 +55,9 @@ def _compile_one(spec: spec_mod.KernelSpec, values: dict, target: str, out_dir: 
         binary = for_target(target).compile(render(v), target)
     except CompileError as exc:
         return "compile_error", (str(exc),), None, None, time.perf_counter() - t0
+    spilled = spill_reason(binary)
+    if spilled:  # never launched or recorded as a candidate, so no artifact either
+        return "pruned", (spilled,), binary, None, time.perf_counter() - t0
     artifact = str(save_binary(binary, Path(out_dir) / target)) if out_dir else None
     return "ok", (), binary, artifact, time.perf_counter() - t0
 

@@ -303,11 +303,18 @@ def _with_origin(best: Best, origin: str) -> Best:
 
 
 def lookup(key: RecordKey, distance, db: TuningDB | None = None, include_shipped: bool = True) -> Best | None:
-    """The record to use for ``key``: the user's database first, then the shipped records.
+    """The record to use for ``key``: the first of :func:`candidates`, or None."""
+    return next(iter(candidates(key, distance, db, include_shipped)), None)
+
+
+def candidates(key: RecordKey, distance, db: TuningDB | None = None, include_shipped: bool = True) -> list[Best]:
+    """The records usable for ``key``, best first: the user's database, then the shipped records.
 
     Within a source, a record must match family, spec, dtypes, device, SM count and source hash
-    exactly. Among those, the problem bucket closest to ``key.problem`` wins (``distance(a, b)``
-    between bucket strings; inf means unusable), and an exact driver and NVRTC match breaks ties.
+    exactly. Among those, the problem bucket closest to ``key.problem`` comes first (``distance(a,
+    b)`` between bucket strings; inf means unusable), an exact driver and NVRTC match breaks ties,
+    then the newer record. Dispatch tries them in order (a record's kernel may spill under the
+    local compiler) before it falls back to the spec's default.
     """
     strict = ("family", "spec", "dtypes", "device", "sm_count", "source_hash")
     sources: list[list[Best]] = []
@@ -319,9 +326,10 @@ def lookup(key: RecordKey, distance, db: TuningDB | None = None, include_shipped
             sources.append([])
     if include_shipped:
         sources.append([b for b in shipped_records() if all(getattr(b.key, k) == getattr(key, k) for k in strict)])
-    for candidates in sources:
+    ranked: list[Best] = []
+    for source in sources:
         scored = []
-        for b in candidates:
+        for b in source:
             try:
                 d = distance(key.problem, b.key.problem)
             except ValueError as exc:  # a malformed record (hand-edited import) is unusable, not fatal
@@ -331,10 +339,9 @@ def lookup(key: RecordKey, distance, db: TuningDB | None = None, include_shipped
                 continue
             toolchain_miss = (b.key.driver != key.driver) + (b.key.nvrtc != key.nvrtc)
             scored.append((d, toolchain_miss, -b.updated, b))
-        if scored:
-            scored.sort(key=lambda s: s[:3])
-            return scored[0][3]
-    return None
+        scored.sort(key=lambda s: s[:3])
+        ranked.extend(s[3] for s in scored)
+    return ranked
 
 
 # --- row and JSON conversion ----------------------------------------------------------------

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from . import arch, db, knobs, resources
 from . import spec as spec_mod
 from . import variant as variant_mod
-from .compiler import Binary, for_target
-from .errors import MlagenError, NoDeviceError, SpecError
+from .compiler import Binary, for_target, spill_reason
+from .errors import MlagenError, NoDeviceError, SpecError, VariantError
 from .render import render
 from .runtime import CudaKernel, DeviceInfo, device_info, runtime
 
@@ -62,13 +62,18 @@ def record_key(spec: spec_mod.KernelSpec, problem: str, *, device: str, sm_count
     )
 
 
-def build(variant: variant_mod.Variant, target: arch.Target) -> Binary:
-    """Check the resource model, render and compile (through the cache)."""
+def build(variant: variant_mod.Variant, target: arch.Target, allow_spills: bool = False) -> Binary:
+    """Check the resource model, render and compile (through the cache); a kernel that spills
+    under the local compiler is rejected (VariantError) unless ``allow_spills``."""
     verdict = resources.check(variant, target)
     if not verdict.ok:
         raise SpecError(variant.spec.path, "tune", f"variant {variant.symbol} cannot run on {target.name}: "
                         + "; ".join(verdict.reasons))
-    return for_target(target.name).compile(render(variant), target.name)
+    binary = for_target(target.name).compile(render(variant), target.name)
+    spilled = spill_reason(binary)
+    if spilled and not allow_spills:
+        raise VariantError(f"{variant.symbol} {spilled}")
+    return binary
 
 
 class Dispatcher:
@@ -124,7 +129,6 @@ class Dispatcher:
         chosen = variant_mod.feasible_default(spec, info.target, specialization)
         if chosen is None:
             raise SpecError(spec.path, "tune", f"no variant of {spec.name} fits {info.target.name}")
-        origin = "default"
         if not knobs.no_tuned():
             key = record_key(spec, problem, device=info.name, sm_count=info.sm_count, driver=info.driver_version,
                              target=info.target)
@@ -132,19 +136,35 @@ class Dispatcher:
             def distance(a: str, b: str) -> float:
                 return ProblemKey.parse(a).distance(ProblemKey.parse(b))
 
-            best = db.lookup(key, distance, db.TuningDB(), include_shipped=not knobs.no_shipped())
-            if best is not None:
+            # Nearest record first; one whose kernel spills under the local compiler (the record
+            # was measured with another NVRTC) gives way to the next, then to the default.
+            for best in db.candidates(key, distance, db.TuningDB(), include_shipped=not knobs.no_shipped()):
                 try:
                     tuned = variant_mod.make(spec, {**best.variant, **specialization})
-                    if resources.check(tuned, info.target).ok:
-                        chosen, origin = tuned, best.origin
                 except SpecError as exc:
                     log.warning("ignoring tuning record %s for %s: %s", best.symbol, problem, exc)
-        log.info("%s on %s: %s (%s)", problem, info.name, chosen.symbol, origin)
-        return self._materialise(chosen, info.target, device, origin)
+                    continue
+                if not resources.check(tuned, info.target).ok:
+                    continue
+                try:
+                    selection = self._materialise(tuned, info.target, device, best.origin)
+                except VariantError as exc:
+                    log.warning("%s on %s: skipping tuning record %s (%s): %s; trying the next record or the "
+                                "default", problem, info.name, best.symbol, best.origin, exc)
+                    continue
+                log.info("%s on %s: %s (%s)", problem, info.name, tuned.symbol, best.origin)
+                return selection
+        log.info("%s on %s: %s (default)", problem, info.name, chosen.symbol)
+        try:
+            return self._materialise(chosen, info.target, device, "default")
+        except VariantError as exc:
+            # The last resort runs although it spills: slower, but correct.
+            log.warning("%s on %s: the default variant %s; launching it anyway", problem, info.name, exc)
+            return self._materialise(chosen, info.target, device, "default", allow_spills=True)
 
-    def _materialise(self, variant, target: arch.Target, device: int, origin: str) -> Selection:
-        binary = build(variant, target)
+    def _materialise(self, variant, target: arch.Target, device: int, origin: str,
+                     allow_spills: bool = False) -> Selection:
+        binary = build(variant, target, allow_spills)
         kernel = runtime().load(binary, device)
         return Selection(variant.spec, variant, binary, kernel, resources.estimate(variant), origin, variant.env())
 

@@ -394,8 +394,10 @@ def _run_batch(batch, target, worker: GpuWorker, config: TuneConfig, progress, d
     builds = build_many(batch, [target.name], jobs=config.jobs, pool=pool)
     for i, b in enumerate(builds):
         n = done + i + 1
-        if b.status == "pruned":
-            r = TrialResult(b.variant, "pruned", detail="; ".join(b.reasons))
+        if b.status == "pruned":  # by the resource model, or after compiling because it spills
+            rep = b.report
+            r = TrialResult(b.variant, "pruned", registers=rep.registers if rep else None,
+                            spills=(rep.spill_stores + rep.spill_loads) if rep else None, detail="; ".join(b.reasons))
         elif b.status == "compile_error":
             r = TrialResult(b.variant, "compile_error", detail=b.reasons[0][:4000] if b.reasons else "")
         else:

@@ -44,5 +44,20 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+def _toolchain() -> str:
+    """Which NVRTC the compile tests use (CI runs them under the oldest and the newest allowed)."""
+    try:
+        from mlagen.compiler import NvrtcCompiler
+
+        return f"NVRTC {NvrtcCompiler().version()} from {NvrtcCompiler.library_path()}"
+    except Exception as exc:  # no cuda-bindings: the compile tests say so themselves
+        return f"NVRTC unavailable ({type(exc).__name__}: {exc})"
+
+
 def pytest_report_header(config):
-    return f"mlagen GPU tests: {'enabled' if GPU_SKIP_REASON is None else 'skipped: ' + GPU_SKIP_REASON}"
+    return [f"mlagen GPU tests: {'enabled' if GPU_SKIP_REASON is None else 'skipped: ' + GPU_SKIP_REASON}",
+            f"mlagen compile tests: {_toolchain()}"]
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    terminalreporter.write_line(f"mlagen compile tests ran with {_toolchain()}")

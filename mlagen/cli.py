@@ -234,22 +234,30 @@ def db_show(database, run_id, problem, spec_name):
 @db_cmd.command("export")
 @click.argument("path", type=click.Path(dir_okay=False))
 @click.option("--best-only", is_flag=True, help="Only the winners (the format shipped with the package).")
+@click.option("--force", is_flag=True, help="Replace PATH if it exists (otherwise refused).")
 @click.pass_obj
 @_friendly
-def db_export(database, path, best_only):
-    """Write the database as JSON to PATH (atomically)."""
-    doc = database.export(path, best_only=best_only)
+def db_export(database, path, best_only, force):
+    """Write the database as JSON to PATH (atomically); an existing PATH needs --force."""
+    doc = database.export(path, best_only=best_only, overwrite=force)
     click.echo(f"exported {len(doc['best'])} winner(s) and {len(doc['trials'])} trial(s) to {path}")
 
 
 @db_cmd.command("import")
 @click.argument("path", type=click.Path(dir_okay=False))
+@click.option("--replace", is_flag=True, help="Imported winners replace the database's even where slower.")
 @click.pass_obj
 @_friendly
-def db_import(database, path):
-    """Merge a JSON export into the database (validated first; all or nothing)."""
-    n_trials, n_best = database.import_(path)
-    click.echo(f"imported {n_best} winner(s) and {n_trials} trial(s) into {database.path}")
+def db_import(database, path, replace):
+    """Merge a JSON export into the database (validated first; all or nothing).
+
+    Trials already in the database are skipped; a winner replaces the database's only if it is
+    faster (or with --replace). Prints what was added, replaced and kept.
+    """
+    report = database.import_(path, replace=replace)
+    click.echo(f"imported {path} into {database.path}")
+    for line in report.lines():
+        click.echo(line)
 
 
 @cli.command("tune")

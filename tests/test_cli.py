@@ -189,8 +189,13 @@ def test_db_export_import(run, tmp_path):
     assert doc["format"] == "mlagen-tuning"
     dst = tmp_path / "dst.sqlite"
     out = ok(run("db", "--db", str(dst), "import", str(export)))
-    assert "imported 1 winner(s) and 2 trial(s)" in out
+    assert "trials: 2 added, 0 already present\nwinners: 1 added, 0 replaced, 0 kept" in out
     assert db.TuningDB(dst).export() == db.TuningDB(src).export()
+    out = ok(run("db", "--db", str(dst), "import", str(export)))
+    assert "trials: 0 added, 2 already present\nwinners: 0 added, 0 replaced, 1 kept" in out
+    assert db.TuningDB(dst).export() == db.TuningDB(src).export()
+    user_error(run("db", "--db", str(src), "export", str(export)), str(export), "already exists", "--force")
+    ok(run("db", "--db", str(dst), "export", "--force", str(export)))
     out = ok(run("db", "--db", str(src), "export", "--best-only", str(tmp_path / "best.json")))
     assert "exported 1 winner(s) and 0 trial(s)" in out
 

@@ -415,7 +415,7 @@ def test_source_hash_follows_the_template(tmp_path):
 
     template = (paths.templates_dir() / "mla_prefill_sm80.cu.j2").read_text()
     d = yaml.safe_load((paths.specs_dir() / "mla_prefill_sm80.yaml").read_text())
-    d["template"] = "local.cu.j2"
+    d["name"], d["template"] = "local", "local.cu.j2"
     spec_path = tmp_path / "local.yaml"
     spec_path.write_text(yaml.safe_dump(d))
     (tmp_path / "local.cu.j2").write_text(template)

@@ -17,6 +17,8 @@ from . import __version__, knobs
 from .errors import MlagenError
 
 DEFAULT_FAMILY = "mla_prefill"
+TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
+NOTE_WIDTH = 160  # characters of a pruning reason shown per table row
 
 
 def _friendly(fn):
@@ -30,6 +32,20 @@ def _friendly(fn):
             raise click.ClickException(str(exc).splitlines()[0] if _one_line(exc) else str(exc)) from None
         except ValueError as exc:  # malformed knob values
             raise click.ClickException(str(exc)) from None
+        except ModuleNotFoundError as exc:
+            if exc.name != "torch":
+                raise
+            command = click.get_current_context().info_name
+            raise click.ClickException(
+                f"mlagen {command} needs PyTorch, which is not installed: python3 -m pip install torch "
+                f"(CPU-only: add --index-url {TORCH_CPU_INDEX})") from None
+        except OSError as exc:  # an output directory that cannot be written, a file that cannot be read
+            where = f"{exc.filename}: " if exc.filename else ""
+            raise click.ClickException(f"{where}{exc.strerror or exc}") from None
+        except KeyboardInterrupt:
+            # The library has stopped its worker processes by now; 130 is the shell's Ctrl-C status.
+            click.echo("interrupted", err=True)
+            sys.exit(130)
 
     return wrapper
 
@@ -90,8 +106,10 @@ def specs_cmd():
               help="Fix tunables (repeatable); others take their defaults, or vary with --all.")
 @click.option("--all", "all_variants", is_flag=True,
               help="Build the whole search space (pruned variants are listed); at most --max-variants.")
-@click.option("--max-variants", default=2000, show_default=True, help="Refuse --all on a larger space.")
-@click.option("--jobs", "-j", type=int, default=None, help="Parallel compile processes (default: CPU count).")
+@click.option("--max-variants", default=2000, show_default=True, type=click.IntRange(min=1),
+              help="Refuse --all on a larger space.")
+@click.option("--jobs", "-j", type=click.IntRange(min=1), default=None,
+              help="Parallel compile processes (default: CPU count).")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
               help="Where CUBINs go (default: <out>/build).")
 @_friendly
@@ -135,7 +153,7 @@ def build_cmd(spec, archs, assignments, all_variants, max_variants, jobs, out_di
         rows.append([r.variant.symbol, r.target, r.status, est.threads if est else "",
                      f"{est.smem_bytes / 1024:.1f}" if est else "", est.registers if est else "",
                      rep.registers if rep else "", (rep.spill_stores + rep.spill_loads) if rep else "",
-                     rep.stack_bytes if rep else "", "; ".join(r.reasons)[:120]])
+                     rep.stack_bytes if rep else "", _note(r.reasons)])
     click.echo(table(["variant", "target", "status", "threads", "smem KB", "regs est", "regs", "spill B",
                       "stack B", "note"], rows))
     failed = [r for r in results if r.status == "compile_error"]
@@ -143,6 +161,12 @@ def build_cmd(spec, archs, assignments, all_variants, max_variants, jobs, out_di
         click.echo(f"\n{r.variant.symbol} ({r.target}):\n{r.reasons[0]}", err=True)
     if failed or not any(r.ok for r in results):
         sys.exit(1)
+
+
+def _note(reasons) -> str:
+    """Reasons for a table cell: each once, in order, cut to one readable line."""
+    text = "; ".join(dict.fromkeys(r.splitlines()[0] for r in reasons if r))
+    return text if len(text) <= NOTE_WIDTH else text[:NOTE_WIDTH - 3] + "..."
 
 
 def _product(lists):
@@ -155,7 +179,7 @@ def _product(lists):
 @click.argument("spec", required=False)
 @click.option("--arch", default=None, help="Target to check budgets against (default: the spec's first).")
 @click.option("--variant", "assignments", multiple=True, metavar="NAME=VALUE[,..]", help="Fix tunables.")
-@click.option("--limit", default=500, show_default=True,
+@click.option("--limit", default=500, show_default=True, type=click.IntRange(min=1),
               help="Larger spaces are shown as a seeded random sample of this many variants.")
 @_friendly
 def variants_cmd(spec, arch, assignments, limit):
@@ -179,7 +203,7 @@ def variants_cmd(spec, arch, assignments, limit):
         est = verdict.resources
         rows.append([v.symbol, "ok" if verdict.ok else "pruned", est.threads if est else "",
                      f"{est.smem_bytes / 1024:.1f}" if est else "", est.registers if est else "",
-                     "; ".join(verdict.reasons)])
+                     _note(verdict.reasons)])
     click.echo(table(["variant", "verdict", "threads", "smem KB", "regs est", "reason"], rows))
     click.echo(f"{kept} of {len(rows)} variants fit {target.name}", err=True)
 
@@ -354,7 +378,7 @@ def info_cmd():
     rows = [["mlagen", __version__]]
     try:
         c = NvrtcCompiler()
-        rows.append(["nvrtc", f"{c.version()} (targets {', '.join(c.supported_targets())})"])
+        rows.append(["nvrtc", f"{c.version()} (targets {', '.join(c.supported_targets())}) from {c.library_path()}"])
     except MlagenError as exc:
         rows.append(["nvrtc", f"unavailable: {exc}"])
     try:
@@ -365,8 +389,13 @@ def info_cmd():
                                  f"driver {d.driver_version}, target {d.target.name if d.target else '?'}"])
     except MlagenError as exc:
         rows.append(["device", f"none ({str(exc).splitlines()[0]})"])
+    resolved = {knobs.OUT_DIR.name: knobs.out_dir, knobs.CACHE_DIR.name: knobs.cache_dir,
+                 knobs.TUNING_DB.name: knobs.tuning_db}
     for k in knobs.ALL:
-        rows.append([k.name, f"{k.raw()}  ({k.doc})"])
+        value = k.raw()
+        if k.name in resolved:  # the path in use, also where the variable is unset
+            value = str(resolved[k.name]().resolve())
+        rows.append([k.name, f"{value if value is not None else '(unset)'}  ({k.doc})"])
     click.echo(table(["what", "value"], rows))
 
 

@@ -23,7 +23,7 @@ from typing import Callable, Iterable
 from . import arch, db, dispatch
 from . import spec as spec_mod
 from . import variant as variant_mod
-from .build import build_many, compile_pool
+from .build import abort_pool, build_many, compile_pool
 from .errors import MlagenError, TuningError
 
 STRATEGIES = ("auto", "exhaustive", "coordinate")
@@ -344,8 +344,14 @@ def tune(config: TuneConfig, progress: Callable[[str], None] = print) -> list[Tu
         raise TuningError(f"{spec.name} does not target {target.name} (targets: {', '.join(spec.targets)})")
     database = db.TuningDB(config.db_path)
     shapes = [s if isinstance(s, bench.Shape) else bench.parse_shapes(s)[0] for s in config.shapes]
-    with compile_pool(config.jobs) as pool:  # one set of compile processes for the whole session
+    pool = compile_pool(config.jobs)  # one set of compile processes for the whole session
+    try:
         return [_tune_shape(spec, shape, target, config, database, progress, pool) for shape in shapes]
+    except BaseException:  # Ctrl-C: stop the compiles now (the GPU worker is stopped by _tune_shape)
+        abort_pool(pool)
+        raise
+    finally:
+        pool.shutdown()
 
 
 def _tune_shape(spec, shape, target, config: TuneConfig, database: db.TuningDB, progress, pool) -> TuneResult:

@@ -71,7 +71,8 @@ def default_spec_name(target: str | None = None) -> str:
 
     specs = [s for s in family_specs(DEFAULT_FAMILY) if target is None or target in s.targets]
     if not specs:
-        raise click.ClickException(f"no {DEFAULT_FAMILY} spec targets {target}")
+        known = sorted({t for s in family_specs(DEFAULT_FAMILY) for t in s.targets})
+        raise click.ClickException(f"--arch {target}: no {DEFAULT_FAMILY} spec targets it; targets: {', '.join(known)}")
     return specs[0].name
 
 
@@ -190,6 +191,8 @@ def variants_cmd(spec, arch, assignments, limit):
     from . import variant as variant_mod
 
     s = spec_mod.load(spec or default_spec_name(arch))
+    if arch is not None and arch not in s.targets:
+        raise click.ClickException(f"--arch {arch}: {s.name} targets {', '.join(s.targets)}")
     target = arch_mod.target(arch or s.targets[0])
     fixed = variant_mod.parse_assignments(s, list(assignments))
     size = variant_mod.space_size(s, fixed)

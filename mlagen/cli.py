@@ -145,7 +145,9 @@ def build_cmd(spec, archs, assignments, all_variants, max_variants, jobs, out_di
     click.echo(f"building {len(variants)} variant(s) of {s.name} for {', '.join(targets)} -> {out}", err=True)
 
     def progress(r, done, total):
-        click.echo(f"[{done}/{total}] {r.status:13s} {r.variant.symbol} ({r.target}, {r.seconds:.1f}s)", err=True)
+        # A kernel rejected after compiling (it spills) says why at once; model prunes are in the table.
+        why = f": {r.reasons[0].split(':')[0]}" if r.status == "pruned" and r.binary is not None else ""
+        click.echo(f"[{done}/{total}] {r.status:13s} {r.variant.symbol} ({r.target}, {r.seconds:.1f}s){why}", err=True)
 
     results = build_many(variants, targets, jobs=jobs, out_dir=out, progress=progress)
     rows = []

@@ -54,10 +54,17 @@ def _toolchain() -> str:
         return f"NVRTC unavailable ({type(exc).__name__}: {exc})"
 
 
+# Loaded once, now: the NVRTC library is chosen at its first use in the process
+# (MLAGEN_NVRTC_LIBRARY), which must not be a test that has cleared the environment.
+TOOLCHAIN = _toolchain()
+
+
 def pytest_report_header(config):
     return [f"mlagen GPU tests: {'enabled' if GPU_SKIP_REASON is None else 'skipped: ' + GPU_SKIP_REASON}",
-            f"mlagen compile tests: {_toolchain()}"]
+            f"mlagen compile tests: {TOOLCHAIN}"]
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
-    terminalreporter.write_line(f"mlagen compile tests ran with {_toolchain()}")
+    now = _toolchain()
+    terminalreporter.write_line(f"mlagen compile tests ran with {now}"
+                                + ("" if now == TOOLCHAIN else f" (BUT STARTED WITH {TOOLCHAIN})"))

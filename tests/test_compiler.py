@@ -431,3 +431,15 @@ def test_for_target():
     assert isinstance(compiler.for_target("sm_90a"), compiler.NvrtcCompiler)
     with pytest.raises(KeyError, match="unknown target 'sm_7'"):
         compiler.for_target("sm_7")
+
+
+def test_the_nvrtc_library_in_use_is_the_one_named():
+    # .ci/run's second pass names the oldest allowed NVRTC; every compile of the session must use it.
+    import os
+
+    named = os.environ.get("MLAGEN_NVRTC_LIBRARY")
+    used = Path(compiler.NvrtcCompiler.library_path())
+    if named:
+        assert used.resolve() == Path(named).resolve()
+    else:
+        assert used.name.startswith("libnvrtc.so") and used.is_file()

@@ -243,6 +243,16 @@ def test_info_without_a_gpu(run):
         assert name in out
 
 
+def test_info_shows_the_resolved_paths(run, tmp_path, monkeypatch):
+    monkeypatch.delenv("MLAGEN_CACHE_DIR")
+    monkeypatch.delenv("MLAGEN_TUNING_DB", raising=False)
+    out = ok(run("info"))
+    rows = {line.split()[0]: line.split()[1] for line in out.splitlines() if line.startswith("MLAGEN_")}
+    assert rows["MLAGEN_CACHE_DIR"] == str((tmp_path / "out" / "cache").resolve())
+    assert rows["MLAGEN_TUNING_DB"] == str((tmp_path / "out" / "tuning.sqlite").resolve())
+    assert "None" not in out
+
+
 def _has_gpu() -> bool:
     try:
         import torch

@@ -16,9 +16,6 @@ import click
 from . import __version__, knobs
 from .errors import MlagenError
 
-DEFAULT_FAMILY = "mla_prefill"
-
-
 def _friendly(fn):
     """Turn library errors into one-line click errors."""
 
@@ -50,13 +47,15 @@ def table(headers: list[str], rows: list[list]) -> str:
 
 
 def default_spec_name(target: str | None = None) -> str:
-    """The spec dispatch prefers (highest priority), among those targeting ``target`` if given."""
-    from .dispatch import family_specs
+    """The highest-priority packaged spec (of any family), among those targeting ``target`` if
+    given; ties go to the first by name."""
+    from . import spec as spec_mod
 
-    specs = [s for s in family_specs(DEFAULT_FAMILY) if target is None or target in s.targets]
+    specs = [spec_mod.load(p) for p in spec_mod.available()]
+    specs = [s for s in specs if target is None or target in s.targets]
     if not specs:
-        raise click.ClickException(f"no {DEFAULT_FAMILY} spec targets {target}")
-    return specs[0].name
+        raise click.ClickException(f"no spec targets {target}")
+    return min(specs, key=lambda s: (-s.priority, s.name)).name
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})

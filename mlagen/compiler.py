@@ -19,7 +19,7 @@ from pathlib import Path
 from . import knobs
 from .cache import DiskCache, atomic_write
 from .errors import CompileError, NoDeviceError
-from .render import Source
+from .source import Source
 
 
 @dataclass(frozen=True)

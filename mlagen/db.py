@@ -302,26 +302,36 @@ def _with_origin(best: Best, origin: str) -> Best:
     return Best(best.key, best.variant, best.symbol, best.time_ms, best.tflops, best.run_id, best.updated, origin)
 
 
-def lookup(key: RecordKey, distance, db: TuningDB | None = None, include_shipped: bool = True) -> Best | None:
-    """The record to use for ``key``: the user's database first, then the shipped records.
+def lookup(key: RecordKey, distance, db: TuningDB | None = None, include_shipped: bool = True,
+           same_arch=None) -> Best | None:
+    """The record to use for ``key``, over the user's database and the shipped records together.
 
-    Within a source, a record must match family, spec, dtypes, device, SM count and source hash
-    exactly. Among those, the problem bucket closest to ``key.problem`` wins (``distance(a, b)``
-    between bucket strings; inf means unusable), and an exact driver and NVRTC match breaks ties.
+    A record must match family, spec, dtypes and source hash exactly. Records of the key's own
+    device (name and SM count) come first; then, if ``same_arch(record_key)`` says a record's
+    device is of the same architecture, records of other devices with the same SM count, then
+    with another SM count. Within a tier the nearest problem bucket wins (``distance(a, b)``
+    between bucket strings; inf means unusable), then the user's database over the shipped
+    records, then an exact driver and NVRTC match, then the newest. So an exact shipped record
+    beats a near user record, and a user record beats a shipped one at the same distance.
+
+    The returned record's ``origin`` is "user" or "shipped:<file>", followed by
+    " (other device: <name>)" for a record made on another device.
     """
-    strict = ("family", "spec", "dtypes", "device", "sm_count", "source_hash")
-    sources: list[list[Best]] = []
+    strict = {k: getattr(key, k) for k in ("family", "spec", "dtypes", "source_hash")}
+    sources: list[tuple[int, list[Best]]] = []
     if db is not None:
         try:
-            sources.append(db.bests(**{k: getattr(key, k) for k in strict}))
+            sources.append((0, db.bests(**strict)))
         except DatabaseError as exc:
             log.warning("tuning database unreadable, using shipped records and defaults: %s", exc)
-            sources.append([])
     if include_shipped:
-        sources.append([b for b in shipped_records() if all(getattr(b.key, k) == getattr(key, k) for k in strict)])
-    for candidates in sources:
-        scored = []
+        sources.append((1, [b for b in shipped_records() if all(getattr(b.key, k) == v for k, v in strict.items())]))
+    scored = []
+    for rank, candidates in sources:
         for b in candidates:
+            tier = _device_tier(key, b.key, same_arch)
+            if tier is None:
+                continue
             try:
                 d = distance(key.problem, b.key.problem)
             except ValueError as exc:  # a malformed record (hand-edited import) is unusable, not fatal
@@ -330,11 +340,22 @@ def lookup(key: RecordKey, distance, db: TuningDB | None = None, include_shipped
             if d == float("inf"):
                 continue
             toolchain_miss = (b.key.driver != key.driver) + (b.key.nvrtc != key.nvrtc)
-            scored.append((d, toolchain_miss, -b.updated, b))
-        if scored:
-            scored.sort(key=lambda s: s[:3])
-            return scored[0][3]
-    return None
+            scored.append(((tier, d, rank, toolchain_miss, -b.updated), b))
+    if not scored:
+        return None
+    (tier, *_), best = min(scored, key=lambda s: s[0])
+    if tier:
+        best = _with_origin(best, f"{best.origin} (other device: {best.key.device})")
+    return best
+
+
+def _device_tier(key: RecordKey, record: RecordKey, same_arch) -> int | None:
+    """0: the key's device; 1: same architecture and SM count; 2: same architecture; None: unusable."""
+    if record.device == key.device and record.sm_count == key.sm_count:
+        return 0
+    if same_arch is None or not same_arch(record):
+        return None
+    return 1 if record.sm_count == key.sm_count else 2
 
 
 # --- row and JSON conversion ----------------------------------------------------------------

@@ -1,9 +1,10 @@
 """Pick, build and cache the kernel for a call.
 
 The spec is the highest-priority one of the family that targets the device and accepts the
-inputs (the TMA kernel needs 16-byte aligned strides); the variant is the tuned winner for the
-device and shape class when the tuning database (or the shipped records) has one, else the
-spec's default. The choice is memoised per (device, spec, shape class), so after the first call
+inputs (the TMA kernel needs 16-byte aligned strides); the variant is the nearest tuning record
+for the device and shape class over the tuning database and the shipped records, else one made
+on another device of the same architecture, else the spec's default. Families are found by name
+(``mlagen.families.get``); nothing here names one. The choice is memoised per (device, spec, shape class), so after the first call
 of a shape class, dispatch is a dictionary lookup.
 """
 
@@ -14,7 +15,7 @@ import logging
 import threading
 from dataclasses import dataclass
 
-from . import arch, db, knobs, resources
+from . import arch, db, families, knobs, resources
 from . import spec as spec_mod
 from . import variant as variant_mod
 from .compiler import Binary, for_target
@@ -32,7 +33,7 @@ class Selection:
     binary: Binary
     kernel: CudaKernel
     resources: resources.Resources
-    origin: str  # "default", "user" or "shipped:<file>"
+    origin: str  # "default", "explicit", "user" or "shipped:<file>", + " (other device: <name>)"
     env: dict    # variant.env(), computed once: launches read block sizes from it
 
 
@@ -60,6 +61,45 @@ def record_key(spec: spec_mod.KernelSpec, problem: str, *, device: str, sm_count
         family=spec.family, spec=spec.name, problem=problem, dtypes=dtypes, device=device, sm_count=sm_count,
         driver=driver, nvrtc=_nvrtc_version(target.name), source_hash=cached_source_hash(spec),
     )
+
+
+def record_target(spec: spec_mod.KernelSpec, device_name: str) -> str | None:
+    """The target a record of ``spec`` made on ``device_name`` ran: the spec's only target if it
+    has one (a record is tuned on a device the spec targets), else the device name's target."""
+    if len(spec.targets) == 1:
+        return spec.targets[0]
+    return arch.target_of_device_name(device_name)
+
+
+def choose_variant(spec: spec_mod.KernelSpec, problem: str, specialization: dict, info: DeviceInfo,
+                   database: db.TuningDB | None = None) -> tuple[variant_mod.Variant, str]:
+    """The variant of ``spec`` for a shape class on a device, and where it came from.
+
+    The nearest tuning record over the user's database and the shipped records (see
+    :func:`mlagen.db.lookup`), falling back to records of other devices of the same target, then
+    to the spec's default (or the nearest variant to it that fits the target). A record whose
+    variant no longer fits is skipped with a warning.
+    """
+    chosen = variant_mod.feasible_default(spec, info.target, specialization)
+    if chosen is None:
+        raise SpecError(spec.path, "tune", f"no variant of {spec.name} fits {info.target.name}")
+    origin = "default"
+    if knobs.no_tuned():
+        return chosen, origin
+    key = record_key(spec, problem, device=info.name, sm_count=info.sm_count, driver=info.driver_version,
+                     target=info.target)
+    family = families.get(spec.family, spec.path)
+    best = db.lookup(key, family.problem_distance, database if database is not None else db.TuningDB(),
+                     include_shipped=not knobs.no_shipped(),
+                     same_arch=lambda rk: record_target(spec, rk.device) == info.target.name)
+    if best is not None:
+        try:
+            tuned = variant_mod.make(spec, {**best.variant, **specialization})
+            if resources.check(tuned, info.target).ok:
+                chosen, origin = tuned, best.origin
+        except SpecError as exc:
+            log.warning("ignoring tuning record %s for %s: %s", best.symbol, problem, exc)
+    return chosen, origin
 
 
 def build(variant: variant_mod.Variant, target: arch.Target) -> Binary:
@@ -119,27 +159,7 @@ class Dispatcher:
         return hit
 
     def _choose(self, spec, problem: str, specialization: dict, info: DeviceInfo, device: int) -> Selection:
-        from .families.mla_prefill import ProblemKey
-
-        chosen = variant_mod.feasible_default(spec, info.target, specialization)
-        if chosen is None:
-            raise SpecError(spec.path, "tune", f"no variant of {spec.name} fits {info.target.name}")
-        origin = "default"
-        if not knobs.no_tuned():
-            key = record_key(spec, problem, device=info.name, sm_count=info.sm_count, driver=info.driver_version,
-                             target=info.target)
-
-            def distance(a: str, b: str) -> float:
-                return ProblemKey.parse(a).distance(ProblemKey.parse(b))
-
-            best = db.lookup(key, distance, db.TuningDB(), include_shipped=not knobs.no_shipped())
-            if best is not None:
-                try:
-                    tuned = variant_mod.make(spec, {**best.variant, **specialization})
-                    if resources.check(tuned, info.target).ok:
-                        chosen, origin = tuned, best.origin
-                except SpecError as exc:
-                    log.warning("ignoring tuning record %s for %s: %s", best.symbol, problem, exc)
+        chosen, origin = choose_variant(spec, problem, specialization, info)
         log.info("%s on %s: %s (%s)", problem, info.name, chosen.symbol, origin)
         return self._materialise(chosen, info.target, device, origin)
 
@@ -154,4 +174,5 @@ def dispatcher() -> Dispatcher:
     return Dispatcher()
 
 
-__all__ = ["Dispatcher", "Selection", "build", "dispatcher", "family_specs", "record_key", "MlagenError"]
+__all__ = ["Dispatcher", "Selection", "build", "choose_variant", "dispatcher", "family_specs", "record_key",
+           "record_target", "MlagenError"]

@@ -30,8 +30,15 @@ NO_SHIPPED = Knob("MLAGEN_NO_SHIPPED", "0", "1: ignore the tuning records shippe
 FAMILY = Knob("MLAGEN_FAMILY", None, "Force a kernel spec by name (e.g. mla_prefill_sm80) instead of dispatch.")
 COMPILE_WORKERS = Knob("MLAGEN_COMPILE_WORKERS", None, "Parallel compile processes for tuning; default: CPU count.")
 LOG = Knob("MLAGEN_LOG", "warning", "Log level of the 'mlagen' logger (debug, info, warning).")
+CHECK_SEQLENS = Knob("MLAGEN_CHECK_SEQLENS", "0",
+                     "1: mla_prefill reads device cu_seqlens back and checks them (a host sync; for debugging).")
+RECORD_SHAPES = Knob("MLAGEN_RECORD_SHAPES", None,
+                     "File to count the shape classes of kernel calls in (YAML; for mlagen tune --workload).")
+NVRTC_LIBRARY = Knob("MLAGEN_NVRTC_LIBRARY", None,
+                     "Path of the libnvrtc to compile with instead of the one cuda-bindings finds.")
 
-ALL = (OUT_DIR, CACHE_DIR, TUNING_DB, NO_TUNED, NO_SHIPPED, FAMILY, COMPILE_WORKERS, LOG)
+ALL = (OUT_DIR, CACHE_DIR, TUNING_DB, NO_TUNED, NO_SHIPPED, FAMILY, COMPILE_WORKERS, LOG, CHECK_SEQLENS,
+       RECORD_SHAPES, NVRTC_LIBRARY)
 
 
 def _flag(knob: Knob) -> bool:
@@ -63,6 +70,18 @@ def no_tuned() -> bool:
 
 def no_shipped() -> bool:
     return _flag(NO_SHIPPED)
+
+
+def check_seqlens() -> bool:
+    return _flag(CHECK_SEQLENS)
+
+
+def record_shapes() -> str | None:
+    return RECORD_SHAPES.raw()
+
+
+def nvrtc_library() -> str | None:
+    return NVRTC_LIBRARY.raw()
 
 
 def forced_family() -> str | None:

@@ -8,7 +8,8 @@ import dataclasses
 import pytest
 import yaml
 
-from mlagen import arch, paths, resources, schedule
+from mlagen import arch, paths, resources
+from mlagen.families.mla_prefill import schedule
 from mlagen import spec as spec_mod
 from mlagen import variant
 

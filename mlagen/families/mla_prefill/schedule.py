@@ -17,8 +17,8 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-from . import expr
-from .errors import SpecError
+from ... import expr
+from ...errors import SpecError
 
 ROLE_KEYS = ("warpgroups", "registers", "tasks")
 PRODUCER_KEYS = ROLE_KEYS + ("load_warps",)

@@ -11,8 +11,11 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 
-from ..runtime import device_info, encode_tensor_map_bf16
-from .mla_prefill import TMA_PARAMS, Call, _common_values, num_virtual_tiles
+from ...runtime import device_info, encode_tensor_map_bf16
+from .call import Call
+from .pack import common_values, num_virtual_tiles
+from .params import TMA_PARAMS
+from .schedule import evaluate
 
 _CACHE_SIZE = 512
 _maps: "OrderedDict[tuple, bytes]" = OrderedDict()
@@ -43,8 +46,6 @@ def tensor_map(t, box_cols: int, box_rows: int, swizzle: int, what: str) -> byte
 def launch(selection, call: Call, env: dict, stream: int) -> None:
     import torch
 
-    from ..schedule import evaluate
-
     s = evaluate(selection.variant)
     bm, bn = env["block_m"], env["block_n"]
     sw_q, sw_k, sw_v = s.swizzle["q"], s.swizzle["k"], s.swizzle["v"]
@@ -74,7 +75,7 @@ def launch(selection, call: Call, env: dict, stream: int) -> None:
         "tile_counter": counter,
         "num_virtual_tiles": n_virtual,
         "rope_shared": int(call.k_rope.size(1) == 1),
-        **_common_values(call),
+        **common_values(call),
     }
     params = TMA_PARAMS.pack(values)
     res = selection.resources

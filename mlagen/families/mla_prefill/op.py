@@ -5,7 +5,7 @@ Two custom ops (``torch.library.custom_op``) with fake (meta) implementations:
 
 * ``mlagen::mla_prefill(q, k, v, k_rope?, cu_seqlens_q?, cu_seqlens_k?, causal, softmax_scale?,
   check_seqlens?, max_seqlen_q?, max_seqlen_k?, kernel?) -> (out, lse)``: allocates its outputs;
-* ``mlagen::mla_prefill_out(..., Tensor(a!) out, Tensor(b!) lse) -> ()``: writes preallocated
+* ``mlagen::mla_prefill_out(..., Tensor(a12!) out, Tensor(a13!) lse) -> ()``: writes preallocated
   outputs (declared mutated, so functionalization in torch.compile orders it correctly).
 
 :func:`mla_prefill` is the public Python entry point over both: it checks the non-tensor

@@ -108,3 +108,20 @@ def test_check_seqlens_is_refused_while_capturing():
     with pytest.raises(ValueError, match="check_seqlens: reading cu_seqlens values synchronises"):
         with torch.cuda.graph(graph):
             mlagen.mla_prefill(q, k, v, k_rope=kr, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, check_seqlens=True)
+
+
+def test_record_shapes_counts_calls(tmp_path, monkeypatch):
+    from mlagen import shapelog
+
+    path = tmp_path / "shapes.yaml"
+    monkeypatch.setenv("MLAGEN_RECORD_SHAPES", str(path))
+    shapelog.reset()
+    try:
+        q, k, kr, v, cu_q, cu_k = inputs(seed=5)
+        for _ in range(3):
+            mlagen.mla_prefill(q, k, v, k_rope=kr, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k)
+        shapelog.flush()
+        family, shapes = shapelog.read(path)
+        assert family == "mla_prefill" and shapes == [{"shape": "b=3,q=296,k=475,h=8,causal", "weight": 3}]
+    finally:
+        shapelog.reset()

@@ -336,6 +336,49 @@ def bench_cmd(shapes, peers, iters, rounds, warmup, seed, markdown_path, json_pa
         raise click.ClickException(f"wrong results: {', '.join(wrong)}")
 
 
+@cli.command("check")
+@click.option("--update", is_flag=True, help="Write the expectations of the local NVRTC instead of comparing.")
+@click.option("--gpu", is_flag=True, help="Instead: re-measure the shipped winners on this GPU against their "
+                                          "recorded throughput.")
+@click.option("--tolerance", default=0.10, show_default=True, help="With --gpu: fraction of the recorded TFLOP/s "
+                                                                   "a winner may lose.")
+@click.option("--junit", "junit_path", type=click.Path(dir_okay=False), default=None,
+              help="Also write the result as JUnit XML (atomically).")
+@click.option("--spec", "specs", multiple=True, help="Only this spec (repeatable).")
+@click.option("--arch", "archs", multiple=True, help="Only this target (repeatable).")
+@click.option("--jobs", "-j", type=int, default=None, help="Parallel compile processes (default: CPU count).")
+@_friendly
+def check_cmd(update, gpu, tolerance, junit_path, specs, archs, jobs):
+    """The CI regression check (no GPU needed): compile every spec default and every shipped record
+    for every target; compare registers, spills and shared memory with the committed expectations
+    of this NVRTC version (mlagen/expectations/nvrtc-<version>.json). Exits non-zero on any
+    difference, printing it."""
+    from . import check
+
+    if gpu:
+        if tolerance < 0 or tolerance >= 1:
+            raise click.ClickException(f"--tolerance {tolerance}: expected a fraction in [0, 1)")
+        speeds = check.measure_shipped(tolerance)
+        rows = [[s.record.key.spec, s.record.key.problem, s.shape, s.record.symbol,
+                 f"{s.record.tflops:.0f}" if s.record.tflops else "", f"{s.tflops:.0f}" if s.tflops else "",
+                 "ok" if s.ok else s.problem] for s in speeds]
+        click.echo(table(["spec", "problem", "shape", "winner", "recorded", "now", "verdict"], rows))
+        failed = [s for s in speeds if not s.ok]
+        if not speeds:
+            raise click.ClickException("no shipped record was made on this GPU's device; nothing to measure")
+        if failed:
+            raise click.ClickException(f"{len(failed)} of {len(speeds)} shipped winners failed")
+        return
+    report = check.run(list(specs) or None, list(archs) or None, update=update, jobs=jobs,
+                       progress=lambda item, m: click.echo(f"{m['status']:13s} {item.key}", err=True))
+    if junit_path:
+        check.write_junit(junit_path, report)
+    click.echo(check.format_report(report))
+    if not report.ok:
+        raise click.ClickException("kernels differ from the expectations (see above); if the change is intended, "
+                                   "run `mlagen check --update` and commit the file")
+
+
 @cli.command("info")
 @_friendly
 def info_cmd():

@@ -34,11 +34,9 @@ CHECK_SEQLENS = Knob("MLAGEN_CHECK_SEQLENS", "0",
                      "1: mla_prefill reads device cu_seqlens back and checks them (a host sync; for debugging).")
 RECORD_SHAPES = Knob("MLAGEN_RECORD_SHAPES", None,
                      "File to count the shape classes of kernel calls in (YAML; for mlagen tune --workload).")
-NVRTC_LIBRARY = Knob("MLAGEN_NVRTC_LIBRARY", None,
-                     "Path of the libnvrtc to compile with instead of the one cuda-bindings finds.")
 
 ALL = (OUT_DIR, CACHE_DIR, TUNING_DB, NO_TUNED, NO_SHIPPED, FAMILY, COMPILE_WORKERS, LOG, CHECK_SEQLENS,
-       RECORD_SHAPES, NVRTC_LIBRARY)
+       RECORD_SHAPES)
 
 
 def _flag(knob: Knob) -> bool:
@@ -78,10 +76,6 @@ def check_seqlens() -> bool:
 
 def record_shapes() -> str | None:
     return RECORD_SHAPES.raw()
-
-
-def nvrtc_library() -> str | None:
-    return NVRTC_LIBRARY.raw()
 
 
 def forced_family() -> str | None:

@@ -72,6 +72,10 @@ class Family(ABC):
         """The values of the spec's ``specialize`` axes this shape needs (e.g. ``{"mask": "causal"}``)."""
 
     @abstractmethod
+    def problem_specialization(self, problem: str) -> dict[str, Any]:
+        """The ``specialize`` values of a shape class (what a tuning record of it was built with)."""
+
+    @abstractmethod
     def parse_shape(self, text: str, id: str | None = None):
         """A shape from its text description (the grammar is the family's; errors are ValueError)."""
 

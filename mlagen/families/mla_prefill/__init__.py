@@ -51,6 +51,9 @@ class MlaPrefillFamily(Family):
     def specialization(self, shape) -> dict:
         return {"mask": "causal" if shape.causal else "none"}
 
+    def problem_specialization(self, problem: str) -> dict:
+        return {"mask": ProblemKey.parse(problem).mask}
+
     def parse_shape(self, text: str, id: str | None = None) -> Shape:
         return parse_shape(text, id)
 

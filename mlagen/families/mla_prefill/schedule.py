@@ -145,6 +145,14 @@ class Schedule:
     def threads(self) -> int:
         return 128 * self.warpgroups
 
+    def grid(self, tiles: int, sm_count: int) -> int:
+        """CTAs to launch for ``tiles`` cluster tiles: the host half of the tile scheduler (the
+        device half, ``get_next_work``, is in the sm90 headers). ``static``: one cluster per
+        tile; ``persistent`` and ``dynamic``: at most one cluster per ``cluster`` SMs, looping
+        over tiles. Always a multiple of the cluster size (the kernel's ``__cluster_dims__``)."""
+        clusters = tiles if self.scheduler == "static" else min(tiles, sm_count // self.cluster)
+        return clusters * self.cluster
+
     @property
     def entry_register_cap(self) -> int:
         """Registers per thread the kernel starts with (launch bounds: threads, 1 block per SM)."""

@@ -59,12 +59,8 @@ def launch(selection, call: Call, env: dict, stream: int) -> None:
     }
     # Tiles are numbered per cluster: a cluster of C CTAs takes C * block_m query rows.
     n_virtual = num_virtual_tiles(call, bm * s.cluster)
-    total = n_virtual * call.heads
-    if s.scheduler == "static":
-        clusters = total
-    else:
-        clusters = min(total, device_info(call.q.device.index).sm_count // s.cluster)
-    grid = clusters * s.cluster  # the kernel is compiled with its cluster shape (__cluster_dims__)
+    sm_count = device_info(call.q.device.index).sm_count if s.scheduler != "static" else 0
+    grid = s.grid(n_virtual * call.heads, sm_count)
     counter = 0
     if s.scheduler == "dynamic":
         # Zeroed per launch (a memset node when captured in a graph); the kernel counts tiles in it.

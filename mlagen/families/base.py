@@ -131,8 +131,8 @@ def register(family: Family) -> Family:
 
 
 def names() -> list[str]:
-    """Every family packaged under ``mlagen/families/``, sorted."""
-    return sorted(m.name for m in pkgutil.iter_modules([str(Path(__file__).parent)]) if m.ispkg)
+    """Every family under ``mlagen/families/`` (a package, or a single module), sorted."""
+    return sorted(m.name for m in pkgutil.iter_modules([str(Path(__file__).parent)]) if m.name != "base")
 
 
 def get(name: str, path=None) -> Family:

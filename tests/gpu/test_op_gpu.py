@@ -125,3 +125,16 @@ def test_record_shapes_counts_calls(tmp_path, monkeypatch):
         assert family == "mla_prefill" and shapes == [{"shape": "b=3,q=296,k=475,h=8,causal", "weight": 3}]
     finally:
         shapelog.reset()
+
+
+def test_opcheck_on_the_gpu():
+    from mlagen.families.mla_prefill import op
+
+    q, k, kr, v, cu_q, cu_k = inputs(seed=6)
+    args = (q, k, v, kr, cu_q, cu_k, True, None, None, None, None, None)
+    for name, result in torch.library.opcheck(op._op, args).items():
+        assert result == "SUCCESS", (name, result)
+    out = torch.empty(q.shape[0], q.shape[1], 128, dtype=torch.bfloat16, device="cuda")
+    lse = torch.empty(q.shape[0], q.shape[1], dtype=torch.float32, device="cuda")
+    for name, result in torch.library.opcheck(op._op_out, args + (out, lse)).items():
+        assert result == "SUCCESS", (name, result)

@@ -283,18 +283,26 @@ class Speed:
         return self.problem is None
 
 
-def measure_shipped(tolerance: float = 0.10, iters: int = 30, seed: int = 0, shapes=None) -> list[Speed]:
+def measure_shipped(tolerance: float = 0.10, iters: int = 30, seed: int = 0, shapes=None, device=None, info=None,
+                    timer=None) -> list[Speed]:
     """Time every shipped winner of this GPU's device on the BENCHMARKS.md shapes of its shape
     class, after checking it against the reference; a winner slower than its recorded TFLOP/s
-    by more than ``tolerance`` (a fraction) fails."""
+    by more than ``tolerance`` (a fraction) fails. ``timer(fn) -> seconds`` defaults to the
+    benchmark's: the median of ``iters`` calls timed by CUDA events, L2 flushed before each."""
     import torch
 
     from . import bench
     from .runtime import device_info
 
-    device = torch.device("cuda", torch.cuda.current_device())
-    info = device_info(device.index)
-    flush = bench.L2Flush(device)
+    if device is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    info = device_info(device.index) if info is None else info
+    if timer is None:
+        flush = bench.L2Flush(device)
+
+        def timer(fn):
+            return bench.median(bench.time_calls(fn, iters, flush))
+
     shapes = list(bench.SHAPES.values()) if shapes is None else shapes
     out = []
     for r in db.shipped_records():
@@ -321,7 +329,7 @@ def measure_shipped(tolerance: float = 0.10, iters: int = 30, seed: int = 0, sha
 
             for _ in range(3):
                 call()
-            seconds = bench.median(bench.time_calls(call, iters, flush))
+            seconds = timer(call)
             tflops = family.flops(shape) / seconds / 1e12
             floor = (r.tflops or 0) * (1 - tolerance)
             problem = None if tflops >= floor else (f"{tflops:.0f} TFLOP/s is below the recorded {r.tflops:.0f} "

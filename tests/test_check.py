@@ -95,3 +95,40 @@ def test_update_writes_the_local_version_and_keeps_other_kernels(broken_expectat
     assert all(k.endswith("@sm_80") and k.startswith("mla_prefill_sm80_") for k in written["kernels"])
     result = CliRunner().invoke(cli, ["check", "--spec", "mla_prefill_sm80", "--arch", "sm_80"])
     assert result.exit_code == 0, result.output
+
+
+def test_gpu_mode_logic_with_a_stand_in_kernel_and_timer(monkeypatch):
+    """measure_shipped on the CPU: the family's call is the reference, the timer says what we
+    tell it; a winner is compared with its record's TFLOP/s within the tolerance."""
+    torch = pytest.importorskip("torch")
+    from mlagen import bench, db, families
+    from mlagen.runtime import DeviceInfo
+
+    fam = families.get("mla_prefill")
+    small = fam.parse_shape("b=1,q=64,h=2,causal", id="S")
+    record = next(r for r in db.shipped_records() if r.key.spec == "mla_prefill_sm90")
+    shape_of_class = bench.Shape("X", small.q_lens, small.k_lens, small.heads, small.causal)
+    monkeypatch.setattr(fam, "problem_key", lambda s: record.key.problem if s.id == "X" else "none/h1/q1/k1")
+
+    def call(inputs, *, variant=None, kernel=None, outputs=None, check=False):
+        o, l = fam.reference(small, inputs, heads=None)
+        return o.to(torch.bfloat16), l
+
+    monkeypatch.setattr(fam, "call", call)
+    info = DeviceInfo(0, record.key.device, (9, 0), 132, "13.0", 232448, 50 << 20)
+    flops = fam.flops(shape_of_class)
+    fast = flops / (record.tflops * 1e12)  # seconds at exactly the recorded throughput
+
+    speeds = check.measure_shipped(0.1, shapes=[shape_of_class], device=torch.device("cpu"), info=info,
+                                   timer=lambda fn: fast / 0.95)
+    mine = [s for s in speeds if s.record == record]
+    assert mine and mine[0].ok and mine[0].tflops == pytest.approx(record.tflops * 0.95)
+    speeds = check.measure_shipped(0.1, shapes=[shape_of_class], device=torch.device("cpu"), info=info,
+                                   timer=lambda fn: fast / 0.8)
+    [slow] = [s for s in speeds if s.record == record]
+    assert not slow.ok and "below the recorded" in slow.problem
+    others = [s for s in speeds if s.record.key.spec == "mla_prefill_sm90" and s.record != record]
+    assert all("no benchmark shape of class" in s.problem for s in others)
+    other_device = DeviceInfo(0, "NVIDIA H200", (9, 0), 132, "13.0", 232448, 50 << 20)
+    assert check.measure_shipped(0.1, shapes=[shape_of_class], device=torch.device("cpu"), info=other_device,
+                                 timer=lambda fn: fast) == []

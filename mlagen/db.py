@@ -5,8 +5,8 @@ tunes, worker processes) lose nothing. A record is keyed by family, spec, proble
 device name and SM count, driver and NVRTC versions, and a hash of the kernel's sources (spec,
 template, headers), so a record made for a changed kernel is never used.
 
-Lookups also read the records shipped with the package (``mlagen/tuned/*.json``); the user's
-own database wins over them.
+Lookups read the user's database and the records shipped with the package (``mlagen/tuned/*.json``)
+together: the nearest shape class wins, the user's record wins a tie (see :func:`lookup`).
 """
 
 from __future__ import annotations

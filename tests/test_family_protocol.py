@@ -57,3 +57,18 @@ def test_dense_family_inputs_reference_and_compare_on_cpu():
     bad[3] += 1
     check = fam.compare((bad, ref[1]), ref)
     assert not check.ok and "relative L2 error" in check.problem
+
+
+def test_check_shape_and_outputs():
+    torch = pytest.importorskip("torch")
+    fam = families.get("mla_prefill")
+    shape = fam.parse_shape("b=2,q=4096,h=128,none", id="D3")
+    small = fam.check_shape(shape)
+    assert small.heads == 16 and not small.causal and 0 in small.q_lens and 1 in small.q_lens
+    out, lse = fam.make_outputs(small, torch.device("cpu"))
+    assert out.shape == (sum(small.q_lens), 16, 128) and out.dtype == torch.bfloat16 and torch.isnan(out).all()
+    assert lse.shape == (sum(small.q_lens), 16) and torch.isnan(lse).all()
+    inputs = fam.make_inputs(small, torch.device("cpu"))
+    ref = fam.reference(small, inputs, heads=None)
+    check = fam.compare((out, lse), ref)
+    assert not check.ok and "NaN" in check.problem

@@ -100,6 +100,16 @@ class Family(ABC):
         """Fresh random inputs of ``shape`` on ``device`` (never zeros or constants)."""
 
     @abstractmethod
+    def make_outputs(self, shape, device, fill: float = float("nan")):
+        """Preallocated outputs of ``shape`` filled with ``fill`` (NaN: an element a kernel never
+        writes shows up in :meth:`compare`)."""
+
+    @abstractmethod
+    def check_shape(self, shape):
+        """A small problem of ``shape``'s kind with awkward sizes (empty, length-1, off-tile
+        pieces), which the tuner checks every variant on before the real shape."""
+
+    @abstractmethod
     def call(self, inputs: Mapping[str, Any], *, variant=None, kernel: str | None = None, outputs=None,
              check: bool = False):
         """Run the operation on ``inputs`` (through the public entry point); ``variant`` pins a

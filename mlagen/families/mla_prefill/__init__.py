@@ -71,6 +71,20 @@ class MlaPrefillFamily(Family):
 
         return make_inputs(shape, device, seed)
 
+    def make_outputs(self, shape, device, fill: float = float("nan")):
+        import torch
+
+        tq = sum(shape.q_lens)
+        return (torch.full((tq, shape.heads, D_V), fill, dtype=torch.bfloat16, device=device),
+                torch.full((tq, shape.heads), fill, dtype=torch.float32, device=device))
+
+    def check_shape(self, shape) -> Shape:
+        """Five sequences of 1, 77, 0, 300 and 129 queries (a cached prefix of 0, 0, 5, 33, 0
+        keys when causal; other key lengths when not), the shape's mask, at most 16 heads."""
+        k_lens = (1, 77, 5, 333, 129) if shape.causal else (3, 50, 5, 333, 200)
+        return Shape(f"check:{getattr(shape, 'id', '')}", (1, 77, 0, 300, 129), k_lens, min(shape.heads, 16),
+                     shape.causal)
+
     def call(self, inputs, *, variant=None, kernel=None, outputs=None, check=False):
         """``mla_prefill`` on ``inputs`` (from :meth:`make_inputs`); ``outputs`` = (out, lse) to
         write. ``check`` reads the cu_seqlens back and checks them (a host sync: not for timing)."""

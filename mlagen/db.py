@@ -304,7 +304,15 @@ def _with_origin(best: Best, origin: str) -> Best:
 
 def lookup(key: RecordKey, distance, db: TuningDB | None = None, include_shipped: bool = True,
            same_arch=None) -> Best | None:
-    """The record to use for ``key``, over the user's database and the shipped records together.
+    """The record to use for ``key``: the first of :func:`candidates`, or None."""
+    ranked = candidates(key, distance, db, include_shipped, same_arch)
+    return ranked[0] if ranked else None
+
+
+def candidates(key: RecordKey, distance, db: TuningDB | None = None, include_shipped: bool = True,
+               same_arch=None) -> list[Best]:
+    """The records usable for ``key``, best first, over the user's database and the shipped
+    records together (dispatch tries them in order before the spec's default).
 
     A record must match family, spec, dtypes and source hash exactly. Records of the key's own
     device (name and SM count) come first; then, if ``same_arch(record_key)`` says a record's
@@ -314,8 +322,8 @@ def lookup(key: RecordKey, distance, db: TuningDB | None = None, include_shipped
     records, then an exact driver and NVRTC match, then the newest. So an exact shipped record
     beats a near user record, and a user record beats a shipped one at the same distance.
 
-    The returned record's ``origin`` is "user" or "shipped:<file>", followed by
-    " (other device: <name>)" for a record made on another device.
+    A record's ``origin`` is "user" or "shipped:<file>", followed by " (other device: <name>)"
+    for a record made on another device.
     """
     strict = {k: getattr(key, k) for k in ("family", "spec", "dtypes", "source_hash")}
     sources: list[tuple[int, list[Best]]] = []
@@ -341,12 +349,8 @@ def lookup(key: RecordKey, distance, db: TuningDB | None = None, include_shipped
                 continue
             toolchain_miss = (b.key.driver != key.driver) + (b.key.nvrtc != key.nvrtc)
             scored.append(((tier, d, rank, toolchain_miss, -b.updated), b))
-    if not scored:
-        return None
-    (tier, *_), best = min(scored, key=lambda s: s[0])
-    if tier:
-        best = _with_origin(best, f"{best.origin} (other device: {best.key.device})")
-    return best
+    scored.sort(key=lambda s: s[0])
+    return [_with_origin(b, f"{b.origin} (other device: {b.key.device})") if score[0] else b for score, b in scored]
 
 
 def _device_tier(key: RecordKey, record: RecordKey, same_arch) -> int | None:

@@ -71,35 +71,38 @@ def record_target(spec: spec_mod.KernelSpec, device_name: str) -> str | None:
     return arch.target_of_device_name(device_name)
 
 
-def choose_variant(spec: spec_mod.KernelSpec, problem: str, specialization: dict, info: DeviceInfo,
-                   database: db.TuningDB | None = None) -> tuple[variant_mod.Variant, str]:
-    """The variant of ``spec`` for a shape class on a device, and where it came from.
-
-    The nearest tuning record over the user's database and the shipped records (see
-    :func:`mlagen.db.lookup`), falling back to records of other devices of the same target, then
-    to the spec's default (or the nearest variant to it that fits the target). A record whose
-    variant no longer fits is skipped with a warning.
-    """
+def candidate_variants(spec: spec_mod.KernelSpec, problem: str, specialization: dict, info: DeviceInfo,
+                       database: db.TuningDB | None = None):
+    """The variants of ``spec`` for a shape class on a device, best first, each with its origin:
+    the tuning records in :func:`mlagen.db.candidates` order (the nearest shape class over the
+    user's database and the shipped records, then records of other devices of the same target),
+    then the spec's default (or the nearest variant to it that fits the target). A record whose
+    variant is no longer valid is skipped with a warning, one that does not fit silently."""
+    if not knobs.no_tuned():
+        key = record_key(spec, problem, device=info.name, sm_count=info.sm_count, driver=info.driver_version,
+                         target=info.target)
+        family = families.get(spec.family, spec.path)
+        ranked = db.candidates(key, family.problem_distance, database if database is not None else db.TuningDB(),
+                               include_shipped=not knobs.no_shipped(),
+                               same_arch=lambda rk: record_target(spec, rk.device) == info.target.name)
+        for best in ranked:
+            try:
+                tuned = variant_mod.make(spec, {**best.variant, **specialization})
+            except SpecError as exc:
+                log.warning("ignoring tuning record %s for %s: %s", best.symbol, problem, exc)
+                continue
+            if resources.check(tuned, info.target).ok:
+                yield tuned, best.origin
     chosen = variant_mod.feasible_default(spec, info.target, specialization)
     if chosen is None:
         raise SpecError(spec.path, "tune", f"no variant of {spec.name} fits {info.target.name}")
-    origin = "default"
-    if knobs.no_tuned():
-        return chosen, origin
-    key = record_key(spec, problem, device=info.name, sm_count=info.sm_count, driver=info.driver_version,
-                     target=info.target)
-    family = families.get(spec.family, spec.path)
-    best = db.lookup(key, family.problem_distance, database if database is not None else db.TuningDB(),
-                     include_shipped=not knobs.no_shipped(),
-                     same_arch=lambda rk: record_target(spec, rk.device) == info.target.name)
-    if best is not None:
-        try:
-            tuned = variant_mod.make(spec, {**best.variant, **specialization})
-            if resources.check(tuned, info.target).ok:
-                chosen, origin = tuned, best.origin
-        except SpecError as exc:
-            log.warning("ignoring tuning record %s for %s: %s", best.symbol, problem, exc)
-    return chosen, origin
+    yield chosen, "default"
+
+
+def choose_variant(spec: spec_mod.KernelSpec, problem: str, specialization: dict, info: DeviceInfo,
+                   database: db.TuningDB | None = None) -> tuple[variant_mod.Variant, str]:
+    """The first of :func:`candidate_variants`: the variant dispatch builds, and where it came from."""
+    return next(candidate_variants(spec, problem, specialization, info, database))
 
 
 def build(variant: variant_mod.Variant, target: arch.Target) -> Binary:
@@ -174,5 +177,5 @@ def dispatcher() -> Dispatcher:
     return Dispatcher()
 
 
-__all__ = ["Dispatcher", "Selection", "build", "choose_variant", "dispatcher", "family_specs", "record_key",
+__all__ = ["Dispatcher", "Selection", "build", "candidate_variants", "choose_variant", "dispatcher", "family_specs", "record_key",
            "record_target", "MlagenError"]

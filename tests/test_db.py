@@ -406,3 +406,14 @@ def test_record_with_a_malformed_problem_is_skipped(tdb, no_shipped):
     assert db.lookup(KEY, distance, tdb) is None  # not an exception: dispatch falls back to the default
     tdb.set_best(best(symbol="usable", problem="causal/h64/q8192/k8192"))
     assert db.lookup(KEY, distance, tdb).symbol == "usable"
+
+
+def test_candidates_rank_every_usable_record(tdb, no_shipped):
+    _ship(no_shipped, best(symbol="shipped exact"), best(symbol="shipped far", problem="causal/h16/q8192/k8192"))
+    tdb.set_best(best(symbol="user exact"))
+    tdb.set_best(best(symbol="user near", problem="causal/h128/q4096/k8192"))
+    tdb.set_best(best(symbol="h20", device="NVIDIA H20", sm_count=78))
+    ranked = db.candidates(KEY, distance, tdb, same_arch=_same_arch)
+    assert [b.symbol for b in ranked] == ["user exact", "shipped exact", "user near", "shipped far", "h20"]
+    assert ranked[-1].origin == "user (other device: NVIDIA H20)"
+    assert db.lookup(KEY, distance, tdb).symbol == "user exact"

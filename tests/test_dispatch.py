@@ -82,3 +82,11 @@ def test_no_tuned_gives_the_default(empty_db, monkeypatch):
                                           ("NVIDIA B200", "sm_100a"), ("Some Future GPU", None)])
 def test_target_of_device_name(name, target):
     assert arch.target_of_device_name(name) == target
+
+
+def test_candidate_variants_end_with_the_default(empty_db):
+    rec = shipped(S90, "causal/h128/q8192/k8192")
+    found = list(dispatch.candidate_variants(S90, rec.key.problem, {"mask": "causal"}, device(SHIPPED_DEVICE),
+                                             empty_db))
+    assert found[0] == (variant.make(S90, {**rec.variant, "mask": "causal"}), "shipped:h100.json")
+    assert found[-1][1] == "default" and len(found) >= 3  # every causal sm90 record is a candidate

@@ -192,3 +192,12 @@ def test_torch_compile_traces_it_without_a_graph_break():
     proc = subprocess.run([sys.executable, "-c", COMPILE_SCRIPT], capture_output=True, text=True, cwd=ROOT,
                           timeout=600)
     assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stdout[-3000:] + proc.stderr[-5000:]
+
+
+def test_fake_call_with_only_lse_given_checks_q_first():
+    with FakeTensorMode():
+        q = torch.empty(10, 192, dtype=BF16, device="cuda")
+        _, k, v, k_rope, _ = fake_inputs()
+        lse = torch.empty(10, 4, device="cuda")
+        with pytest.raises(ValueError, match="q: expected 3 dimensions"):
+            mlagen.mla_prefill(q, k, v, k_rope=k_rope, lse=lse)

@@ -117,7 +117,9 @@ class Family(ABC):
 
     @abstractmethod
     def reference(self, shape, inputs: Mapping[str, Any], heads: int | None = None):
-        """The high-precision reference outputs of ``inputs`` (on the first ``heads`` heads, if given)."""
+        """The high-precision reference outputs of ``inputs``: of every head, or of the first
+        ``heads`` (a sample that keeps the reference cheap on large shapes; :meth:`compare` then
+        checks accuracy on those heads and coverage on all)."""
 
     @abstractmethod
     def compare(self, got, ref):

@@ -96,7 +96,7 @@ class MlaPrefillFamily(Family):
                            causal=inputs.get("causal", True), out=out, lse=lse, check_seqlens=check,
                            kernel=variant if variant is not None else kernel)
 
-    def reference(self, shape, inputs, heads: int | None = 2):
+    def reference(self, shape, inputs, heads: int | None = None):
         from .reference import reference_heads
 
         return reference_heads(shape, inputs, heads)

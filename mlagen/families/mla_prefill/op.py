@@ -145,9 +145,12 @@ def mla_prefill(q, k, v, *, k_rope=None, cu_seqlens_q=None, cu_seqlens_k=None, c
             kernel)
     if out is None and lse is None:
         return torch.ops.mlagen.mla_prefill(*args)
-    if out is None:
-        out = q.new_empty((q.shape[0], q.shape[1], D_V))
-    if lse is None:
-        lse = q.new_empty((q.shape[0], q.shape[1]), dtype=torch.float32)
+    if out is None or lse is None:  # one given: the op writes both, so allocate the other
+        total_q, _, heads, _, _ = check_arguments(torch, q, k, v, k_rope, cu_seqlens_q, cu_seqlens_k, out, lse,
+                                                  max_seqlen_q, max_seqlen_k)
+        if out is None:
+            out = q.new_empty((total_q, heads, D_V))
+        if lse is None:
+            lse = q.new_empty((total_q, heads), dtype=torch.float32)
     torch.ops.mlagen.mla_prefill_out(*args, out, lse)
     return out, lse

@@ -16,7 +16,6 @@ import click
 from . import __version__, knobs
 from .errors import MlagenError
 
-DEFAULT_FAMILY = "mla_prefill"
 TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 NOTE_WIDTH = 160  # characters of a pruning reason shown per table row
 
@@ -66,14 +65,16 @@ def table(headers: list[str], rows: list[list]) -> str:
 
 
 def default_spec_name(target: str | None = None) -> str:
-    """The spec dispatch prefers (highest priority), among those targeting ``target`` if given."""
-    from .dispatch import family_specs
+    """The highest-priority packaged spec (of any family), among those targeting ``target`` if
+    given; ties go to the first by name."""
+    from . import spec as spec_mod
 
-    specs = [s for s in family_specs(DEFAULT_FAMILY) if target is None or target in s.targets]
+    specs = [spec_mod.load(p) for p in spec_mod.available()]
+    specs = [s for s in specs if target is None or target in s.targets]
     if not specs:
-        known = sorted({t for s in family_specs(DEFAULT_FAMILY) for t in s.targets})
-        raise click.ClickException(f"--arch {target}: no {DEFAULT_FAMILY} spec targets it; targets: {', '.join(known)}")
-    return specs[0].name
+        known = sorted({t for p in spec_mod.available() for t in spec_mod.load(p).targets})
+        raise click.ClickException(f"--arch {target}: no spec targets it; targets: {', '.join(known)}")
+    return min(specs, key=lambda s: (-s.priority, s.name)).name
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -372,6 +373,49 @@ def bench_cmd(shapes, peers, iters, rounds, warmup, seed, markdown_path, json_pa
     wrong = [f"{r.shape.id} {name}" for r in results for name, p in r.peers.items() if bench.is_ours(name) and p.wrong]
     if wrong:
         raise click.ClickException(f"wrong results: {', '.join(wrong)}")
+
+
+@cli.command("check")
+@click.option("--update", is_flag=True, help="Write the expectations of the local NVRTC instead of comparing.")
+@click.option("--gpu", is_flag=True, help="Instead: re-measure the shipped winners on this GPU against their "
+                                          "recorded throughput.")
+@click.option("--tolerance", default=0.10, show_default=True, help="With --gpu: fraction of the recorded TFLOP/s "
+                                                                   "a winner may lose.")
+@click.option("--junit", "junit_path", type=click.Path(dir_okay=False), default=None,
+              help="Also write the result as JUnit XML (atomically).")
+@click.option("--spec", "specs", multiple=True, help="Only this spec (repeatable).")
+@click.option("--arch", "archs", multiple=True, help="Only this target (repeatable).")
+@click.option("--jobs", "-j", type=int, default=None, help="Parallel compile processes (default: CPU count).")
+@_friendly
+def check_cmd(update, gpu, tolerance, junit_path, specs, archs, jobs):
+    """The CI regression check (no GPU needed): compile every spec default and every shipped record
+    for every target; compare registers, spills and shared memory with the committed expectations
+    of this NVRTC version (mlagen/expectations/nvrtc-<version>.json). Exits non-zero on any
+    difference, printing it."""
+    from . import check
+
+    if gpu:
+        if tolerance < 0 or tolerance >= 1:
+            raise click.ClickException(f"--tolerance {tolerance}: expected a fraction in [0, 1)")
+        speeds = check.measure_shipped(tolerance)
+        rows = [[s.record.key.spec, s.record.key.problem, s.shape, s.record.symbol,
+                 f"{s.record.tflops:.0f}" if s.record.tflops else "", f"{s.tflops:.0f}" if s.tflops else "",
+                 "ok" if s.ok else s.problem] for s in speeds]
+        click.echo(table(["spec", "problem", "shape", "winner", "recorded", "now", "verdict"], rows))
+        failed = [s for s in speeds if not s.ok]
+        if not speeds:
+            raise click.ClickException("no shipped record was made on this GPU's device; nothing to measure")
+        if failed:
+            raise click.ClickException(f"{len(failed)} of {len(speeds)} shipped winners failed")
+        return
+    report = check.run(list(specs) or None, list(archs) or None, update=update, jobs=jobs,
+                       progress=lambda item, m: click.echo(f"{m['status']:13s} {item.key}", err=True))
+    if junit_path:
+        check.write_junit(junit_path, report)
+    click.echo(check.format_report(report))
+    if not report.ok:
+        raise click.ClickException("kernels differ from the expectations (see above); if the change is intended, "
+                                   "run `mlagen check --update` and commit the file")
 
 
 @cli.command("info")

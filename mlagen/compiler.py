@@ -21,7 +21,7 @@ from pathlib import Path
 from . import knobs
 from .cache import DiskCache, atomic_write
 from .errors import CompileError, NoDeviceError
-from .render import Source
+from .source import Source
 
 
 # Part of every key: entries of an older layout (before checksums) are not read, not reported corrupt.

@@ -5,8 +5,8 @@ tunes, worker processes) lose nothing. A record is keyed by family, spec, proble
 device name and SM count, driver and NVRTC versions, and a hash of the kernel's sources (spec,
 template, headers), so a record made for a changed kernel is never used.
 
-Lookups also read the records shipped with the package (``mlagen/tuned/*.json``); the user's
-own database wins over them.
+Lookups read the user's database and the records shipped with the package (``mlagen/tuned/*.json``)
+together: the nearest shape class wins, the user's record wins a tie (see :func:`lookup`).
 """
 
 from __future__ import annotations
@@ -356,34 +356,44 @@ def _with_origin(best: Best, origin: str) -> Best:
     return Best(best.key, best.variant, best.symbol, best.time_ms, best.tflops, best.run_id, best.updated, origin)
 
 
-def lookup(key: RecordKey, distance, db: TuningDB | None = None, include_shipped: bool = True) -> Best | None:
+def lookup(key: RecordKey, distance, db: TuningDB | None = None, include_shipped: bool = True,
+           same_arch=None) -> Best | None:
     """The record to use for ``key``: the first of :func:`candidates`, or None."""
-    return next(iter(candidates(key, distance, db, include_shipped)), None)
+    ranked = candidates(key, distance, db, include_shipped, same_arch)
+    return ranked[0] if ranked else None
 
 
-def candidates(key: RecordKey, distance, db: TuningDB | None = None, include_shipped: bool = True) -> list[Best]:
-    """The records usable for ``key``, best first: the user's database, then the shipped records.
+def candidates(key: RecordKey, distance, db: TuningDB | None = None, include_shipped: bool = True,
+               same_arch=None) -> list[Best]:
+    """The records usable for ``key``, best first, over the user's database and the shipped
+    records together (dispatch tries them in order before the spec's default).
 
-    Within a source, a record must match family, spec, dtypes, device, SM count and source hash
-    exactly. Among those, the problem bucket closest to ``key.problem`` comes first (``distance(a,
-    b)`` between bucket strings; inf means unusable), an exact driver and NVRTC match breaks ties,
-    then the newer record. Dispatch tries them in order (a record's kernel may spill under the
-    local compiler) before it falls back to the spec's default.
+    A record must match family, spec, dtypes and source hash exactly. Records of the key's own
+    device (name and SM count) come first; then, if ``same_arch(record_key)`` says a record's
+    device is of the same architecture, records of other devices with the same SM count, then
+    with another SM count. Within a tier the nearest problem bucket wins (``distance(a, b)``
+    between bucket strings; inf means unusable), then the user's database over the shipped
+    records, then an exact driver and NVRTC match, then the newest. So an exact shipped record
+    beats a near user record, and a user record beats a shipped one at the same distance.
+
+    A record's ``origin`` is "user" or "shipped:<file>", followed by " (other device: <name>)"
+    for a record made on another device.
     """
-    strict = ("family", "spec", "dtypes", "device", "sm_count", "source_hash")
-    sources: list[list[Best]] = []
+    strict = {k: getattr(key, k) for k in ("family", "spec", "dtypes", "source_hash")}
+    sources: list[tuple[int, list[Best]]] = []
     if db is not None:
         try:
-            sources.append(db.bests(**{k: getattr(key, k) for k in strict}))
+            sources.append((0, db.bests(**strict)))
         except DatabaseError as exc:
             log.warning("tuning database unreadable, using shipped records and defaults: %s", exc)
-            sources.append([])
     if include_shipped:
-        sources.append([b for b in shipped_records() if all(getattr(b.key, k) == getattr(key, k) for k in strict)])
-    ranked: list[Best] = []
-    for source in sources:
-        scored = []
-        for b in source:
+        sources.append((1, [b for b in shipped_records() if all(getattr(b.key, k) == v for k, v in strict.items())]))
+    scored = []
+    for rank, candidates in sources:
+        for b in candidates:
+            tier = _device_tier(key, b.key, same_arch)
+            if tier is None:
+                continue
             try:
                 d = distance(key.problem, b.key.problem)
             except ValueError as exc:  # a malformed record (hand-edited import) is unusable, not fatal
@@ -392,10 +402,18 @@ def candidates(key: RecordKey, distance, db: TuningDB | None = None, include_shi
             if d == float("inf"):
                 continue
             toolchain_miss = (b.key.driver != key.driver) + (b.key.nvrtc != key.nvrtc)
-            scored.append((d, toolchain_miss, -b.updated, b))
-        scored.sort(key=lambda s: s[:3])
-        ranked.extend(s[3] for s in scored)
-    return ranked
+            scored.append(((tier, d, rank, toolchain_miss, -b.updated), b))
+    scored.sort(key=lambda s: s[0])
+    return [_with_origin(b, f"{b.origin} (other device: {b.key.device})") if score[0] else b for score, b in scored]
+
+
+def _device_tier(key: RecordKey, record: RecordKey, same_arch) -> int | None:
+    """0: the key's device; 1: same architecture and SM count; 2: same architecture; None: unusable."""
+    if record.device == key.device and record.sm_count == key.sm_count:
+        return 0
+    if same_arch is None or not same_arch(record):
+        return None
+    return 1 if record.sm_count == key.sm_count else 2
 
 
 # --- row and JSON conversion ----------------------------------------------------------------

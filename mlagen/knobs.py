@@ -32,8 +32,13 @@ COMPILE_WORKERS = Knob("MLAGEN_COMPILE_WORKERS", None, "Parallel compile process
 LOG = Knob("MLAGEN_LOG", "warning", "Log level of the 'mlagen' logger (debug, info, warning).")
 NVRTC_LIBRARY = Knob("MLAGEN_NVRTC_LIBRARY", None,
                      "Path of the libnvrtc.so to load instead of the nvidia-cuda-nvrtc wheel's (e.g. an older 13.x).")
+CHECK_SEQLENS = Knob("MLAGEN_CHECK_SEQLENS", "0",
+                     "1: mla_prefill reads device cu_seqlens back and checks them (a host sync; for debugging).")
+RECORD_SHAPES = Knob("MLAGEN_RECORD_SHAPES", None,
+                     "File to count the shape classes of kernel calls in (YAML; for mlagen tune --workload).")
 
-ALL = (OUT_DIR, CACHE_DIR, TUNING_DB, NO_TUNED, NO_SHIPPED, FAMILY, COMPILE_WORKERS, LOG, NVRTC_LIBRARY)
+ALL = (OUT_DIR, CACHE_DIR, TUNING_DB, NO_TUNED, NO_SHIPPED, FAMILY, COMPILE_WORKERS, LOG, NVRTC_LIBRARY, CHECK_SEQLENS,
+       RECORD_SHAPES)
 
 
 def _flag(knob: Knob) -> bool:
@@ -65,6 +70,14 @@ def no_tuned() -> bool:
 
 def no_shipped() -> bool:
     return _flag(NO_SHIPPED)
+
+
+def check_seqlens() -> bool:
+    return _flag(CHECK_SEQLENS)
+
+
+def record_shapes() -> str | None:
+    return RECORD_SHAPES.raw()
 
 
 def forced_family() -> str | None:

@@ -16,7 +16,7 @@ from typing import Any, Mapping
 
 import yaml
 
-from . import arch, expr, paths
+from . import arch, expr, families, paths
 from .errors import SpecError
 
 _IDENT = re.compile(r"^[a-z][a-z0-9_]*$")
@@ -284,8 +284,6 @@ def from_dict(data: Any, path: str | Path, text: str = "") -> KernelSpec:
     )
     # The family validates its own parts (e.g. the Hopper schedule) and that its default variant
     # is legal, so a broken spec fails when loaded rather than when first launched.
-    from . import families
-
     families.get(family, path).validate_spec(spec)
     return spec
 

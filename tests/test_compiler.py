@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from mlagen import compiler, render, schedule
+from mlagen import compiler, render
+from mlagen.families.mla_prefill import schedule
 from mlagen import spec as spec_mod
 from mlagen import variant
 from mlagen.errors import CompileError

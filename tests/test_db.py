@@ -370,11 +370,51 @@ def test_shipped_records_are_used_without_a_user_record(tdb, no_shipped):
     assert db.lookup(KEY, distance, None).symbol == "shipped"
 
 
-def test_user_database_beats_shipped(tdb, no_shipped):
+def test_an_exact_shipped_record_beats_a_near_user_record(tdb, no_shipped):
+    # The issue-8 case: after tuning only D2, a D4 call must keep the shipped exact D4 record.
     _ship(no_shipped, best(symbol="shipped exact"))
     tdb.set_best(best(symbol="user near", problem="causal/h128/q4096/k8192"))
     found = db.lookup(KEY, distance, tdb)
-    assert (found.symbol, found.origin) == ("user near", "user")
+    assert (found.symbol, found.origin) == ("shipped exact", "shipped:h100.json")
+
+
+def test_the_user_database_wins_ties(tdb, no_shipped):
+    _ship(no_shipped, best(symbol="shipped exact", updated=5.0))
+    tdb.set_best(best(symbol="user exact", updated=1.0))
+    found = db.lookup(KEY, distance, tdb)
+    assert (found.symbol, found.origin) == ("user exact", "user")
+    # and a near user record beats a farther shipped one
+    _ship(no_shipped, best(symbol="shipped far", problem="causal/h16/q8192/k8192"))
+    tdb2_key = db.RecordKey(**{**KEY.as_dict(), "problem": "causal/h128/q4096/k4096"})
+    assert db.lookup(tdb2_key, distance, tdb).symbol == "user exact"
+
+
+def _same_arch(record_key):
+    return record_key.device in ("NVIDIA H100 80GB HBM3", "NVIDIA H100 PCIe", "NVIDIA H20")
+
+
+H200 = db.RecordKey(**{**KEY.as_dict(), "device": "NVIDIA H200", "sm_count": 132})
+
+
+def test_records_of_another_device_of_the_same_arch_come_before_the_default(tdb, no_shipped):
+    _ship(no_shipped, best(symbol="h100 shipped", problem="causal/h128/q4096/k8192"))
+    assert db.lookup(H200, distance, tdb) is None  # without an architecture match: unusable
+    found = db.lookup(H200, distance, tdb, same_arch=_same_arch)
+    assert found.symbol == "h100 shipped"
+    assert found.origin == "shipped:h100.json (other device: NVIDIA H100 80GB HBM3)"
+    # a record of the device itself, however far, beats another device's exact one
+    tdb.set_best(best(symbol="h200 own far", device="NVIDIA H200", problem="causal/h1/q1/k1"))
+    found = db.lookup(H200, distance, tdb, same_arch=_same_arch)
+    assert (found.symbol, found.origin) == ("h200 own far", "user")
+
+
+def test_another_device_with_the_same_sm_count_comes_first(tdb, no_shipped):
+    tdb.set_best(best(symbol="h20 exact", device="NVIDIA H20", sm_count=78))
+    tdb.set_best(best(symbol="h100 far", problem="causal/h16/q8192/k8192"))
+    found = db.lookup(H200, distance, tdb, same_arch=_same_arch)
+    assert (found.symbol, found.origin) == ("h100 far", "user (other device: NVIDIA H100 80GB HBM3)")
+    tdb.set_best(best(symbol="a100", device="NVIDIA A100-SXM4-80GB", sm_count=132))
+    assert db.lookup(H200, distance, tdb, same_arch=_same_arch).symbol == "h100 far"
 
 
 def test_shipped_records_filter_like_user_records(tdb, no_shipped):
@@ -430,3 +470,14 @@ def test_record_with_a_malformed_problem_is_skipped(tdb, no_shipped):
     assert db.lookup(KEY, distance, tdb) is None  # not an exception: dispatch falls back to the default
     tdb.set_best(best(symbol="usable", problem="causal/h64/q8192/k8192"))
     assert db.lookup(KEY, distance, tdb).symbol == "usable"
+
+
+def test_candidates_rank_every_usable_record(tdb, no_shipped):
+    _ship(no_shipped, best(symbol="shipped exact"), best(symbol="shipped far", problem="causal/h16/q8192/k8192"))
+    tdb.set_best(best(symbol="user exact"))
+    tdb.set_best(best(symbol="user near", problem="causal/h128/q4096/k8192"))
+    tdb.set_best(best(symbol="h20", device="NVIDIA H20", sm_count=78))
+    ranked = db.candidates(KEY, distance, tdb, same_arch=_same_arch)
+    assert [b.symbol for b in ranked] == ["user exact", "shipped exact", "user near", "shipped far", "h20"]
+    assert ranked[-1].origin == "user (other device: NVIDIA H20)"
+    assert db.lookup(KEY, distance, tdb).symbol == "user exact"

@@ -48,7 +48,7 @@ from typing import Callable, Iterable
 from . import arch, db, dispatch
 from . import spec as spec_mod
 from . import variant as variant_mod
-from .build import build_many, compile_pool
+from .build import abort_pool, build_many, compile_pool
 from .errors import MlagenError, TuningError
 from .shapes import Shape, WorkloadItem, parse_shape
 
@@ -565,8 +565,10 @@ def make_search(strategy: str, spec, fixed: dict, target: arch.Target, max_trial
 
 
 def _failed_build(b) -> TrialResult | None:
-    if b.status == "pruned":
-        return TrialResult(b.variant, "pruned", detail="; ".join(b.reasons))
+    if b.status == "pruned":  # by the resource model, or after compiling because it spills
+        rep = b.report
+        return TrialResult(b.variant, "pruned", registers=rep.registers if rep else None,
+                           spills=(rep.spill_stores + rep.spill_loads) if rep else None, detail="; ".join(b.reasons))
     if b.status == "compile_error":
         return TrialResult(b.variant, "compile_error", detail=b.reasons[0][:4000] if b.reasons else "")
     return None
@@ -729,7 +731,8 @@ def tune(config: TuneConfig, progress: Callable[[str], None] = print, bar=None,
     database = db.TuningDB(config.db_path)
     total_weight = sum(c.weight for c in classes)
     results = []
-    with compile_pool(config.jobs) as pool:  # one set of compile processes for the whole session
+    pool = compile_pool(config.jobs)  # one set of compile processes for the whole session
+    try:
         build = _builder(target, config.jobs, pool)
         for c in classes:
             budget = None if config.budget_s is None else config.budget_s * c.weight / total_weight
@@ -744,6 +747,11 @@ def tune(config: TuneConfig, progress: Callable[[str], None] = print, bar=None,
             finally:
                 for w in workers:
                     w.stop()
+    except BaseException:  # Ctrl-C: stop the compiles now (the GPU workers are stopped above)
+        abort_pool(pool)
+        raise
+    finally:
+        pool.shutdown()
     return results
 
 

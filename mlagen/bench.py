@@ -42,7 +42,9 @@ from .errors import BenchError
 from .families.mla_prefill import D_QK, D_V
 from .measure import MIB, L2Flush, Timing, median, percentile, time_calls  # noqa: F401  (re-exported)
 from .shapes import SHAPES, Shape, parse_shape, parse_shapes, ragged_lengths  # noqa: F401  (re-exported)
-from .verify import CHECK_HEADS, REL_TOL, Check, compare, make_inputs, reference_heads  # noqa: F401
+# The dense family's reference and comparison: bench's peers (cuDNN, FlashAttention) run dense MLA.
+from .families.mla_prefill.reference import REL_TOL, Check, compare, make_inputs, reference_heads  # noqa: F401
+from .verify import CHECK_HEADS
 
 OURS = "mlagen"
 OURS_CHECKED = "mlagen-check"   # the public call with check_seqlens=True
@@ -426,7 +428,7 @@ def _bench_shape(shape, names, iters, rounds, warmup, seed, device, flush, log) 
 
     log(f"{shape.id}: {shape.description}; {shape.flops() / 1e12:.2f} TFLOP per call")
     inputs = make_inputs(shape, device, seed)
-    ref = reference_heads(shape, inputs)
+    ref = reference_heads(shape, inputs, CHECK_HEADS)
     outcomes, ready = {}, {}
     for name in names:
         outcomes[name], peer = _prepare(name, shape, inputs, ref, warmup, log)

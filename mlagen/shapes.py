@@ -26,7 +26,6 @@ Importing this module imports neither torch nor a GPU library.
 from __future__ import annotations
 
 import random
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
@@ -35,7 +34,6 @@ from .errors import ShapeError
 from .families import mla_prefill as family
 
 MASK_WORDS = ("causal", "none")
-KEYS = ("b", "q", "k", "h")
 GRAMMAR = "b=<batch>, q=<len> or q=[l1,l2,...], k=<len> or list (default q), h=<heads>, and causal or none"
 WORKLOAD_FAMILY = "mla_prefill"
 
@@ -115,16 +113,7 @@ class Shape:
 
     def describe_text(self) -> str:
         """The canonical description, which :func:`parse_shape` reads back into this shape."""
-        if self.uniform:
-            items = [f"b={self.batch}", f"q={self.q_lens[0]}"]
-            if self.k_lens[0] != self.q_lens[0]:
-                items.append(f"k={self.k_lens[0]}")
-        else:
-            items = ["q=[" + ",".join(map(str, self.q_lens)) + "]"]
-            if self.k_lens != self.q_lens:
-                items.append("k=[" + ",".join(map(str, self.k_lens)) + "]")
-        items += [f"h={self.heads}", "causal" if self.causal else "none"]
-        return ",".join(items)
+        return family.describe_shape(self)
 
 
 def ragged_lengths(count: int, low: int, high: int, seed: int) -> tuple[int, ...]:
@@ -156,49 +145,10 @@ SHAPES: dict[str, Shape] = {s.id: s for s in (
 # --- parsing ----------------------------------------------------------------------------------
 
 
-def _split_items(text: str) -> list[str]:
-    """Split on commas outside brackets: ``q=[1,2],h=4`` -> ``["q=[1,2]", "h=4"]``."""
-    items, depth, cur = [], 0, []
-    for ch in text:
-        if ch == "[":
-            depth += 1
-        elif ch == "]":
-            depth -= 1
-            if depth < 0:
-                raise ShapeError(f"shape {text!r}: ']' without '['")
-        if ch == "," and depth == 0:
-            items.append("".join(cur).strip())
-            cur = []
-        else:
-            cur.append(ch)
-    if depth:
-        raise ShapeError(f"shape {text!r}: '[' without ']'")
-    items.append("".join(cur).strip())
-    return items
-
-
-def _positive(text: str, item: str, what: str) -> int:
-    text = text.strip()
-    if not re.fullmatch(r"\d+", text) or int(text) < 1:
-        raise ShapeError(f"shape item {item!r}: {what} must be a positive integer, got {text!r}")
-    return int(text)
-
-
-def _lengths(value: str, item: str) -> tuple[int, ...] | int:
-    value = value.strip()
-    if value.startswith("["):
-        if not value.endswith("]"):
-            raise ShapeError(f"shape item {item!r}: a list is [l1,l2,...]")
-        parts = [p for p in value[1:-1].split(",")]
-        if not parts or any(not p.strip() for p in parts):
-            raise ShapeError(f"shape item {item!r}: a list needs at least one length, no empty entries")
-        return tuple(_positive(p, item, "each length") for p in parts)
-    return _positive(value, item, "a length")
-
-
 def parse_shape(text: str) -> Shape:
     """One shape from an id of BENCHMARKS.md (``D1`` ... ``D7``, any case) or a description
-    (the module docstring has the grammar).
+    (the module docstring has the grammar; the family parses it, so ``MLAGEN_RECORD_SHAPES``
+    files and ``--shape`` read the same text).
 
     Raises:
         ShapeError (a ValueError): naming the bad item and what is allowed.
@@ -212,46 +162,15 @@ def parse_shape(text: str) -> Shape:
         return SHAPES[raw.upper()]
     if "=" not in raw and raw.lower() not in MASK_WORDS:
         raise ShapeError(f"unknown shape id {raw!r}; choose from {', '.join(SHAPES)}, or describe one: {GRAMMAR}")
-    values: dict[str, str] = {}
-    mask = None
-    for item in _split_items(raw):
-        if not item:
-            raise ShapeError(f"shape {raw!r}: empty item (two commas in a row?)")
-        if "=" not in item:
-            if item.lower() not in MASK_WORDS:
-                raise ShapeError(f"shape item {item!r}: a bare word must be a mask: {' or '.join(MASK_WORDS)}")
-            if mask is not None:
-                raise ShapeError(f"shape item {item!r}: the mask is given twice")
-            mask = item.lower()
-            continue
-        key, value = (s.strip() for s in item.split("=", 1))
-        key = key.lower()
-        if key not in KEYS:
-            raise ShapeError(f"shape item {item!r}: unknown key {key!r}; allowed: {GRAMMAR}")
-        if key in values:
-            raise ShapeError(f"shape item {item!r}: {key} is given twice")
-        values[key] = value
-    if "h" not in values:
-        raise ShapeError(f"shape {raw!r}: h=<heads> is required; allowed: {GRAMMAR}")
-    if "q" not in values:
-        raise ShapeError(f"shape {raw!r}: q=<len> or q=[l1,...] is required; allowed: {GRAMMAR}")
-    heads = _positive(values["h"], f"h={values['h']}", "h")
-    q = _lengths(values["q"], f"q={values['q']}")
-    k = _lengths(values["k"], f"k={values['k']}") if "k" in values else q
-    batch = _positive(values["b"], f"b={values['b']}", "b") if "b" in values else None
-    lists = [len(x) for x in (q, k) if isinstance(x, tuple)]
-    if len(set(lists)) > 1:
-        raise ShapeError(f"shape {raw!r}: q and k lists must have one length per sequence, got {lists[0]} and "
-                         f"{lists[1]}")
-    if lists:
-        if batch is not None and batch != lists[0]:
-            raise ShapeError(f"shape item 'b={batch}': the length lists give {lists[0]} sequences")
-        batch = lists[0]
-    batch = batch or 1
-    q_lens = q if isinstance(q, tuple) else (q,) * batch
-    k_lens = k if isinstance(k, tuple) else (k,) * batch
-    shape = Shape("", q_lens, k_lens, heads, (mask or "causal") == "causal")
-    return Shape(shape.describe_text(), q_lens, k_lens, heads, shape.causal)
+    try:
+        parsed = family.parse_shape(raw)
+    except ValueError as exc:
+        raise ShapeError(f"{exc}; allowed: {GRAMMAR}") from None
+    if not sum(parsed.q_lens) or not sum(parsed.k_lens):
+        raise ShapeError(f"shape {raw!r}: no {'query' if not sum(parsed.q_lens) else 'key'} rows; "
+                         "lengths must add up to at least 1")
+    shape = Shape("", tuple(parsed.q_lens), tuple(parsed.k_lens), parsed.heads, parsed.causal)
+    return Shape(family.describe_shape(shape), shape.q_lens, shape.k_lens, shape.heads, shape.causal)
 
 
 def parse_shapes(text: str | Iterable[str]) -> list[Shape]:

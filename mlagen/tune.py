@@ -133,82 +133,20 @@ def _median(xs: list[float]) -> float:
     return s[n // 2] if n % 2 else 0.5 * (s[n // 2 - 1] + s[n // 2])
 
 
-# --- family hooks: the only dense-MLA-specific code of the tuner -----------------------------
-# (problem key, inputs, reference, call, compare, FLOPs). Routed through the family protocol
-# when there is one.
+# --- the family -------------------------------------------------------------------------------
+# Everything specific to an operation (shape classes, inputs, reference, call, FLOPs) comes from
+# the spec's family through the protocol of mlagen/families/base.py; this module names none.
 
 
-def problem_of(shape: Shape) -> str:
+def family_of(spec):
+    from . import families
+
+    return families.get(spec.family, spec.path)
+
+
+def problem_of(shape, family) -> str:
     """The shape class (record key problem) of ``shape``."""
-    from .families.mla_prefill import problem_key
-
-    return str(problem_key(shape.heads, shape.total_q, shape.total_k, shape.batch, shape.causal))
-
-
-def specialization_of(shape: Shape) -> dict:
-    return {"mask": "causal" if shape.causal else "none"}
-
-
-class _DenseTrial:
-    """Inputs, references and the call of one shape, held by a GPU worker for all its trials."""
-
-    def __init__(self, shape: Shape, seed: int):
-        import torch
-
-        from . import verify
-        from .families import mla_prefill as family
-
-        self.torch, self.verify, self.shape = torch, verify, shape
-        self.device = torch.device("cuda", torch.cuda.current_device())
-        self.inputs = verify.make_inputs(shape, self.device, seed)
-        self.ref = verify.reference_heads(shape, self.inputs)
-        self.check = verify.check_problem(shape, self.device, seed)
-        self.check_ref = family.reference(*self.check["args"], **self.check["kwargs"])
-        self.family = family
-
-    def select(self, v):
-        return dispatch.dispatcher().select(self.family.FAMILY.name, "", {}, self.device.index, None, variant=v)
-
-    def verify_variant(self, v) -> tuple[str | None, float]:
-        """(None, max relative error) if ``v`` is right on both problems, else (why, error)."""
-        from .api import mla_prefill
-
-        torch = self.torch
-        out = torch.full_like(self.check_ref[0], float("nan"), dtype=torch.bfloat16)
-        lse = torch.full_like(self.check_ref[1], float("nan"))
-        mla_prefill(*self.check["args"], **self.check["kwargs"], out=out, lse=lse, kernel=v)
-        torch.cuda.synchronize()
-        small = self.verify.compare(out, lse, *self.check_ref)
-        if not small.ok:
-            return f"check problem: {small.problem}", small.rel_l2
-        out, lse = self._outputs(nan=True)
-        self.call(v, out, lse, check_seqlens=None)
-        torch.cuda.synchronize()
-        full = self.verify.compare(out, lse, *self.ref)
-        if not full.ok:
-            return f"shape: {full.problem}", full.rel_l2
-        return None, max(small.rel_l2, full.rel_l2)
-
-    def _outputs(self, nan: bool):
-        torch, s = self.torch, self.shape
-        fill = float("nan") if nan else 0.0
-        out = torch.full((s.total_q, s.heads, self.family.D_V), fill, dtype=torch.bfloat16, device=self.device)
-        lse = torch.full((s.total_q, s.heads), fill, device=self.device)
-        return out, lse
-
-    def call(self, v, out, lse, check_seqlens=False):
-        """The kernel on the shape. Timed calls skip reading cu_seqlens back: the tuner compares
-        kernels, and a host read inside the timed region would add the same stall to each
-        (``mlagen bench`` times the public call as a user makes it)."""
-        from .api import mla_prefill
-
-        x = self.inputs
-        mla_prefill(x["q"], x["k"], x["v"], k_rope=x["k_rope"], cu_seqlens_q=x["cu_seqlens_q"],
-                    cu_seqlens_k=x["cu_seqlens_k"], causal=self.shape.causal, out=out, lse=lse, kernel=v,
-                    check_seqlens=check_seqlens)
-
-    def flops(self) -> int:
-        return self.shape.flops()
+    return family.problem_key(shape)
 
 
 # --- GPU worker process -----------------------------------------------------------------------
@@ -222,13 +160,17 @@ def _worker_main(conn, spec_path: str, shape, seed: int, warmup: int, visible: s
     if visible is not None:  # before anything initialises CUDA in this process
         os.environ["CUDA_VISIBLE_DEVICES"] = visible
     try:
-        from . import measure
+        import torch
+
+        from . import measure, verify
         from .runtime import device_info
 
         spec = spec_mod.load(spec_path)
-        trial = _DenseTrial(shape, seed)
-        flush = measure.L2Flush(trial.device)
-        info = device_info(trial.device.index)
+        family = family_of(spec)
+        device = torch.device("cuda", torch.cuda.current_device())
+        trial = verify.Verifier(family, shape, device, seed)
+        flush = measure.L2Flush(device)
+        info = device_info(device.index)
         conn.send(("ready", {"device": info.name, "sm_count": info.sm_count, "driver": info.driver_version}))
     except Exception:
         conn.send(("setup_failed", traceback.format_exc()))
@@ -241,21 +183,21 @@ def _worker_main(conn, spec_path: str, shape, seed: int, warmup: int, visible: s
             return
         v = variant_mod.make(spec, msg["values"])
         try:
-            sel = trial.select(v)
+            sel = dispatch.dispatcher().select(family.name, "", {}, device.index, None, variant=v)
         except MlagenError as exc:
             conn.send({"outcome": "launch_error", "detail": str(exc)})
             continue
         try:
             if v not in verified:
-                problem, err = trial.verify_variant(v)
+                problem, err = trial.verify(v)
                 if problem is not None:
                     conn.send({"outcome": "wrong_result", "max_error": err, "detail": problem})
                     continue
                 verified[v] = err
-            out, lse = trial._outputs(nan=False)
+            outputs = trial.outputs()
             for _ in range(warmup):
-                trial.call(v, out, lse)
-            samples = measure.time_calls(lambda: trial.call(v, out, lse), msg["iters"], flush)
+                trial.call(v, outputs)
+            samples = measure.time_calls(lambda: trial.call(v, outputs), msg["iters"], flush)
             med = measure.median(samples)
             conn.send({"outcome": "ok", "time_ms": med * 1e3, "tflops": trial.flops() / med / 1e12,
                        "max_error": verified[v], "registers": sel.binary.resources.registers,
@@ -679,9 +621,9 @@ class ShapeClass:
     members: list[Shape]
 
 
-def shape_classes(items: Iterable) -> list[ShapeClass]:
-    """Group shapes (ids, descriptions, Shape or WorkloadItem) by problem key; heaviest class
-    first (ties: first given), each represented by its heaviest shape."""
+def shape_classes(items: Iterable, family) -> list[ShapeClass]:
+    """Group shapes (ids, descriptions, Shape or WorkloadItem) by ``family``'s problem key;
+    heaviest class first (ties: first given), each represented by its heaviest shape."""
     classes: dict[str, ShapeClass] = {}
     best_weight: dict[str, float] = {}
     for item in items:
@@ -689,7 +631,7 @@ def shape_classes(items: Iterable) -> list[ShapeClass]:
             shape, weight = item.shape, item.weight
         else:
             shape, weight = (item if isinstance(item, Shape) else parse_shape(item)), 1.0
-        problem = problem_of(shape)
+        problem = problem_of(shape, family)
         c = classes.get(problem)
         if c is None:
             classes[problem] = ShapeClass(problem, shape, weight, [shape])
@@ -712,7 +654,7 @@ def tune(config: TuneConfig, progress: Callable[[str], None] = print, bar=None,
     counts trials. Raises TuningError (no GPU, a spec that does not target it) or ShapeError
     (a bad shape) before any GPU work."""
     spec = spec_mod.load(config.spec)
-    classes = shape_classes(config.shapes)
+    classes = shape_classes(config.shapes, family_of(spec))
     if not classes:
         raise TuningError("no shape to tune; give --shape or --workload")
     if config.target is None:
@@ -825,7 +767,7 @@ def tune_class(spec, shape_class: ShapeClass, target, config: TuneConfig, databa
     wall0 = time.time()
     deadline = None if budget_s is None else t0 + budget_s * (1 - FINAL_SHARE)
     run_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
-    fixed = {**config.fixed, **specialization_of(shape)}
+    fixed = {**config.fixed, **family_of(spec).specialization(shape)}
     starts = known_starts(spec, fixed, target, database, key)
     search = make_search(config.strategy, spec, fixed, target, config.max_trials, config.seed, starts=starts)
     finished = _finished_trials(database, key) if config.resume else {}

@@ -299,9 +299,9 @@ def test_tune_needs_a_shape_or_a_workload(run):
 
 
 @pytest.mark.parametrize("args, fragment", [
-    (("--shape", "q=5"), "h=<heads> is required"),
+    (("--shape", "q=5"), "needs q=<length> and h=<heads>"),
     (("--shape", "D9"), "unknown shape id 'D9'"),
-    (("--shape", "b=2,q=[1,2,3],h=4"), "'b=2'"),
+    (("--shape", "b=2,q=[1,2,3],h=4"), "the batch (2) and the q/k lists disagree"),
     (("--shape", "D1", "--devices", "0,x"), "'x' is not a GPU index"),
     (("--shape", "D1", "--budget", "0"), "--budget"),
     (("--shape", "D1", "--strategy", "random"), "random"),

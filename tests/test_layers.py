@@ -130,7 +130,8 @@ def test_no_family_named_outside_its_package():
     """dispatch, tune, bench and the CLI reach families through the protocol only."""
     g = graph()
     for name in ("mlagen.dispatch", "mlagen.cli", "mlagen.spec", "mlagen.resources", "mlagen.render",
-                 "mlagen.db", "mlagen.build", "mlagen.compiler", "mlagen.runtime"):
+                 "mlagen.db", "mlagen.build", "mlagen.compiler", "mlagen.runtime", "mlagen.tune", "mlagen.verify",
+                 "mlagen.measure", "mlagen.progress"):
         named = {m for m in g[name] if m.startswith("mlagen.families.") and m != "mlagen.families.base"}
         assert not named, f"{name} imports {sorted(named)}"
 
@@ -138,7 +139,8 @@ def test_no_family_named_outside_its_package():
 LEAVES = ["mlagen.errors", "mlagen.knobs", "mlagen.paths", "mlagen.arch", "mlagen.expr", "mlagen.abi",
           "mlagen.cache", "mlagen.source", "mlagen.spec", "mlagen.variant", "mlagen.resources", "mlagen.render",
           "mlagen.compiler", "mlagen.db", "mlagen.runtime", "mlagen.dispatch", "mlagen.build", "mlagen.cli",
-          "mlagen.families", "mlagen.families.mla_prefill"]
+          "mlagen.families", "mlagen.families.mla_prefill", "mlagen.shapes", "mlagen.verify", "mlagen.measure",
+          "mlagen.progress", "mlagen.tune"]
 
 
 @pytest.mark.parametrize("module", LEAVES)

@@ -14,8 +14,11 @@ from mlagen import spec as spec_mod
 from mlagen import variant as variant_mod
 from mlagen.build import BuildResult
 from mlagen.shapes import SHAPES, Shape, WorkloadItem, parse_shape
+from mlagen.families import get as get_family
 from mlagen.tune import (Ask, Coordinate, Final, Global, ShapeClass, TrialRunner, TuneConfig, choose,
                          parse_devices, problem_of, shape_classes, tune_class)
+
+DENSE = get_family("mla_prefill")
 
 S90 = spec_mod.load("mla_prefill_sm90")
 SM90A = arch.target("sm_90a")
@@ -340,11 +343,11 @@ def test_shape_classes_group_by_problem_key_and_order_by_weight():
     small = parse_shape("b=4,q=4000,h=16")            # same class as D2 (q rounds up to 4096)
     items = [WorkloadItem(SHAPES["D1"], 2), WorkloadItem(SHAPES["D2"], 3), WorkloadItem(small, 5),
              WorkloadItem(SHAPES["D3"], 1)]
-    classes = shape_classes(items)
-    assert [c.problem for c in classes] == [problem_of(SHAPES["D2"]), problem_of(SHAPES["D1"]),
-                                            problem_of(SHAPES["D3"])]
+    classes = shape_classes(items, DENSE)
+    assert [c.problem for c in classes] == [problem_of(SHAPES["D2"], DENSE), problem_of(SHAPES["D1"], DENSE),
+                                            problem_of(SHAPES["D3"], DENSE)]
     assert classes[0].weight == 8 and classes[0].shape == small and classes[0].members == [SHAPES["D2"], small]
-    plain = shape_classes(["D1", "D2", Shape("X", (4096,) * 4, (4096,) * 4, 16, True)])
+    plain = shape_classes(["D1", "D2", Shape("X", (4096,) * 4, (4096,) * 4, 16, True)], DENSE)
     assert [c.weight for c in plain] == [1, 2][::-1] or [c.shape.id for c in plain] == ["D2", "D1"]
 
 
@@ -406,32 +409,28 @@ def test_an_interrupted_batch_records_nothing_more_and_does_not_wait():
 
 
 def test_worker_protocol_verifies_once_then_times(monkeypatch):
-    """_worker_main in a thread with a fake trial: the request/answer protocol of the GPU worker."""
+    """_worker_main in a thread with a fake verifier: the request/answer protocol of the GPU worker."""
     import multiprocessing
 
-    from mlagen import measure, runtime
+    import torch
+
+    from mlagen import measure, runtime, verify
     from mlagen import tune as tune_mod
 
     verified, timed = [], []
 
-    class FakeTrial:
-        def __init__(self, shape, seed):
-            self.device = type("D", (), {"index": 0})()
+    class FakeVerifier:
+        def __init__(self, family, shape, device, seed):
+            assert family.name == "mla_prefill" and shape.id == "D1"
 
-        def select(self, v):
-            if v["stages"] == 4:
-                raise tune_mod.MlagenError("no such kernel")
-            res = type("R", (), {"registers": 168, "spill_stores": 0, "spill_loads": 4})()
-            return type("S", (), {"binary": type("B", (), {"resources": res})()})()
-
-        def verify_variant(self, v):
+        def verify(self, v):
             verified.append(v)
             return ("shape: relative L2 error 5e-01 > 2e-02", 0.5) if v["block_n"] == 64 else (None, 1e-3)
 
-        def _outputs(self, nan):
-            return None, None
+        def outputs(self):
+            return None
 
-        def call(self, v, out, lse, check_seqlens=False):
+        def call(self, v, outputs, check=False):
             if v["block_n"] == 80:
                 raise RuntimeError("CUDA error: an illegal memory access was encountered")
             timed.append(v)
@@ -439,7 +438,16 @@ def test_worker_protocol_verifies_once_then_times(monkeypatch):
         def flops(self):
             return 2e12
 
-    monkeypatch.setattr(tune_mod, "_DenseTrial", FakeTrial)
+    class FakeDispatcher:
+        def select(self, family, problem, specialization, device, accepts, variant=None):
+            if variant["stages"] == 4:
+                raise tune_mod.MlagenError("no such kernel")
+            res = type("R", (), {"registers": 168, "spill_stores": 0, "spill_loads": 4})()
+            return type("S", (), {"binary": type("B", (), {"resources": res})()})()
+
+    monkeypatch.setattr(verify, "Verifier", FakeVerifier)
+    monkeypatch.setattr(tune_mod.dispatch, "dispatcher", lambda: FakeDispatcher())
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(measure, "L2Flush", lambda device: None)
     monkeypatch.setattr(measure, "time_calls", lambda fn, iters, flush: [(fn(), 1e-3)[1] for _ in range(iters)])
     monkeypatch.setattr(runtime, "device_info", lambda i: type("I", (), {"name": "Fake", "sm_count": 132,

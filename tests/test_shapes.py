@@ -187,3 +187,22 @@ def test_workload_errors_name_the_entry(tmp_path, content, fragment):
 def test_missing_workload_file(tmp_path):
     with pytest.raises(ShapeError, match="no such workload file"):
         shapes.load_workload(tmp_path / "nope.yaml")
+
+
+def test_a_recorded_file_is_a_workload(tmp_path, monkeypatch):
+    """What MLAGEN_RECORD_SHAPES writes, mlagen tune --workload reads."""
+    from mlagen import shapelog
+
+    path = tmp_path / "shapes.yaml"
+    monkeypatch.setenv("MLAGEN_RECORD_SHAPES", str(path))
+    shapelog.reset()
+    try:
+        for _ in range(3):
+            shapelog.note("mla_prefill", "causal/h16/q4096/k4096", lambda: "b=4,q=4000,h=16,causal")
+        shapelog.note("mla_prefill", "none/h128/q8192/k8192", lambda: "b=1,q=8192,h=128,none")
+        shapelog.flush()
+    finally:
+        shapelog.reset()
+    items = shapes.load_workload(path)
+    assert [(i.shape.q_lens, i.shape.heads, i.shape.causal, i.weight) for i in items] == [
+        ((4000,) * 4, 16, True, 3.0), ((8192,), 128, False, 1.0)]

@@ -3,7 +3,8 @@
 A compiler is a small class with one job. Caching lives in ``Compiler.compile`` alone, keyed by
 a hash of everything that changes the output: the source, the options, the target, the
 compiler's name and version, and every header under the include directories. NVRTC is the CUDA
-compiler; a hipRTC sibling implements the same two methods.
+compiler; the AMD siblings (hipRTC, offline clang) live in ``backends/hip.py`` and implement the
+same methods, plus their own resource report (AMDGPU metadata instead of ptxas -v).
 """
 
 from __future__ import annotations
@@ -33,6 +34,11 @@ class KernelResources:
     smem_static: int = 0
     barriers: int = 0
     warnings: tuple[str, ...] = ()
+    # AMD only (from the code object's metadata): registers is the unified VGPR count (AGPRs
+    # included), stack_bytes the scratch per lane, smem_static the LDS; occupancy is waves per SIMD.
+    agprs: int = 0
+    sgprs: int = 0
+    occupancy: int = 0
 
     @property
     def spills(self) -> bool:
@@ -120,6 +126,10 @@ class Compiler(ABC):
     def _compile(self, source: Source, target: str, options: list[str], source_path: str) -> tuple[bytes, str]:
         """Compile once, no cache: return (binary, log) or raise CompileError."""
 
+    def parse_resources(self, data: bytes, log: str, symbol: str, target: str) -> KernelResources:
+        """The resource report of ``symbol`` (ptxas -v for NVIDIA; AMD compilers override)."""
+        return parse_ptxas_report(log, symbol)
+
     def key(self, source: Source, target: str) -> str:
         h = hashlib.sha256()
         for part in (self.name, self.version(), target, json.dumps(self.options(target)), source.text,
@@ -150,7 +160,7 @@ class Compiler(ABC):
     def _build(self, key: str, source: Source, target: str, source_path: str, publish: bool) -> Binary:
         options = self.options(target) + [f"-I{d}" for d in source.include_dirs]
         data, log = self._compile(source, target, options, source_path)
-        resources = parse_ptxas_report(log, source.symbol)
+        resources = self.parse_resources(data, log, source.symbol, target)
         binary = Binary(data, target, source.symbol, key, resources, f"{self.name} {self.version()}", log, source_path)
         if publish:
             meta = {"symbol": source.symbol, "target": target, "compiler": binary.compiler,
@@ -246,13 +256,20 @@ def for_target(target: str, **kwargs) -> Compiler:
     vendor = arch.target(target).vendor
     if vendor == "cuda":
         return NvrtcCompiler(**kwargs)
+    if vendor == "hip":
+        from .backends import hip
+
+        return hip.compiler(**kwargs)
     raise NoDeviceError(f"no compiler for vendor {vendor!r}")  # pragma: no cover
 
 
 def save_binary(binary: Binary, directory: Path | str) -> Path:
-    """Write the binary as ``<symbol>.<target>.cubin`` (with its report beside it)."""
+    """Write the binary as ``<symbol>.<target>.cubin`` (``.hsaco`` for AMD), its report beside it."""
+    from . import arch
+
     directory = Path(directory)
-    path = directory / f"{binary.symbol}.{binary.target}.cubin"
+    suffix = arch.TARGETS[binary.target].binary_suffix if binary.target in arch.TARGETS else "cubin"
+    path = directory / f"{binary.symbol}.{binary.target}.{suffix}"
     atomic_write(path, binary.data)
     atomic_write(path.with_suffix(".json"), json.dumps(
         {"symbol": binary.symbol, "target": binary.target, "compiler": binary.compiler, "key": binary.key,

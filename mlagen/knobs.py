@@ -29,9 +29,13 @@ NO_TUNED = Knob("MLAGEN_NO_TUNED", "0", "1: ignore tuning records (user and ship
 NO_SHIPPED = Knob("MLAGEN_NO_SHIPPED", "0", "1: ignore the tuning records shipped with the package.")
 FAMILY = Knob("MLAGEN_FAMILY", None, "Force a kernel spec by name (e.g. mla_prefill_sm80) instead of dispatch.")
 COMPILE_WORKERS = Knob("MLAGEN_COMPILE_WORKERS", None, "Parallel compile processes for tuning; default: CPU count.")
+HIP_CLANG = Knob("MLAGEN_HIP_CLANG", None,
+                 "Offline clang for AMD targets (a path, or 'ziglang'); default: clang-22 on PATH, then the ziglang wheel.")
+HIP_COMPILER = Knob("MLAGEN_HIP_COMPILER", "auto",
+                    "AMD compiler: auto (hipRTC when a ROCm runtime is found, else offline clang), hiprtc or clang.")
 LOG = Knob("MLAGEN_LOG", "warning", "Log level of the 'mlagen' logger (debug, info, warning).")
 
-ALL = (OUT_DIR, CACHE_DIR, TUNING_DB, NO_TUNED, NO_SHIPPED, FAMILY, COMPILE_WORKERS, LOG)
+ALL = (OUT_DIR, CACHE_DIR, TUNING_DB, NO_TUNED, NO_SHIPPED, FAMILY, COMPILE_WORKERS, HIP_CLANG, HIP_COMPILER, LOG)
 
 
 def _flag(knob: Knob) -> bool:
@@ -87,3 +91,14 @@ def log_level() -> str:
     if value not in ("debug", "info", "warning", "error", "critical"):
         raise ValueError(f"{LOG.name}={value!r}: expected debug, info, warning, error or critical")
     return value.upper()
+
+
+def hip_clang() -> str | None:
+    return HIP_CLANG.raw()
+
+
+def hip_compiler() -> str:
+    value = (HIP_COMPILER.raw() or "auto").strip().lower()
+    if value not in ("auto", "hiprtc", "clang"):
+        raise ValueError(f"{HIP_COMPILER.name}={value!r}: expected auto, hiprtc or clang")
+    return value

@@ -2,7 +2,8 @@
 
 Every driver call goes through ``check``, which raises DriverError naming the call and the
 driver's error. Launching does no host synchronisation, so launches can be captured in CUDA
-graphs. A HIP sibling of ``CudaRuntime`` implements the same ``load``/``launch``.
+graphs. On ROCm torch (``torch.version.hip``) the HIP sibling in ``backends/hip.py`` implements the
+same ``device_info``/``load``/``launch`` through hip-python.
 """
 
 from __future__ import annotations
@@ -52,12 +53,24 @@ class DeviceInfo:
     driver_version: str
     smem_per_block_optin: int
     l2_bytes: int
+    arch_name: str = ""  # AMD: gcnArchName without feature flags ("gfx942"); empty on NVIDIA
 
     @property
     def target(self):
         from . import arch
 
+        if self.arch_name:
+            return arch.for_gcn_arch(self.arch_name)
         return arch.for_compute_capability(*self.compute)
+
+
+def vendor() -> str:
+    """``"hip"`` under a ROCm build of torch (its ``torch.cuda`` drives HIP devices), else ``"cuda"``."""
+    try:
+        import torch
+    except ImportError:  # pragma: no cover - torch is a dependency
+        return "cuda"
+    return "hip" if getattr(torch.version, "hip", None) else "cuda"
 
 
 _init_lock = threading.Lock()
@@ -79,6 +92,10 @@ def _init() -> None:
 
 @functools.lru_cache(maxsize=None)
 def device_info(index: int = 0) -> DeviceInfo:
+    if vendor() == "hip":
+        from .backends import hip
+
+        return hip.device_info(index)
     _init()
     d = _driver()
     dev = check(d.cuDeviceGet(index), "cuDeviceGet")
@@ -182,7 +199,12 @@ class CudaRuntime:
 
 
 @functools.lru_cache(maxsize=None)
-def runtime() -> CudaRuntime:
+def runtime():
+    """The runtime of this torch build's devices: CudaRuntime, or HipRuntime on ROCm."""
+    if vendor() == "hip":
+        from .backends import hip
+
+        return hip.HipRuntime()
     return CudaRuntime()
 
 

@@ -1,0 +1,516 @@
+"""AMD Instinct backend: compile to AMDGPU code objects, read their resources, load and launch.
+
+Two compilers produce the same code object from the same source (``templates/`` for gfx targets
+include no HIP header; ``mlagen/gfx9/prelude.cuh`` defines what they need from clang builtins):
+
+* :class:`HiprtcCompiler`: hipRTC through hip-python, at run time on a ROCm machine.
+* :class:`OfflineClangCompiler`: an LLVM clang with the AMDGPU backend (Debian's ``clang-22`` or
+  the ``ziglang`` wheel's clang), on any machine, so CI compiles every AMD variant without ROCm.
+
+The resource report comes from the code object's AMDGPU metadata note (a msgpack map: VGPRs,
+AGPRs, SGPRs, LDS, scratch, spills), read here without any LLVM tool. ``hip-python`` imports
+without ROCm; its first call needs ``libamdhip64.so`` / ``libhiprtc.so``, and every call goes
+through :func:`_check`, which turns a missing runtime into a NoDeviceError that says so.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from .. import arch, knobs
+from ..compiler import Compiler, KernelResources
+from ..errors import CompileError, DriverError, NoDeviceError
+from ..render import Source
+
+NO_ROCM = ("no ROCm runtime was found ({what}: {why}); AMD GPUs need ROCm (libamdhip64.so, libhiprtc.so) "
+           "on the library path. Without one, mlagen can still compile for gfx942/gfx950 "
+           "(mlagen build --arch gfx950) with an offline clang")
+
+# --- the offline clang ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Clang:
+    """How to run an offline clang: its argv prefix, the linker it needs, and LLVM's objdump."""
+
+    argv: tuple[str, ...]
+    version: str
+    ld_lld: tuple[str, ...] | None = None  # argv of ld.lld when clang cannot find one itself
+    objdump: str | None = None
+
+    @property
+    def name(self) -> str:
+        return "zig-clang" if self.ld_lld else "clang"
+
+
+_VERSION = re.compile(r"clang version (\d+)\.(\d+)\.(\d+)")
+# gfx950 entered LLVM in 20 (clang-19 rejects --offload-arch=gfx950); 22 is what the issue pins.
+MIN_CLANG_MAJOR = 20
+
+
+def _clang_version(argv: list[str]) -> str | None:
+    try:
+        out = subprocess.run([*argv, "--version"], capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    m = _VERSION.search(out)
+    return ".".join(m.groups()) if m else None
+
+
+def _objdump_near(clang_path: str) -> str | None:
+    real = Path(os.path.realpath(clang_path))
+    m = re.search(r"-(\d+)$", Path(clang_path).name)
+    candidates = [real.parent / "llvm-objdump"]
+    if m:
+        candidates.append(Path(shutil.which(f"llvm-objdump-{m.group(1)}") or "/nonexistent"))
+    candidates.append(Path(shutil.which("llvm-objdump") or "/nonexistent"))
+    for c in candidates:
+        if c.is_file() and os.access(c, os.X_OK):
+            return str(c)
+    return None
+
+
+def _ziglang() -> Clang | None:
+    try:
+        import ziglang  # noqa: F401  (an optional wheel, never a dependency)
+    except ImportError:
+        return None
+    argv = [sys.executable, "-m", "ziglang", "clang"]
+    version = _clang_version(argv)
+    if version is None:
+        return None
+    return Clang(tuple(argv), version, ld_lld=(sys.executable, "-m", "ziglang", "ld.lld"),
+                 objdump=shutil.which("llvm-objdump"))
+
+
+@functools.lru_cache(maxsize=None)
+def find_clang(setting: str | None = None) -> Clang | None:
+    """The offline clang to use: ``MLAGEN_HIP_CLANG`` (a path, or ``ziglang``), else ``clang-22``
+    / ``clang`` on PATH or under /usr/lib/llvm-*, else the ziglang wheel. Only a clang of major
+    version >= 20 counts (older ones cannot target gfx950). None if there is none."""
+    setting = setting if setting is not None else knobs.hip_clang()
+    if setting:
+        if setting == "ziglang":
+            return _ziglang()
+        version = _clang_version([setting])
+        if version is None:
+            raise ValueError(f"MLAGEN_HIP_CLANG={setting!r}: not a runnable clang")
+        return Clang((setting,), version, objdump=_objdump_near(setting))
+    names = [f"clang-{v}" for v in range(30, MIN_CLANG_MAJOR - 1, -1)] + ["clang"]
+    paths = [shutil.which(n) for n in names]
+    paths += [str(p) for p in sorted(Path("/usr/lib").glob("llvm-*/bin/clang"), reverse=True)]
+    for path in filter(None, paths):
+        version = _clang_version([path])
+        if version and int(version.split(".")[0]) >= MIN_CLANG_MAJOR:
+            return Clang((path,), version, objdump=_objdump_near(path))
+    return _ziglang()
+
+
+# --- AMDGPU code objects: metadata and disassembly -------------------------------------------
+
+
+class _MsgPack:
+    """The subset of msgpack the AMDGPU metadata note uses (maps, arrays, strings, numbers)."""
+
+    def __init__(self, data: bytes):
+        self.data, self.pos = data, 0
+
+    def _take(self, n: int) -> bytes:
+        out = self.data[self.pos:self.pos + n]
+        if len(out) != n:
+            raise ValueError("truncated msgpack")
+        self.pos += n
+        return out
+
+    def _unpack(self, fmt: str):
+        return struct.unpack(">" + fmt, self._take(struct.calcsize(">" + fmt)))[0]
+
+    def value(self):
+        b = self._take(1)[0]
+        if b <= 0x7F:
+            return b
+        if b >= 0xE0:
+            return b - 0x100
+        if 0x80 <= b <= 0x8F:
+            return self._map(b & 0x0F)
+        if 0x90 <= b <= 0x9F:
+            return [self.value() for _ in range(b & 0x0F)]
+        if 0xA0 <= b <= 0xBF:
+            return self._take(b & 0x1F).decode()
+        simple = {0xC0: None, 0xC2: False, 0xC3: True}
+        if b in simple:
+            return simple[b]
+        numbers = {0xCA: "f", 0xCB: "d", 0xCC: "B", 0xCD: "H", 0xCE: "I", 0xCF: "Q",
+                   0xD0: "b", 0xD1: "h", 0xD2: "i", 0xD3: "q"}
+        if b in numbers:
+            return self._unpack(numbers[b])
+        sized = {0xD9: ("B", "str"), 0xDA: ("H", "str"), 0xDB: ("I", "str"), 0xC4: ("B", "bin"),
+                 0xC5: ("H", "bin"), 0xC6: ("I", "bin"), 0xDC: ("H", "array"), 0xDD: ("I", "array"),
+                 0xDE: ("H", "map"), 0xDF: ("I", "map")}
+        if b not in sized:
+            raise ValueError(f"unsupported msgpack type byte 0x{b:02x}")
+        fmt, kind = sized[b]
+        n = self._unpack(fmt)
+        if kind == "str":
+            return self._take(n).decode()
+        if kind == "bin":
+            return self._take(n)
+        if kind == "array":
+            return [self.value() for _ in range(n)]
+        return self._map(n)
+
+    def _map(self, n: int) -> dict:
+        out = {}
+        for _ in range(n):
+            k = self.value()
+            out[k] = self.value()
+        return out
+
+
+NT_AMDGPU_METADATA = 32
+
+
+def code_object_metadata(data: bytes) -> dict:
+    """The AMDGPU metadata map of a code object (``amdhsa.kernels``, ``amdhsa.target``, ...)."""
+    if data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:
+        raise ValueError("not a 64-bit little-endian ELF code object")
+    shoff, = struct.unpack_from("<Q", data, 0x28)
+    shentsize, shnum = struct.unpack_from("<HH", data, 0x3A)
+    for i in range(shnum):
+        sh = shoff + i * shentsize
+        sh_type, = struct.unpack_from("<I", data, sh + 4)
+        if sh_type != 7:  # SHT_NOTE
+            continue
+        off, size = struct.unpack_from("<QQ", data, sh + 0x18)
+        pos, end = off, off + size
+        while pos + 12 <= end:
+            namesz, descsz, ntype = struct.unpack_from("<III", data, pos)
+            name = data[pos + 12:pos + 12 + namesz].rstrip(b"\0")
+            desc = pos + 12 + (namesz + 3) // 4 * 4
+            if name == b"AMDGPU" and ntype == NT_AMDGPU_METADATA:
+                return _MsgPack(data[desc:desc + descsz]).value()
+            pos = desc + (descsz + 3) // 4 * 4
+    raise ValueError("the code object has no AMDGPU metadata note")
+
+
+def kernel_metadata(data: bytes, symbol: str) -> dict:
+    meta = code_object_metadata(data)
+    for k in meta.get("amdhsa.kernels", []):
+        if k.get(".name") == symbol:
+            return k
+    names = [k.get(".name") for k in meta.get("amdhsa.kernels", [])]
+    raise ValueError(f"kernel {symbol!r} is not in the code object (it has {names})")
+
+
+def parse_code_object(data: bytes, symbol: str, target: str) -> KernelResources:
+    """VGPRs, AGPRs, SGPRs, LDS, scratch, spills and occupancy of ``symbol`` from its metadata.
+
+    ``registers`` is ``.vgpr_count``: on gfx90a and later the unified VGPR + AGPR count."""
+    k = kernel_metadata(data, symbol)
+    vgprs, agprs = int(k.get(".vgpr_count", 0)), int(k.get(".agpr_count", 0))
+    lds = int(k.get(".group_segment_fixed_size", 0))
+    vspill = int(k.get(".vgpr_spill_count", 0))
+    threads = int(k.get(".max_flat_workgroup_size", 256))
+    t = arch.target(target)
+    return KernelResources(
+        registers=vgprs,
+        agprs=agprs,
+        sgprs=int(k.get(".sgpr_count", 0)),
+        smem_static=lds,
+        stack_bytes=int(k.get(".private_segment_fixed_size", 0)),
+        # VGPR spills go to scratch, 4 bytes per lane each; SGPR spills go to VGPR lanes (not memory).
+        spill_stores=4 * vspill,
+        spill_loads=4 * vspill,
+        occupancy=arch.occupancy(t, threads, lds, vgprs),
+    )
+
+
+def disassemble(data: bytes, objdump: str | None = None) -> str:
+    """Disassembly of a code object with LLVM's objdump (found beside the offline clang)."""
+    tool = objdump or (find_clang().objdump if find_clang() else None) or shutil.which("llvm-objdump")
+    if tool is None:
+        raise NoDeviceError("no llvm-objdump found to disassemble AMDGPU code (apt-get install llvm-22)")
+    with tempfile.TemporaryDirectory(prefix="mlagen-hip-") as d:
+        path = Path(d) / "kernel.hsaco"
+        path.write_bytes(data)
+        proc = subprocess.run([tool, "-d", str(path)], capture_output=True, text=True, timeout=300)
+    if proc.returncode:
+        raise CompileError(f"llvm-objdump failed on the code object: {proc.stderr.strip()}")
+    return proc.stdout
+
+
+_MFMA = re.compile(r"\b(v_mfma_\w+)")
+_SCRATCH = re.compile(r"\b(scratch_(?:load|store)_\w+|buffer_(?:load|store)_\w+[^\n]*\boffen\b[^\n]*s\[0:3\])")
+
+
+def mfma_instructions(disassembly: str) -> dict[str, int]:
+    """How often each ``v_mfma_*`` instruction occurs in a disassembly."""
+    out: dict[str, int] = {}
+    for m in _MFMA.finditer(disassembly):
+        out[m.group(1)] = out.get(m.group(1), 0) + 1
+    return out
+
+
+def check_code_object(data: bytes, symbol: str, target: str, expect_mfma: tuple[str, ...],
+                      disassembly: str | None = None) -> list[str]:
+    """What is wrong with a compiled AMD kernel: missing MFMA forms, scratch or spills, LDS or
+    registers over the target's budget. Empty when it is fine."""
+    t = arch.target(target)
+    r = parse_code_object(data, symbol, target)
+    problems = []
+    dis = disassembly if disassembly is not None else disassemble(data)
+    found = mfma_instructions(dis)
+    for name in expect_mfma:
+        if not any(f.startswith(name) for f in found):
+            problems.append(f"no {name} in the disassembly (found: {sorted(found) or 'no MFMA at all'})")
+    if r.stack_bytes or r.spills or _SCRATCH.search(dis):
+        problems.append(f"uses scratch ({r.stack_bytes} bytes per lane, {r.spill_stores // 4} VGPRs spilled)")
+    if r.smem_static > t.smem_per_block:
+        problems.append(f"{r.smem_static} bytes of LDS, {t.name} has {t.smem_per_block}")
+    if r.registers > t.max_regs_per_thread or r.agprs > t.agprs:
+        problems.append(f"{r.registers} VGPRs ({r.agprs} of them AGPRs) exceed {t.max_regs_per_thread} "
+                        f"({t.agprs} AGPRs)")
+    if r.occupancy < 1:
+        problems.append("not a single wave fits a SIMD (registers or LDS)")
+    return problems
+
+
+# --- compilers --------------------------------------------------------------------------------
+
+
+class _AmdCompiler(Compiler):
+    def parse_resources(self, data: bytes, log: str, symbol: str, target: str) -> KernelResources:
+        r = parse_code_object(data, symbol, target)
+        warnings = tuple(line.strip() for line in log.splitlines() if "warning:" in line)
+        return KernelResources(**{**r.__dict__, "warnings": warnings})
+
+    @staticmethod
+    def _check_target(target: str) -> None:
+        t = arch.target(target)
+        if t.vendor != "hip":
+            raise CompileError(f"{target} is not an AMD target (AMD targets: "
+                               f"{', '.join(n for n, x in arch.TARGETS.items() if x.vendor == 'hip')})")
+
+
+class OfflineClangCompiler(_AmdCompiler):
+    """HIP source to an AMDGPU code object with an offline clang; no ROCm needed."""
+
+    def __init__(self, *args, clang: Clang | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.clang = clang or find_clang()
+        if self.clang is None:
+            raise NoDeviceError(
+                f"no clang >= {MIN_CLANG_MAJOR} with the AMDGPU backend was found to compile for AMD targets: "
+                "apt-get install clang-22 lld-22 llvm-22, or pip install ziglang, or set MLAGEN_HIP_CLANG")
+        self.name = self.clang.name
+
+    def version(self) -> str:
+        return self.clang.version
+
+    def options(self, target: str) -> list[str]:
+        # Device code only, unbundled, no device libraries or HIP headers: the sources need only
+        # clang builtins. Code object v5 is what ROCm 6 loads by default.
+        return ["-x", "hip", f"--offload-arch={target}", "--cuda-device-only", "--no-gpu-bundle-output",
+                "-nogpulib", "-nogpuinc", "-O3", "-std=c++17", "-mcode-object-version=5", "-DNDEBUG"]
+
+    def _compile(self, source: Source, target: str, options: list[str], source_path: str) -> tuple[bytes, str]:
+        self._check_target(target)
+        with tempfile.TemporaryDirectory(prefix="mlagen-hip-") as d:
+            src, out = Path(d) / source.name, Path(d) / "kernel.hsaco"
+            src.write_text(source.text)
+            extra = []
+            if self.clang.ld_lld:
+                shim = Path(d) / "ld.lld"
+                shim.write_text("#!/bin/sh\nexec " + " ".join(f"'{a}'" for a in self.clang.ld_lld) + ' "$@"\n')
+                shim.chmod(0o755)
+                extra = [f"--ld-path={shim}"]
+            cmd = [*self.clang.argv, *options, *extra, str(src), "-o", str(out)]
+            try:
+                proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+            except subprocess.TimeoutExpired:
+                raise CompileError(f"clang timed out compiling {source.name} for {target}", "", source_path) from None
+            log = (proc.stderr or "").replace(str(src), source_path)
+            if proc.returncode or not out.is_file():
+                raise CompileError(f"clang {self.clang.version} failed to compile {source.name} for {target}",
+                                   log, source_path)
+            return out.read_bytes(), log
+
+
+@functools.lru_cache(maxsize=None)
+def _hip_modules():
+    """hip-python's ``hip`` and ``hiprtc`` modules (importing them needs no ROCm)."""
+    try:
+        from hip import hip, hiprtc
+    except ImportError as exc:  # pragma: no cover - hip-python is a dependency
+        raise NoDeviceError(f"hip-python is not installed ({exc}); pip install hip-python") from None
+    return hip, hiprtc
+
+
+def _check(result, what: str):
+    """Unwrap a hip-python result tuple; raise with the error's name when it failed."""
+    err, rest = (result[0], result[1:]) if isinstance(result, tuple) else (result, ())
+    code = int(getattr(err, "value", err))
+    if code != 0:
+        name = getattr(err, "name", str(code))
+        raise (CompileError if "hiprtc" in what else DriverError)(f"{what} failed: {name} ({code})")
+    return rest[0] if len(rest) == 1 else rest
+
+
+def _call(fn, *args, what: str):
+    """Call a hip-python function; a ROCm library that cannot be loaded becomes a NoDeviceError."""
+    try:
+        result = fn(*args)
+    except RuntimeError as exc:
+        if "dlopen" in str(exc) or "cannot open shared object" in str(exc):
+            raise NoDeviceError(NO_ROCM.format(what=what, why=str(exc).strip())) from None
+        raise
+    return _check(result, what)
+
+
+class HiprtcCompiler(_AmdCompiler):
+    """HIP source to an AMDGPU code object through hipRTC (ROCm's runtime compiler)."""
+
+    name = "hiprtc"
+
+    def version(self) -> str:
+        _, hiprtc = _hip_modules()
+        major, minor = _call(hiprtc.hiprtcVersion, what="hiprtcVersion")
+        return f"{major}.{minor}"
+
+    def options(self, target: str) -> list[str]:
+        return [f"--offload-arch={target}", "-O3", "-std=c++17", "-DNDEBUG"]
+
+    def _compile(self, source: Source, target: str, options: list[str], source_path: str) -> tuple[bytes, str]:
+        self._check_target(target)
+        _, hiprtc = _hip_modules()
+        prog = _call(hiprtc.hiprtcCreateProgram, source.text.encode(), source.name.encode(), 0, None, None,
+                     what="hiprtcCreateProgram")
+        try:
+            opts = [o.encode() for o in options]
+            compiled = hiprtc.hiprtcCompileProgram(prog, len(opts), opts)
+            size = _call(hiprtc.hiprtcGetProgramLogSize, prog, what="hiprtcGetProgramLogSize")
+            buf = bytearray(int(size) + 1)
+            _call(hiprtc.hiprtcGetProgramLog, prog, buf, what="hiprtcGetProgramLog")
+            log = bytes(buf).rstrip(b"\0 ").decode(errors="replace")
+            err = compiled[0] if isinstance(compiled, tuple) else compiled
+            if int(getattr(err, "value", err)) != 0:
+                raise CompileError(f"hipRTC failed to compile {source.name} for {target}", log, source_path)
+            size = _call(hiprtc.hiprtcGetCodeSize, prog, what="hiprtcGetCodeSize")
+            code = bytearray(int(size))
+            _call(hiprtc.hiprtcGetCode, prog, code, what="hiprtcGetCode")
+            return bytes(code), log
+        finally:
+            hiprtc.hiprtcDestroyProgram(prog)
+
+
+def rocm_available() -> bool:
+    """Whether the ROCm runtime libraries load (no device needed for hipRTC)."""
+    try:
+        HiprtcCompiler.version(HiprtcCompiler.__new__(HiprtcCompiler))
+        return True
+    except (NoDeviceError, CompileError):
+        return False
+
+
+def compiler(**kwargs) -> Compiler:
+    """The AMD compiler for this machine: hipRTC where ROCm is installed (MLAGEN_HIP_COMPILER=auto),
+    else the offline clang; ``hiprtc`` / ``clang`` force one."""
+    choice = knobs.hip_compiler()
+    if choice == "hiprtc" or (choice == "auto" and rocm_available()):
+        return HiprtcCompiler(**kwargs)
+    return OfflineClangCompiler(**kwargs)
+
+
+# --- loading and launching --------------------------------------------------------------------
+
+
+def device_info(index: int = 0):
+    """A runtime.DeviceInfo for HIP device ``index`` (its target from ``gcnArchName``).
+
+    Raises NoDeviceError saying that no ROCm runtime was found when libamdhip64.so cannot be
+    loaded, and naming the device when mlagen has no target for it."""
+    from ..runtime import DeviceInfo
+
+    hip, _ = _hip_modules()
+    props = _call(hip.hipGetDeviceProperties, index, what="hipGetDeviceProperties")
+    name = props.gcnArchName
+    arch_name = name.decode() if isinstance(name, (bytes, bytearray)) else str(name)
+    if arch.for_gcn_arch(arch_name) is None:
+        known = ", ".join(n for n, x in arch.TARGETS.items() if x.vendor == "hip")
+        raise NoDeviceError(f"HIP device {index} is {arch_name}; mlagen has kernels for {known}")
+    dev_name = props.name.decode() if isinstance(props.name, (bytes, bytearray)) else str(props.name)
+    version = _call(hip.hipDriverGetVersion, what="hipDriverGetVersion")
+    return DeviceInfo(
+        index=index,
+        name=dev_name.split("\0", 1)[0],
+        compute=(int(props.major), int(props.minor)),
+        sm_count=int(props.multiProcessorCount),
+        driver_version=f"hip {version}",
+        smem_per_block_optin=int(props.sharedMemPerBlock),
+        l2_bytes=int(props.l2CacheSize),
+        arch_name=arch_name.split(":", 1)[0],
+    )
+
+
+class HipKernel:
+    """A loaded AMD kernel; ``launch`` has the same signature as the CUDA kernel's."""
+
+    def __init__(self, module, function, binary):
+        self.module = module
+        self.function = function
+        self.binary = binary
+
+    def launch(self, grid, block, smem_bytes: int, stream: int, params) -> None:
+        """Launch on ``stream`` (a hipStream_t as an int: ROCm torch's ``torch.cuda`` stream
+        handles are HIP streams). ``params`` is a PackedParams: the kernel takes one struct by
+        value, whose size HIP reads from the kernel's metadata. The gfx9 kernels declare their
+        LDS statically, so only what a launch asks beyond that is passed as dynamic LDS."""
+        hip, _ = _hip_modules()
+        dynamic = max(0, smem_bytes - self.binary.resources.smem_static)
+        _call(hip.hipModuleLaunchKernel, self.function, *grid, *block, dynamic,
+              hip.ihipStream_t.fromObj(stream) if stream else None, params.kernel_params, None,
+              what=f"hipModuleLaunchKernel({self.binary.symbol})")
+
+
+class HipRuntime:
+    """Loads code objects into the current HIP device (the one ROCm torch uses) and launches them."""
+
+    vendor = "hip"
+
+    def __init__(self):
+        import threading
+
+        self._kernels: dict = {}
+        self._lock = threading.Lock()
+
+    def current_device(self) -> int:
+        import torch
+
+        return torch.cuda.current_device()
+
+    def load(self, binary, device: int | None = None) -> HipKernel:
+        """Load (once per device) and return the kernel; later calls are a dictionary lookup."""
+        index = self.current_device() if device is None else device
+        key = (index, binary.key)
+        kernel = self._kernels.get(key)
+        if kernel is not None:
+            return kernel
+        with self._lock:
+            kernel = self._kernels.get(key)
+            if kernel is None:
+                hip, _ = _hip_modules()
+                _call(hip.hipSetDevice, index, what="hipSetDevice")
+                module = _call(hip.hipModuleLoadData, binary.data, what=f"hipModuleLoadData({binary.symbol})")
+                function = _call(hip.hipModuleGetFunction, module, binary.symbol.encode(),
+                                 what=f"hipModuleGetFunction({binary.symbol})")
+                kernel = self._kernels[key] = HipKernel(module, function, binary)
+        return kernel

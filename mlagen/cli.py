@@ -72,15 +72,20 @@ def cli():
 @cli.command("specs")
 @_friendly
 def specs_cmd():
-    """List the packaged kernel specs."""
+    """List the packaged kernel specs, and which of their targets were executed or only compiled."""
+    from . import arch
     from . import spec as spec_mod
     from .variant import space_size
 
     rows = []
     for p in spec_mod.available():
         s = spec_mod.load(p)
-        rows.append([s.name, s.family, s.abi, s.priority, ",".join(s.targets), space_size(s), p.name])
-    click.echo(table(["spec", "family", "abi", "priority", "targets", "variants", "file"], rows))
+        ran = [t for t in s.targets if arch.TARGETS[t].executed]
+        rows.append([s.name, s.family, s.abi, s.priority, ",".join(s.targets), space_size(s), p.name,
+                     ",".join(ran) or "none (compiled only)"])
+    click.echo(table(["spec", "family", "abi", "priority", "targets", "variants", "file", "executed"], rows))
+    click.echo("\nexecuted: kernels for the target ran (GPU tests, benchmarks); other targets are compiled and "
+               "checked only (no AMD GPU has run the gfx942/gfx950 kernels).")
 
 
 @cli.command("build")
@@ -129,6 +134,10 @@ def build_cmd(spec, archs, assignments, all_variants, max_variants, jobs, out_di
         click.echo(f"[{done}/{total}] {r.status:13s} {r.variant.symbol} ({r.target}, {r.seconds:.1f}s)", err=True)
 
     results = build_many(variants, targets, jobs=jobs, out_dir=out, progress=progress)
+    from . import arch
+
+    if any(arch.target(t).vendor == "hip" for t in targets):
+        _amd_report(results)
     rows = []
     for r in results:
         rep, est = r.report, r.estimate
@@ -138,11 +147,42 @@ def build_cmd(spec, archs, assignments, all_variants, max_variants, jobs, out_di
                      rep.stack_bytes if rep else "", "; ".join(r.reasons)[:120]])
     click.echo(table(["variant", "target", "status", "threads", "smem KB", "regs est", "regs", "spill B",
                       "stack B", "note"], rows))
+    click.echo(arch.describe_coverage(targets))
     failed = [r for r in results if r.status == "compile_error"]
     for r in failed:
         click.echo(f"\n{r.variant.symbol} ({r.target}):\n{r.reasons[0]}", err=True)
-    if failed or not any(r.ok for r in results):
+    if failed or not any(r.ok for r in results) or _amd_problems:
         sys.exit(1)
+
+
+_amd_problems: list[str] = []
+
+
+def _amd_report(results) -> None:
+    """AMD code objects: VGPR/AGPR/SGPR, LDS, scratch and occupancy from their metadata, the MFMA
+    forms in their disassembly, and the checks (MFMA present, no scratch, within budget)."""
+    from . import arch
+    from .backends import hip
+
+    rows = []
+    for r in results:
+        if not r.ok or arch.target(r.target).vendor != "hip":
+            continue
+        rep = r.report
+        try:
+            dis = hip.disassemble(r.binary.data)
+            mfma = hip.mfma_instructions(dis)
+            problems = hip.check_code_object(r.binary.data, r.binary.symbol, r.target, ("v_mfma",), dis)
+        except MlagenError as exc:
+            mfma, problems = {}, [f"not checked: {exc}"]
+        _amd_problems.extend(f"{r.variant.symbol} ({r.target}): {p}" for p in problems if not p.startswith("not checked"))
+        rows.append([r.variant.symbol, r.target, rep.registers, rep.agprs, rep.sgprs, f"{rep.smem_static / 1024:.1f}",
+                     rep.stack_bytes, rep.occupancy,
+                     ", ".join(f"{k} x{v}" for k, v in sorted(mfma.items())) or "-", "; ".join(problems) or "ok"])
+    if rows:
+        click.echo(table(["variant", "target", "vgpr", "agpr", "sgpr", "lds KB", "scratch B", "waves/SIMD",
+                          "mfma", "check"], rows))
+        click.echo()
 
 
 def _product(lists):
@@ -349,6 +389,18 @@ def info_cmd():
         rows.append(["nvrtc", f"{c.version()} (targets {', '.join(c.supported_targets())})"])
     except MlagenError as exc:
         rows.append(["nvrtc", f"unavailable: {exc}"])
+    from .backends import hip
+
+    try:
+        clang = hip.find_clang()
+        rows.append(["amd offline clang", f"{clang.name} {clang.version} ({' '.join(clang.argv)})" if clang else
+                     "none (apt-get install clang-22 lld-22 llvm-22, or pip install ziglang)"])
+    except ValueError as exc:
+        rows.append(["amd offline clang", f"unavailable: {exc}"])
+    try:
+        rows.append(["hiprtc", hip.HiprtcCompiler().version()])
+    except MlagenError as exc:
+        rows.append(["hiprtc", f"unavailable: {str(exc).splitlines()[0]}"])
     try:
         from .runtime import device_info
 

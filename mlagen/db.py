@@ -16,6 +16,7 @@ import functools
 import hashlib
 import json
 import logging
+import re
 import sqlite3
 import time
 from dataclasses import asdict, dataclass, field, fields
@@ -115,18 +116,34 @@ class Best:
     origin: str = "user"  # "user" (the database) or "shipped" (package defaults)
 
 
+_INCLUDE = re.compile(r'^\s*#\s*include\s*"([^"]+)"', re.MULTILINE)
+
+
+def _included_headers(text: str, seen: set[Path]) -> None:
+    """Every header under include/ that ``text`` includes, transitively (both sides of an #if)."""
+    for name in _INCLUDE.findall(text):
+        p = paths.include_dir() / name
+        if p.is_file() and p not in seen:
+            seen.add(p)
+            _included_headers(p.read_text(), seen)
+
+
 def source_hash(spec) -> str:
-    """Hash of what a spec's kernels are built from: the spec, its template, every header."""
+    """Hash of what a spec's kernels are built from: the spec, its template and the headers the
+    template includes (transitively), so headers of other targets or families do not retire its
+    tuning records."""
     h = hashlib.sha256()
     h.update(Path(spec.path).read_bytes())
     h.update(b"\0")
     from .spec import template_path
 
-    h.update(template_path(spec.template, spec.path).read_bytes())
-    for p in sorted(paths.include_dir().rglob("*")):
-        if p.is_file():
-            h.update(str(p.relative_to(paths.include_dir())).encode())
-            h.update(p.read_bytes())
+    template = template_path(spec.template, spec.path).read_text()
+    h.update(template.encode())
+    headers: set[Path] = set()
+    _included_headers(template, headers)
+    for p in sorted(headers):
+        h.update(str(p.relative_to(paths.include_dir())).encode())
+        h.update(p.read_bytes())
     return h.hexdigest()[:16]
 
 

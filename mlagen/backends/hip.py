@@ -44,7 +44,7 @@ class Clang:
 
     argv: tuple[str, ...]
     version: str
-    ld_lld: tuple[str, ...] | None = None  # argv of ld.lld when clang cannot find one itself
+    ld_lld: tuple[str, ...] | None = None  # argv of ld.lld where clang cannot find a linker itself (zig)
     objdump: str | None = None
 
     @property
@@ -66,16 +66,27 @@ def _clang_version(argv: list[str]) -> str | None:
     return ".".join(m.groups()) if m else None
 
 
-def _objdump_near(clang_path: str) -> str | None:
-    real = Path(os.path.realpath(clang_path))
-    m = re.search(r"-(\d+)$", Path(clang_path).name)
-    candidates = [real.parent / "llvm-objdump"]
-    if m:
-        candidates.append(Path(shutil.which(f"llvm-objdump-{m.group(1)}") or "/nonexistent"))
-    candidates.append(Path(shutil.which("llvm-objdump") or "/nonexistent"))
-    for c in candidates:
-        if c.is_file() and os.access(c, os.X_OK):
-            return str(c)
+def _objdump_major(path: str) -> int:
+    try:
+        out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        return 0
+    m = re.search(r"LLVM version (\d+)", out)
+    return int(m.group(1)) if m else 0
+
+
+def _objdump_near(clang_path: str | None) -> str | None:
+    """LLVM's objdump beside ``clang_path``, else the newest one installed; only LLVM >= 20 knows
+    gfx950 and code object v5."""
+    candidates = []
+    if clang_path:
+        candidates.append(str(Path(os.path.realpath(clang_path)).parent / "llvm-objdump"))
+    candidates += [shutil.which(f"llvm-objdump-{v}") for v in range(30, MIN_CLANG_MAJOR - 1, -1)]
+    candidates += [str(p) for p in sorted(Path("/usr/lib").glob("llvm-*/bin/llvm-objdump"), reverse=True)]
+    candidates.append(shutil.which("llvm-objdump"))
+    for c in filter(None, candidates):
+        if os.access(c, os.X_OK) and _objdump_major(c) >= MIN_CLANG_MAJOR:
+            return c
     return None
 
 
@@ -89,7 +100,7 @@ def _ziglang() -> Clang | None:
     if version is None:
         return None
     return Clang(tuple(argv), version, ld_lld=(sys.executable, "-m", "ziglang", "ld.lld"),
-                 objdump=shutil.which("llvm-objdump"))
+                 objdump=_objdump_near(None))
 
 
 @functools.lru_cache(maxsize=None)
@@ -236,9 +247,10 @@ def parse_code_object(data: bytes, symbol: str, target: str) -> KernelResources:
 
 def disassemble(data: bytes, objdump: str | None = None) -> str:
     """Disassembly of a code object with LLVM's objdump (found beside the offline clang)."""
-    tool = objdump or (find_clang().objdump if find_clang() else None) or shutil.which("llvm-objdump")
+    tool = objdump or (find_clang().objdump if find_clang() else None) or _objdump_near(None)
     if tool is None:
-        raise NoDeviceError("no llvm-objdump found to disassemble AMDGPU code (apt-get install llvm-22)")
+        raise NoDeviceError(f"no llvm-objdump >= {MIN_CLANG_MAJOR} found to disassemble AMDGPU code "
+                            "(apt-get install llvm-22)")
     with tempfile.TemporaryDirectory(prefix="mlagen-hip-") as d:
         path = Path(d) / "kernel.hsaco"
         path.write_bytes(data)
@@ -327,15 +339,19 @@ class OfflineClangCompiler(_AmdCompiler):
         with tempfile.TemporaryDirectory(prefix="mlagen-hip-") as d:
             src, out = Path(d) / source.name, Path(d) / "kernel.hsaco"
             src.write_text(source.text)
-            extra = []
+            env = None
             if self.clang.ld_lld:
-                shim = Path(d) / "ld.lld"
-                shim.write_text("#!/bin/sh\nexec " + " ".join(f"'{a}'" for a in self.clang.ld_lld) + ' "$@"\n')
+                # zig's clang links AMDGPU code objects by running "lld -flavor gnu" from PATH, which
+                # the wheel does not install: a shim of that name forwards to its "ld.lld".
+                shim = Path(d) / "bin" / "lld"
+                shim.parent.mkdir()
+                shim.write_text('#!/bin/sh\n[ "$1" = "-flavor" ] && shift 2\nexec '
+                                + " ".join(f"'{a}'" for a in self.clang.ld_lld) + ' "$@"\n')
                 shim.chmod(0o755)
-                extra = [f"--ld-path={shim}"]
-            cmd = [*self.clang.argv, *options, *extra, str(src), "-o", str(out)]
+                env = {**os.environ, "PATH": f"{shim.parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+            cmd = [*self.clang.argv, *options, str(src), "-o", str(out)]
             try:
-                proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+                proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
             except subprocess.TimeoutExpired:
                 raise CompileError(f"clang timed out compiling {source.name} for {target}", "", source_path) from None
             log = (proc.stderr or "").replace(str(src), source_path)

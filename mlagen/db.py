@@ -29,11 +29,11 @@ from .errors import DatabaseError
 
 log = logging.getLogger("mlagen")
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: the "nvrtc" column became "compiler" ("nvrtc 13.0", "clang 22.1.8", "hiprtc 6.4")
 EXPORT_FORMAT = "mlagen-tuning"
 OUTCOMES = ("ok", "pruned", "compile_error", "wrong_result", "crash", "hang", "launch_error")
 
-_KEY_COLUMNS = ("family", "spec", "problem", "dtypes", "device", "sm_count", "driver", "nvrtc", "source_hash")
+_KEY_COLUMNS = ("family", "spec", "problem", "dtypes", "device", "sm_count", "driver", "compiler", "source_hash")
 
 _SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -42,7 +42,7 @@ CREATE TABLE IF NOT EXISTS trials (
     run_id TEXT NOT NULL,
     created REAL NOT NULL,
     family TEXT NOT NULL, spec TEXT NOT NULL, problem TEXT NOT NULL, dtypes TEXT NOT NULL,
-    device TEXT NOT NULL, sm_count INTEGER NOT NULL, driver TEXT NOT NULL, nvrtc TEXT NOT NULL,
+    device TEXT NOT NULL, sm_count INTEGER NOT NULL, driver TEXT NOT NULL, compiler TEXT NOT NULL,
     source_hash TEXT NOT NULL,
     variant TEXT NOT NULL,
     symbol TEXT NOT NULL,
@@ -57,7 +57,7 @@ CREATE TABLE IF NOT EXISTS trials (
 CREATE INDEX IF NOT EXISTS trials_key ON trials ({", ".join(_KEY_COLUMNS)});
 CREATE TABLE IF NOT EXISTS best (
     family TEXT NOT NULL, spec TEXT NOT NULL, problem TEXT NOT NULL, dtypes TEXT NOT NULL,
-    device TEXT NOT NULL, sm_count INTEGER NOT NULL, driver TEXT NOT NULL, nvrtc TEXT NOT NULL,
+    device TEXT NOT NULL, sm_count INTEGER NOT NULL, driver TEXT NOT NULL, compiler TEXT NOT NULL,
     source_hash TEXT NOT NULL,
     variant TEXT NOT NULL,
     symbol TEXT NOT NULL,
@@ -81,7 +81,7 @@ class RecordKey:
     device: str       # device name as the driver reports it
     sm_count: int
     driver: str
-    nvrtc: str
+    compiler: str     # device compiler and its version, e.g. "nvrtc 13.0", "hiprtc 6.4", "clang 22.1.8"
     source_hash: str  # spec + template + headers
 
     def as_dict(self) -> dict:
@@ -176,6 +176,7 @@ class TuningDB:
         self._use_wal(conn)
         conn.execute("BEGIN IMMEDIATE")
         try:
+            _migrate(conn)
             # One statement at a time: executescript() would commit the open transaction first.
             for statement in _SCHEMA.split(";"):
                 if statement.strip():
@@ -324,7 +325,7 @@ def lookup(key: RecordKey, distance, db: TuningDB | None = None, include_shipped
 
     Within a source, a record must match family, spec, dtypes, device, SM count and source hash
     exactly. Among those, the problem bucket closest to ``key.problem`` wins (``distance(a, b)``
-    between bucket strings; inf means unusable), and an exact driver and NVRTC match breaks ties.
+    between bucket strings; inf means unusable), and an exact driver and compiler match breaks ties.
     """
     strict = ("family", "spec", "dtypes", "device", "sm_count", "source_hash")
     sources: list[list[Best]] = []
@@ -346,7 +347,7 @@ def lookup(key: RecordKey, distance, db: TuningDB | None = None, include_shipped
                 continue
             if d == float("inf"):
                 continue
-            toolchain_miss = (b.key.driver != key.driver) + (b.key.nvrtc != key.nvrtc)
+            toolchain_miss = (b.key.driver != key.driver) + (b.key.compiler != key.compiler)
             scored.append((d, toolchain_miss, -b.updated, b))
         if scored:
             scored.sort(key=lambda s: s[:3])
@@ -387,6 +388,31 @@ def _where(where: dict) -> tuple[str, list]:
     if not where:
         return "", []
     return " WHERE " + " AND ".join(f"{k} = ?" for k in where), list(where.values())
+
+
+def _migrate(conn: sqlite3.Connection) -> None:
+    """Bring an older database to SCHEMA_VERSION in place (inside the caller's transaction).
+
+    Version 1 named the compiler column ``nvrtc`` and held NVRTC's bare version; version 2 names
+    the compiler generically, so its values become ``"nvrtc <version>"``."""
+    if conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'meta'").fetchone() is None:
+        return
+    row = conn.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone()
+    if row is None or int(row[0]) != 1:
+        return
+    for table in ("trials", "best"):
+        conn.execute(f"ALTER TABLE {table} RENAME COLUMN nvrtc TO compiler")
+        conn.execute(f"UPDATE {table} SET compiler = 'nvrtc ' || compiler")
+    conn.execute("UPDATE meta SET value = ? WHERE key = 'schema'", (str(SCHEMA_VERSION),))
+
+
+def _upgrade_record(d):
+    """A version-1 export record (``"nvrtc": "13.0"``) in version-2 form (``"compiler": "nvrtc 13.0"``)."""
+    if isinstance(d, dict) and "nvrtc" in d and "compiler" not in d:
+        old = d["nvrtc"]
+        d = {k: v for k, v in d.items() if k != "nvrtc"}
+        d["compiler"] = f"nvrtc {old}" if isinstance(old, str) else old
+    return d
 
 
 def _key_from(d: dict) -> RecordKey:
@@ -444,6 +470,7 @@ _NUM = (int, float)
 
 
 def _best_from_json(d, i) -> Best:
+    d = _upgrade_record(d)
     _require(d, i, "best", _KEY_COLUMNS + ("variant", "symbol", "time_ms"), _KEY_TYPES + (dict, str, _NUM))
     _optional(d, i, "best", ("tflops", "run_id", "updated"), (_NUM, str, _NUM))
     return Best(_key_from(d), d["variant"], d["symbol"], float(d["time_ms"]), d.get("tflops"), str(d.get("run_id", "")),
@@ -451,6 +478,7 @@ def _best_from_json(d, i) -> Best:
 
 
 def _trial_from_json(d, i) -> Trial:
+    d = _upgrade_record(d)
     _require(d, i, "trials", _KEY_COLUMNS + ("variant", "symbol", "outcome"), _KEY_TYPES + (dict, str, str))
     _optional(d, i, "trials", ("time_ms", "tflops", "max_error", "registers", "spills", "detail", "run_id", "created"),
               (_NUM, _NUM, _NUM, int, int, str, str, _NUM))
@@ -470,6 +498,6 @@ def _read_export(path: Path) -> dict:
         raise DatabaseError(f"{path}: not JSON ({exc})") from None
     if not isinstance(doc, dict) or doc.get("format") != EXPORT_FORMAT:
         raise DatabaseError(f"{path}: not an mlagen tuning export (expected \"format\": \"{EXPORT_FORMAT}\")")
-    if doc.get("version") != SCHEMA_VERSION:
-        raise DatabaseError(f"{path}: export version {doc.get('version')!r}, this mlagen reads {SCHEMA_VERSION}")
+    if doc.get("version") not in (1, SCHEMA_VERSION):  # version 1 records are upgraded as they are read
+        raise DatabaseError(f"{path}: export version {doc.get('version')!r}, this mlagen reads 1 to {SCHEMA_VERSION}")
     return doc

@@ -101,34 +101,32 @@ def specs_cmd():
               help="Where CUBINs go (default: <out>/build).")
 @_friendly
 def build_cmd(spec, archs, assignments, all_variants, max_variants, jobs, out_dir):
-    """Render and compile SPEC (default: the dispatcher's first choice) into out/; needs no GPU.
+    """Render and compile SPEC (default: the dispatcher's first choice; with --arch, every spec
+    that targets it) into out/; needs no GPU.
 
     Without --all, builds the default variant (with --variant overrides) for every
     specialisation (e.g. causal and non-causal), and prints the resource table.
     """
     from . import spec as spec_mod
-    from . import variant as variant_mod
     from .build import build_many
 
-    s = spec_mod.load(spec or default_spec_name(archs[0] if archs else None))
-    targets = list(archs) or [s.targets[0]]
-    for t in targets:
-        if t not in s.targets:
-            raise click.ClickException(f"--arch {t}: {s.name} targets {', '.join(s.targets)}")
-    fixed = variant_mod.parse_assignments(s, list(assignments))
-    if all_variants:
-        size = variant_mod.space_size(s, fixed)
-        if size > max_variants:
-            raise click.ClickException(f"--all would build {size} variants of {s.name} (more than --max-variants "
-                                       f"{max_variants}); fix some tunables with --variant NAME=VALUE")
-        variants = list(variant_mod.enumerate_space(s, fixed))
+    if spec is None and archs:
+        # No spec but targets: every spec of the family that targets them (for gfx950, the bf16
+        # and the FP8 kernels), highest priority first.
+        from .dispatch import family_specs
+
+        specs = [x for x in family_specs(DEFAULT_FAMILY) if all(t in x.targets for t in archs)]
+        if not specs:
+            raise click.ClickException(f"no {DEFAULT_FAMILY} spec targets {', '.join(archs)}")
     else:
-        axes = dict(s.specialize)
-        base = variant_mod.make(s, fixed)
-        variants = [base.with_values(**dict(zip(axes, combo)))
-                    for combo in _product([[fixed[k]] if k in fixed else list(vals) for k, vals in axes.items()])]
+        specs = [spec_mod.load(spec or default_spec_name(None))]
+    targets = list(archs) or [specs[0].targets[0]]
+    variants = []
+    for s in specs:
+        variants += _build_variants(s, targets, assignments, all_variants, max_variants)
     out = Path(out_dir) if out_dir else knobs.out_dir() / "build"
-    click.echo(f"building {len(variants)} variant(s) of {s.name} for {', '.join(targets)} -> {out}", err=True)
+    click.echo(f"building {len(variants)} variant(s) of {', '.join(x.name for x in specs)} for {', '.join(targets)} "
+               f"-> {out}", err=True)
 
     def progress(r, done, total):
         click.echo(f"[{done}/{total}] {r.status:13s} {r.variant.symbol} ({r.target}, {r.seconds:.1f}s)", err=True)
@@ -183,6 +181,26 @@ def _amd_report(results) -> None:
         click.echo(table(["variant", "target", "vgpr", "agpr", "sgpr", "lds KB", "scratch B", "waves/SIMD",
                           "mfma", "check"], rows))
         click.echo()
+
+
+def _build_variants(s, targets, assignments, all_variants, max_variants) -> list:
+    """The variants of spec ``s`` that ``mlagen build`` compiles (see its help)."""
+    from . import variant as variant_mod
+
+    for t in targets:
+        if t not in s.targets:
+            raise click.ClickException(f"--arch {t}: {s.name} targets {', '.join(s.targets)}")
+    fixed = variant_mod.parse_assignments(s, list(assignments))
+    if all_variants:
+        size = variant_mod.space_size(s, fixed)
+        if size > max_variants:
+            raise click.ClickException(f"--all would build {size} variants of {s.name} (more than --max-variants "
+                                       f"{max_variants}); fix some tunables with --variant NAME=VALUE")
+        return list(variant_mod.enumerate_space(s, fixed))
+    axes = dict(s.specialize)
+    base = variant_mod.make(s, fixed)
+    return [base.with_values(**dict(zip(axes, combo)))
+            for combo in _product([[fixed[k]] if k in fixed else list(vals) for k, vals in axes.items()])]
 
 
 def _product(lists):

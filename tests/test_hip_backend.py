@@ -24,6 +24,9 @@ needs_clang = pytest.mark.skipif(CLANG is None, reason="needs an offline clang >
 needs_objdump = pytest.mark.skipif(CLANG is None or CLANG.objdump is None,
                                    reason="needs llvm-objdump (apt-get install llvm-22) to disassemble")
 EXPECTED_MFMA = {"gfx942": "v_mfma_f32_32x32x8_bf16", "gfx950": "v_mfma_f32_32x32x16_bf16"}
+SPECS = {"mla_prefill_gfx942": ("gfx942", ("v_mfma_f32_32x32x8_bf16",)),
+         "mla_prefill_gfx950": ("gfx950", ("v_mfma_f32_32x32x16_bf16",)),
+         "mla_prefill_gfx950_fp8": ("gfx950", ("v_mfma_scale_f32_32x32x64_f8f6f4", "v_mfma_f32_32x32x16_bf16"))}
 
 
 @pytest.fixture
@@ -149,16 +152,18 @@ def test_scratch_is_detected(clang):
 
 
 @needs_objdump
-@pytest.mark.parametrize("target", ["gfx942", "gfx950"])
+@pytest.mark.parametrize("name", sorted(SPECS))
 @pytest.mark.parametrize("mask", ["causal", "none"])
-def test_default_variant_compiles_with_mfma_and_no_scratch(clang, target, mask):
-    s = spec_mod.load(f"mla_prefill_{target}")
+def test_default_variant_compiles_with_mfma_and_no_scratch(clang, name, mask):
+    target, expected = SPECS[name]
+    s = spec_mod.load(name)
     v = variant_mod.make(s, {"mask": mask})
     assert resources.check(v, arch.target(target)).ok
     b = clang.compile(render.render(v), target)
     dis = hip.disassemble(b.data)
-    assert hip.check_code_object(b.data, b.symbol, target, (EXPECTED_MFMA[target],), dis) == []
+    assert hip.check_code_object(b.data, b.symbol, target, expected, dis) == []
     assert "v_mfma_f32_32x32x16_bf16" not in dis or target == "gfx950"
+    assert ("f8f6f4" in dis) == name.endswith("_fp8")
     r = b.resources
     assert r.stack_bytes == 0 and not r.spills and r.occupancy >= 1
     assert r.smem_static == resources.estimate(v).smem_bytes  # the spec's LDS model is exact
@@ -194,6 +199,8 @@ def test_cli_build_reports_amd_resources(target, tmp_path):
     assert EXPECTED_MFMA[target] in out and "waves/SIMD" in out and "lds KB" in out
     assert f"compiled only: {target}" in out
     assert list(tmp_path.joinpath(target).glob("*.hsaco"))
+    if target == "gfx950":  # the FP8 spec is built too
+        assert "v_mfma_scale_f32_32x32x64_f8f6f4" in out and "mla_prefill_gfx950_fp8_causal" in out
 
 
 # --- no ROCm here -------------------------------------------------------------------------------

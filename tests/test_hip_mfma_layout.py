@@ -156,19 +156,24 @@ def test_emulator_is_a_matrix_product():
         torch.testing.assert_close(D, A @ B)
 
 
-@pytest.mark.parametrize("k_atom, run", [(8, 4), (16, 8)])
-def test_attention_tile_dataflow(header_tables, k_atom, run):
-    """The kernel's S^T = K Q^T and O^T = V^T P^T for one 32-query x 32-key tile, through the
-    header's index functions and the emulated instruction, equals (Q K^T) V."""
-    t = header_tables[str(k_atom)]
-    per = k_atom // 2
+@pytest.mark.parametrize("k_qk, k_pv", [(8, 8), (16, 16), (64, 16)])
+def test_attention_tile_dataflow(header_tables, k_qk, k_pv):
+    """The kernel's S^T = K Q^T (bf16 atom, or the fp8 32x32x64 one) and O^T = V^T P^T (bf16
+    atom) for one 32-query x 32-key tile, through the header's index functions and the emulated
+    instruction, equals (Q K^T) V. (Values are not rounded to bf16 / fp8: this checks indexing.)"""
+    t = header_tables[str(k_qk)]
+    per = k_qk // 2
     a_tab = [[tuple(t["a"][l * per + i]) for i in range(per)] for l in range(64)]
     b_tab = [[tuple(t["b"][l * per + i]) for i in range(per)] for l in range(64)]
     c_tab = [[tuple(header_tables["c"][l * 16 + r]) for r in range(16)] for l in range(64)]
-    steps = 32 // k_atom
-    pv = [[[t["pv"][(l * steps + s) * per + i] for i in range(per)] for s in range(steps)] for l in range(64)]
+    tp = header_tables[str(k_pv)]
+    per_pv = k_pv // 2
+    a_pv = [[tuple(tp["a"][l * per_pv + i]) for i in range(per_pv)] for l in range(64)]
+    steps = 32 // k_pv
+    pv = [[[tp["pv"][(l * steps + s) * per_pv + i] for i in range(per_pv)] for s in range(steps)] for l in range(64)]
+    k_atom = k_qk
 
-    g = torch.Generator().manual_seed(k_atom)
+    g = torch.Generator().manual_seed(k_qk)
     d_qk, d_v = 192, 128
     Q = torch.randn(32, d_qk, generator=g, dtype=torch.float64)
     Kt = torch.randn(32, d_qk, generator=g, dtype=torch.float64)
@@ -189,10 +194,10 @@ def test_attention_tile_dataflow(header_tables, k_atom, run):
     # O^T = V^T P^T: B = the S^T registers in order, A = V^T rows at the keys pv_key names.
     o = [torch.zeros(64, 16, dtype=torch.float64) for _ in range(d_v // 32)]
     for st in range(steps):
-        b = s[:, st * per:(st + 1) * per]
+        b = s[:, st * per_pv:(st + 1) * per_pv]
         for d in range(d_v // 32):
-            a = torch.tensor([[Vt[32 * d + a_tab[l][i][0], pv[l][st][i]] for i in range(per)] for l in range(64)])
-            o[d] = emulate_mfma(k_atom, a, b, o[d])
+            a = torch.tensor([[Vt[32 * d + a_pv[l][i][0], pv[l][st][i]] for i in range(per_pv)] for l in range(64)])
+            o[d] = emulate_mfma(k_pv, a, b, o[d])
     out = torch.empty(32, d_v, dtype=torch.float64)
     for d in range(d_v // 32):
         for l in range(64):
@@ -217,5 +222,5 @@ def test_pv_key_runs_are_four_consecutive_keys(header_tables):
 def test_kernel_uses_the_tested_functions():
     """The kernel header indexes its fragments only through mfma_layout.cuh's functions."""
     text = (Path(paths.include_dir()) / "mlagen/gfx9/mla_prefill.cuh").read_text()
-    for name in ("a_row(lane)", "a_col(Atom::kRun", "b_row(Atom::kRun", "b_col(lane)", "c_row(lane", "pv_key(K"):
+    for name in ("a_row(lane)", "a_col(R, lane", "b_row(R, lane", "b_col(lane)", "c_row(lane", "pv_key(KP"):
         assert name in text

@@ -44,7 +44,8 @@ def fails(data, path, key, *fragments):
 
 def test_packaged_specs_are_available():
     assert [p.name for p in spec.available()] == ["mla_prefill_gfx942.yaml", "mla_prefill_gfx950.yaml",
-                                                  "mla_prefill_sm80.yaml", "mla_prefill_sm90.yaml"]
+                                                  "mla_prefill_gfx950_fp8.yaml", "mla_prefill_sm80.yaml",
+                                                  "mla_prefill_sm90.yaml"]
 
 
 def test_sm80_spec_loads():
@@ -96,7 +97,8 @@ def test_text_hash_follows_the_text(tmp_path):
 
 
 def test_unknown_spec_name_lists_the_known_ones():
-    with pytest.raises(SpecError, match="no spec of that name; known: mla_prefill_gfx942, mla_prefill_gfx950, mla_prefill_sm80, mla_prefill_sm90"):
+    with pytest.raises(SpecError, match="no spec of that name; known: mla_prefill_gfx942, mla_prefill_gfx950, mla_prefill_gfx950_fp8, "
+                       "mla_prefill_sm80, mla_prefill_sm90"):
         spec.load("mla_prefill_sm70")
 
 

@@ -13,6 +13,7 @@ typedef short i16x4 __attribute__((ext_vector_type(4)));
 typedef __bf16 bf16x8 __attribute__((ext_vector_type(8)));
 typedef unsigned u32x2 __attribute__((ext_vector_type(2)));
 typedef unsigned u32x4 __attribute__((ext_vector_type(4)));
+typedef int i32x8 __attribute__((ext_vector_type(8)));
 
 // v_mfma_f32_32x32x8_bf16 (CDNA3 and CDNA4): A and B are 4 bf16 per lane.
 struct MfmaBf16K8 {
@@ -48,6 +49,42 @@ static_assert(sizeof(Frag) == 0, "v_mfma_f32_32x32x16_bf16 exists on gfx950 only
 #endif
   }
 };
+
+// v_mfma_scale_f32_32x32x64_f8f6f4 with fp8 (e4m3) A and B (CDNA4 only): 32 bytes per lane, in
+// two runs of 16 k. The E8M0 block scales are 127 (2^0): operands are quantized unscaled.
+struct MfmaF8K64 {
+  static constexpr int kK = 64;
+  static constexpr int kRun = 16;
+  static constexpr int kWords = 8;
+  template <typename Frag>
+  __device__ static __forceinline__ void mma(f32x16& acc, const Frag& a, const Frag& b) {
+#if __has_builtin(__builtin_amdgcn_mfma_scale_f32_32x32x64_f8f6f4)
+    const i32x8 av = {(int)a[0], (int)a[1], (int)a[2], (int)a[3], (int)a[4], (int)a[5], (int)a[6], (int)a[7]};
+    const i32x8 bv = {(int)b[0], (int)b[1], (int)b[2], (int)b[3], (int)b[4], (int)b[5], (int)b[6], (int)b[7]};
+    // Format codes 0, 0: A and B are fp8 e4m3 (OCP); op_sel 0 and scale exponents 127 (= 1.0).
+    acc = __builtin_amdgcn_mfma_scale_f32_32x32x64_f8f6f4(av, bv, acc, 0, 0, 0, 127, 0, 127);
+#else
+    static_assert(sizeof(Frag) == 0, "v_mfma_scale_f32_32x32x64_f8f6f4 exists on gfx950 only");
+#endif
+  }
+};
+
+// Four fp32 values to fp8 e4m3 in one word (byte i = value i), saturated to the finite range.
+// The conversion instruction encodes the target's fp8: OCP e4m3fn on gfx950, e4m3fnuz on gfx942.
+__device__ __forceinline__ unsigned pack_fp8x4(float x0, float x1, float x2, float x3) {
+  constexpr float kMax = 448.f;  // largest finite OCP e4m3 value (FNUZ: 240; unused there)
+  x0 = __builtin_fminf(__builtin_fmaxf(x0, -kMax), kMax);
+  x1 = __builtin_fminf(__builtin_fmaxf(x1, -kMax), kMax);
+  x2 = __builtin_fminf(__builtin_fmaxf(x2, -kMax), kMax);
+  x3 = __builtin_fminf(__builtin_fmaxf(x3, -kMax), kMax);
+  int w = __builtin_amdgcn_cvt_pk_fp8_f32(x0, x1, 0, false);
+  w = __builtin_amdgcn_cvt_pk_fp8_f32(x2, x3, w, true);
+  return static_cast<unsigned>(w);
+}
+
+// Two bf16 (packed low | high) to fp32.
+__device__ __forceinline__ float bf16_lo(unsigned w) { return __builtin_bit_cast(float, w << 16); }
+__device__ __forceinline__ float bf16_hi(unsigned w) { return __builtin_bit_cast(float, w & 0xffff0000u); }
 
 }  // namespace gfx9
 }  // namespace mlagen

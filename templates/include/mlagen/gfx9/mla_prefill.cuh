@@ -15,13 +15,17 @@
 namespace mlagen {
 namespace gfx9 {
 
-// One LDS stage: K [BLOCK_N][D_QK + PAD] then V^T [D_V][BLOCK_N + PAD], bf16 elements.
+// One LDS stage: K [BLOCK_N][D_QK] (bf16, or fp8 when S is computed in fp8) with 2 * PAD bytes
+// of padding per row, then V^T [D_V][BLOCK_N + PAD] in bf16.
 template <class C>
 struct PrefillLayout {
-  static constexpr int kKStride = C::kDQk + C::kPad;
-  static constexpr int kVtStride = C::kBlockN + C::kPad;
-  static constexpr int kStageElems = C::kBlockN * kKStride + C::kDV * kVtStride;
-  static constexpr int kLdsBytes = C::kStages * kStageElems * 2;
+  static constexpr bool kKFp8 = C::AtomQK::kK == 64;
+  static constexpr int kKRowBytes = C::kDQk * (kKFp8 ? 1 : 2) + 2 * C::kPad;
+  static constexpr int kVtStride = C::kBlockN + C::kPad;  // bf16 elements
+  static constexpr int kVtOffsetBytes = C::kBlockN * kKRowBytes;
+  static constexpr int kStageBytes = kVtOffsetBytes + C::kDV * kVtStride * 2;
+  static constexpr int kLdsBytes = C::kStages * kStageBytes;
+  static_assert(kKRowBytes % 16 == 0 && kStageBytes % 16 == 0, "LDS rows and stages stay 16-byte aligned");
 };
 
 // The global -> register -> LDS copy of one key tile: 16-byte chunks spread over all threads.
@@ -66,15 +70,23 @@ struct KvTileCopy {
 
   // K rows go in as 16-byte stores; V is transposed on the way (V^T[d][key], 2-byte stores) so
   // the P V product reads its A operand as runs of consecutive keys.
-  __device__ __forceinline__ void store(u16* stage, int tid) const {
+  // With fp8 S, K is quantized once here (8 bytes per chunk) rather than by every wave that reads it.
+  __device__ __forceinline__ void store(u8* stage, int tid) const {
     using L = PrefillLayout<C>;
-    u16* vt = stage + C::kBlockN * L::kKStride;
+    u16* vt = reinterpret_cast<u16*>(stage + L::kVtOffsetBytes);
 #pragma unroll
     for (int i = 0; i < kKPer; ++i) {
       const int c = tid + i * kThreads;
       if (kKChunks % kThreads == 0 || c < kKChunks) {
         const int row = c / kKChunksPerRow, col = c % kKChunksPerRow;
-        *reinterpret_cast<u32x4*>(stage + row * L::kKStride + col * 8) = k[i];
+        if constexpr (L::kKFp8) {
+          const u32x4 x = k[i];
+          const u32x2 q = {pack_fp8x4(bf16_lo(x[0]), bf16_hi(x[0]), bf16_lo(x[1]), bf16_hi(x[1])),
+                           pack_fp8x4(bf16_lo(x[2]), bf16_hi(x[2]), bf16_lo(x[3]), bf16_hi(x[3]))};
+          *reinterpret_cast<u32x2*>(stage + row * L::kKRowBytes + col * 8) = q;
+        } else {
+          *reinterpret_cast<u32x4*>(stage + row * L::kKRowBytes + col * 16) = k[i];
+        }
       }
     }
 #pragma unroll
@@ -91,15 +103,55 @@ struct KvTileCopy {
   }
 };
 
+// Q^T as the B operand of k-step ks: this lane's query row, d = ks*K + b_row(RUN, lane, i), read
+// from global memory in runs of RUN bf16 (quantized to fp8 for the fp8 atom).
+template <class Atom>
+__device__ __forceinline__ void load_q_fragment(const u16* row, int ks, int lane, bool ok,
+                                                unsigned (&frag)[Atom::kWords]) {
+  constexpr int K = Atom::kK, R = Atom::kRun;
+#pragma unroll
+  for (int g = 0; g < K / 2 / R; ++g) {
+    const unsigned* src = reinterpret_cast<const unsigned*>(row + ks * K + b_row(R, lane, g * R));
+    if constexpr (K == 64) {
+#pragma unroll
+      for (int w = 0; w < R / 4; ++w) {  // 4 bf16 (2 words) -> 4 fp8 (1 word)
+        const unsigned x0 = ok ? src[2 * w] : 0u, x1 = ok ? src[2 * w + 1] : 0u;
+        frag[g * R / 4 + w] = pack_fp8x4(bf16_lo(x0), bf16_hi(x0), bf16_lo(x1), bf16_hi(x1));
+      }
+    } else {
+#pragma unroll
+      for (int w = 0; w < R / 2; ++w) frag[g * R / 2 + w] = ok ? src[w] : 0u;
+    }
+  }
+}
+
+// K rows (keys) as the A operand of k-step ks, from the LDS stage.
+template <class Atom, class L>
+__device__ __forceinline__ void load_k_fragment(const u8* stage, int key, int ks, int lane,
+                                                unsigned (&frag)[Atom::kWords]) {
+  constexpr int K = Atom::kK, R = Atom::kRun;
+  constexpr int kBytes = K == 64 ? 1 : 2;
+#pragma unroll
+  for (int g = 0; g < K / 2 / R; ++g) {
+    const unsigned* src = reinterpret_cast<const unsigned*>(
+        stage + key * L::kKRowBytes + (ks * K + a_col(R, lane, g * R)) * kBytes);
+#pragma unroll
+    for (int w = 0; w < R * kBytes / 4; ++w) frag[g * R * kBytes / 4 + w] = src[w];
+  }
+}
+
 template <class C, class Params>
-__device__ __forceinline__ void mla_prefill_forward(const Params& p, u16* lds) {
-  using Atom = typename C::Atom;
+__device__ __forceinline__ void mla_prefill_forward(const Params& p, u8* lds) {
+  using Atom = typename C::AtomQK;  // S^T = K Q^T (bf16, or fp8 on gfx950)
+  using AtomPV = typename C::AtomPV;  // O^T = V^T P^T (bf16)
   using L = PrefillLayout<C>;
   constexpr int K = Atom::kK;
   constexpr int W = Atom::kWords;
+  constexpr int KP = AtomPV::kK;
+  constexpr int WP = AtomPV::kWords;
   constexpr int kQSteps = C::kDQk / K;     // k-steps of S^T = K Q^T
   constexpr int kSub = C::kBlockN / 32;    // 32-key sub-tiles of a key tile
-  constexpr int kPvSteps = 32 / K;         // k-steps of O^T = V^T P^T per sub-tile
+  constexpr int kPvSteps = 32 / KP;        // k-steps of O^T = V^T P^T per sub-tile
   constexpr int kDTiles = C::kDV / 32;     // 32-row tiles of O^T
   constexpr bool CAUSAL = C::kCausal;
 
@@ -122,16 +174,12 @@ __device__ __forceinline__ void mla_prefill_forward(const Params& p, u16* lds) {
   const u16* kr_base = p.k_rope + (i64)t.seq.k_start * p.kr_row_stride + (i64)head * p.kr_head_stride;
   const u16* v_base = p.v + (i64)t.seq.k_start * p.v_row_stride + (i64)head * p.v_head_stride;
 
-  // Q^T as the B operand of every k-step: lane holds query qrow, d = ks*K + b_row(run, lane, 0..K/2),
-  // one run of K/2 consecutive d for the bf16 atoms.
-  static_assert(Atom::kRun == K / 2, "the bf16 atoms hold one run of K/2 consecutive k per lane");
   unsigned qf[kQSteps][W];
-#pragma unroll
-  for (int ks = 0; ks < kQSteps; ++ks) {
+  {
     const bool ok = qrow < t.seq.len_q;
-    const u16* src = q_base + (i64)(ok ? qrow : 0) * p.q_row_stride + ks * K + b_row(Atom::kRun, lane, 0);
+    const u16* row = q_base + (i64)(ok ? qrow : 0) * p.q_row_stride;
 #pragma unroll
-    for (int w = 0; w < W; ++w) qf[ks][w] = ok ? reinterpret_cast<const unsigned*>(src)[w] : 0u;
+    for (int ks = 0; ks < kQSteps; ++ks) load_q_fragment<Atom>(row, ks, lane, ok, qf[ks]);
   }
 
   f32x16 o[kDTiles];
@@ -149,8 +197,8 @@ __device__ __forceinline__ void mla_prefill_forward(const Params& p, u16* lds) {
   for (int n = 0; n < t.n_blocks; ++n) {
     const bool more = n + 1 < t.n_blocks;
     if (more) copy.load(p, k_base, kr_base, v_base, (n + 1) * C::kBlockN, t.seq.len_k, tid);
-    const u16* ks_lds = lds + (n % C::kStages) * L::kStageElems;
-    const u16* vt_lds = ks_lds + C::kBlockN * L::kKStride;
+    const u8* ks_lds = lds + (n % C::kStages) * L::kStageBytes;
+    const u16* vt_lds = reinterpret_cast<const u16*>(ks_lds + L::kVtOffsetBytes);
     const int key0 = n * C::kBlockN;
 
     if (wave_live && (!CAUSAL || key0 <= wave_last_key)) {
@@ -162,10 +210,8 @@ __device__ __forceinline__ void mla_prefill_forward(const Params& p, u16* lds) {
       for (int ks = 0; ks < kQSteps; ++ks) {
 #pragma unroll
         for (int j = 0; j < kSub; ++j) {
-          const u16* src = ks_lds + (32 * j + a_row(lane)) * L::kKStride + ks * K + a_col(Atom::kRun, lane, 0);
           unsigned a[W];
-#pragma unroll
-          for (int w = 0; w < W; ++w) a[w] = reinterpret_cast<const unsigned*>(src)[w];
+          load_k_fragment<Atom, L>(ks_lds, 32 * j + a_row(lane), ks, lane, a);
           Atom::mma(s[j], a, qf[ks]);
         }
       }
@@ -189,7 +235,7 @@ __device__ __forceinline__ void mla_prefill_forward(const Params& p, u16* lds) {
       const float corr = fast_exp2(row_max - base);
       row_max = new_max;
       float sum = 0.f;
-      unsigned pf[kSub][kPvSteps][W];  // P^T as bf16 B operands
+      unsigned pf[kSub][kPvSteps][WP];  // P^T as bf16 B operands
 #pragma unroll
       for (int j = 0; j < kSub; ++j) {
 #pragma unroll
@@ -197,7 +243,7 @@ __device__ __forceinline__ void mla_prefill_forward(const Params& p, u16* lds) {
           const float p0 = fast_exp2(s[j][r] * p.scale_log2 - base);
           const float p1 = fast_exp2(s[j][r + 1] * p.scale_log2 - base);
           sum += p0 + p1;
-          pf[j][r / (K / 2)][(r % (K / 2)) / 2] = pack_bf16x2(p0, p1);
+          pf[j][r / (KP / 2)][(r % (KP / 2)) / 2] = pack_bf16x2(p0, p1);
         }
       }
       row_sum = row_sum * corr + sum;
@@ -212,14 +258,14 @@ __device__ __forceinline__ void mla_prefill_forward(const Params& p, u16* lds) {
 #pragma unroll
           for (int d = 0; d < kDTiles; ++d) {
             const u16* row = vt_lds + (32 * d + a_row(lane)) * L::kVtStride + 32 * j;
-            unsigned a[W];
+            unsigned a[WP];
 #pragma unroll
-            for (int w = 0; w < W; w += 2) {  // runs of four consecutive keys: two words each
-              const unsigned* run = reinterpret_cast<const unsigned*>(row + pv_key(K, lane, st, 2 * w));
+            for (int w = 0; w < WP; w += 2) {  // runs of four consecutive keys: two words each
+              const unsigned* run = reinterpret_cast<const unsigned*>(row + pv_key(KP, lane, st, 2 * w));
               a[w] = run[0];
               a[w + 1] = run[1];
             }
-            Atom::mma(o[d], a, pf[j][st]);
+            AtomPV::mma(o[d], a, pf[j][st]);
           }
         }
       }
@@ -227,7 +273,7 @@ __device__ __forceinline__ void mla_prefill_forward(const Params& p, u16* lds) {
     }
     if (more) {
       if (C::kStages == 1) barrier();  // every wave is done reading the only stage
-      copy.store(lds + ((n + 1) % C::kStages) * L::kStageElems, tid);
+      copy.store(lds + ((n + 1) % C::kStages) * L::kStageBytes, tid);
       barrier();
     }
   }

@@ -236,3 +236,15 @@ def test_ziglang_fallback_compiles(tmp_path):
     b = c.compile(render.render(variant_mod.make(s, {"block_n": 32})), "gfx950")
     assert b.compiler.startswith("zig-clang ") and b.resources.stack_bytes == 0
     assert hip.kernel_metadata(b.data, b.symbol)[".wavefront_size"] == 64
+
+
+@needs_clang
+def test_kernel_takes_the_param_struct_by_value(clang):
+    """HIP copies kernel arguments by the sizes in the code object's metadata: one by-value
+    argument of exactly the size the launcher packs (tests/test_abi.py checks the offsets)."""
+    from mlagen.families.mla_prefill import SIMT_PARAMS
+
+    s = spec_mod.load("mla_prefill_gfx942")
+    b = clang.compile(render.render(variant_mod.make(s, {})), "gfx942")
+    args = hip.kernel_metadata(b.data, b.symbol)[".args"]
+    assert [(a[".offset"], a[".size"], a[".value_kind"]) for a in args] == [(0, SIMT_PARAMS.size, "by_value")]

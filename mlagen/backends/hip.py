@@ -387,7 +387,8 @@ def _call(fn, *args, what: str):
         result = fn(*args)
     except RuntimeError as exc:
         if "dlopen" in str(exc) or "cannot open shared object" in str(exc):
-            raise NoDeviceError(NO_ROCM.format(what=what, why=str(exc).strip())) from None
+            why = re.sub(r"b'([^']*)'", r"\1", str(exc)).strip()  # hip-python prints bytes reprs
+            raise NoDeviceError(NO_ROCM.format(what=what, why=why)) from None
         raise
     return _check(result, what)
 

@@ -1,84 +1,12 @@
-"""The public entry points: kernels called on torch tensors."""
+"""The public entry points: kernels called on torch tensors.
+
+Each operation is implemented by its family package; this module is where users find them.
+Importing it imports torch (the operations are registered as torch custom ops).
+"""
 
 from __future__ import annotations
 
-import math
+from .families.mla_prefill.entry import mla_prefill_kernel
+from .families.mla_prefill.op import mla_prefill
 
-from .dispatch import dispatcher
-from .families import mla_prefill as _family
-from .variant import Variant
-
-
-def mla_prefill(q, k, v, *, k_rope=None, cu_seqlens_q=None, cu_seqlens_k=None, causal=True, softmax_scale=None,
-                out=None, lse=None, check_seqlens=None, kernel=None):
-    """Dense MLA prefill attention (unabsorbed, "MHA mode"), as in MLA.md section 1.
-
-    Args:
-        q: [Tq, H, 192] bf16, nope (128) followed by rope (64). Strided views are fine; the last
-            dimension must be contiguous.
-        k: [Tk, H, 192] bf16, or [Tk, H, 128] (nope only) when ``k_rope`` is given.
-        v: [Tk, H, 128] bf16.
-        k_rope: optional [Tk, 1, 64] (one rope key shared by all heads: the MLA case; read once
-            per key tile, never expanded) or [Tk, H, 64].
-        cu_seqlens_q, cu_seqlens_k: optional int32 [B + 1] offsets of a packed (ragged) batch;
-            both or neither. Sequence b has queries cu_seqlens_q[b]:cu_seqlens_q[b+1].
-        causal: bottom-right aligned: query i of a sequence sees key j iff j <= i + Lk - Lq.
-        softmax_scale: defaults to 1/sqrt(192).
-        out: optional preallocated [Tq, H, 128] bf16 output (16-byte aligned strides).
-        lse: optional preallocated [Tq, H] fp32 output (heads contiguous).
-        check_seqlens: read cu_seqlens back and check they start at 0, never decrease and end
-            at the packed lengths. Default: on, except while capturing a CUDA graph (reading
-            them would synchronise). CPU cu_seqlens are always checked, at no cost. Unchecked
-            values can give wrong results but never out-of-bounds accesses.
-        kernel: optional spec name (e.g. ``"mla_prefill_sm80"``) or Variant to force a kernel;
-            by default the best kernel for the device, tuned for this shape class if the tuning
-            database or the shipped records know one.
-
-    Returns:
-        (out, lse): out [Tq, H, 128] bf16; lse [Tq, H] fp32, natural log. A row that sees no key
-        gives out = 0 and lse = +inf.
-
-    The launch goes on the current torch stream with no host synchronisation (after the first
-    call of a shape class, which may compile), so it can be captured in a CUDA graph.
-    """
-    import torch
-
-    call = _family.prepare(q, k, v, k_rope=k_rope, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
-                           causal=causal, softmax_scale=softmax_scale, out=out, lse=lse,
-                           check_seqlens=check_seqlens)
-    if call.empty:
-        return call.out, call.lse
-    if call.total_k == 0:  # no keys anywhere: every row sees nothing
-        call.out.zero_()
-        call.lse.fill_(math.inf)
-        return call.out, call.lse
-    device, selection = _select(call, kernel)
-    with torch.cuda.device(device):
-        _family.launch(selection, call, torch.cuda.current_stream(device).cuda_stream)
-    return call.out, call.lse
-
-
-def _select(call, kernel):
-    import torch
-
-    device = call.q.device.index if call.q.device.index is not None else torch.cuda.current_device()
-    selection = dispatcher().select(
-        _family.FAMILY.name, str(call.key), {"mask": call.mask}, device,
-        accepts=lambda spec: _family.accepts(spec, call),
-        variant=kernel if isinstance(kernel, Variant) else None,
-        only=kernel if isinstance(kernel, str) else None,
-    )
-    return device, selection
-
-
-def mla_prefill_kernel(q, k, v, *, k_rope=None, cu_seqlens_q=None, cu_seqlens_k=None, causal=True, kernel=None):
-    """The kernel :func:`mla_prefill` would run for these arguments, without running it.
-
-    Returns the dispatcher's Selection: ``.spec``, ``.variant`` (``.variant.symbol``), ``.origin``
-    ("default", "user" for the tuning database, "shipped:<file>" for packaged records, or
-    "explicit"), ``.binary.resources`` (registers and spills from ptxas). Builds the kernel if it
-    is not built yet.
-    """
-    call = _family.prepare(q, k, v, k_rope=k_rope, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
-                           causal=causal, check_seqlens=False)
-    return _select(call, kernel)[1]
+__all__ = ["mla_prefill", "mla_prefill_kernel"]

@@ -8,6 +8,7 @@ VGPR file plus an accumulation (AGPR) file that gfx90a and later allocate togeth
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 
@@ -66,6 +67,25 @@ TARGETS: dict[str, Target] = {
         _gfx("gfx950", (9, 50), 163840, _CDNA4),
     )
 }
+
+
+# Device names (as the driver reports them) of the NVIDIA parts each target runs on; used to tell
+# whether a tuning record made on another device comes from the same architecture.
+DEVICE_NAME_TARGETS = (
+    (re.compile(r"\b(GH|H)(100|200|800|20)\b"), "sm_90a"),
+    (re.compile(r"\b(GB|B)(100|200)\b"), "sm_100a"),
+    (re.compile(r"\bA(100|800|30)\b"), "sm_80"),
+    (re.compile(r"\bA(10|16|2|40)\b|RTX 30\d0|RTX A\d000"), "sm_86"),
+    (re.compile(r"\bL(4|20|40S?)\b|RTX 40\d0|RTX \d000 Ada"), "sm_89"),
+)
+
+
+def target_of_device_name(name: str) -> str | None:
+    """The target of a device known by name only (e.g. "NVIDIA H100 80GB HBM3" -> "sm_90a"), or None."""
+    for pattern, target_name in DEVICE_NAME_TARGETS:
+        if pattern.search(name):
+            return target_name
+    return None
 
 
 def target(name: str) -> Target:

@@ -161,7 +161,7 @@ def test_broken_spec_file_is_one_line(run, tmp_path):
 def _fill(path):
     d = db.TuningDB(path)
     key = db.RecordKey("mla_prefill", "mla_prefill_sm90", "causal/h128/q8192/k8192", "bf16", "NVIDIA H100", 132,
-                       "13.0", "13.0", "0123456789abcdef")
+                       "13.0", "nvrtc 13.0", "0123456789abcdef")
     d.add_trials([db.Trial(key, {"block_n": 128}, "sym_ok", "ok", 1.25, 612.0, 1e-3, 168, 0, "", "run-a", 1.0),
                   db.Trial(key, {"block_n": 176}, "sym_bad", "compile_error", detail="ptxas error\nmore", run_id="run-a",
                            created=2.0)])
@@ -191,8 +191,13 @@ def test_db_export_import(run, tmp_path):
     assert doc["format"] == "mlagen-tuning"
     dst = tmp_path / "dst.sqlite"
     out = ok(run("db", "--db", str(dst), "import", str(export)))
-    assert "imported 1 winner(s) and 2 trial(s)" in out
+    assert "trials: 2 added, 0 already present\nwinners: 1 added, 0 replaced, 0 kept" in out
     assert db.TuningDB(dst).export() == db.TuningDB(src).export()
+    out = ok(run("db", "--db", str(dst), "import", str(export)))
+    assert "trials: 0 added, 2 already present\nwinners: 0 added, 0 replaced, 1 kept" in out
+    assert db.TuningDB(dst).export() == db.TuningDB(src).export()
+    user_error(run("db", "--db", str(src), "export", str(export)), str(export), "already exists", "--force")
+    ok(run("db", "--db", str(dst), "export", "--force", str(export)))
     out = ok(run("db", "--db", str(src), "export", "--best-only", str(tmp_path / "best.json")))
     assert "exported 1 winner(s) and 0 trial(s)" in out
 
@@ -238,6 +243,16 @@ def test_info_without_a_gpu(run):
     assert "device" in out
     for name in ("MLAGEN_OUT_DIR", "MLAGEN_CACHE_DIR", "MLAGEN_TUNING_DB", "MLAGEN_LOG"):
         assert name in out
+
+
+def test_info_shows_the_resolved_paths(run, tmp_path, monkeypatch):
+    monkeypatch.delenv("MLAGEN_CACHE_DIR")
+    monkeypatch.delenv("MLAGEN_TUNING_DB", raising=False)
+    out = ok(run("info"))
+    rows = {line.split()[0]: line.split()[1] for line in out.splitlines() if line.startswith("MLAGEN_")}
+    assert rows["MLAGEN_CACHE_DIR"] == str((tmp_path / "out" / "cache").resolve())
+    assert rows["MLAGEN_TUNING_DB"] == str((tmp_path / "out" / "tuning.sqlite").resolve())
+    assert "None" not in out
 
 
 def _has_gpu() -> bool:

@@ -1,16 +1,19 @@
-"""AMD Instinct backend: compile to AMDGPU code objects, read their resources, load and launch.
+"""AMD Instinct support below the compiler and runtime: toolchains, code objects, hip-python calls.
 
-Two compilers produce the same code object from the same source (``templates/`` for gfx targets
-include no HIP header; ``mlagen/gfx9/prelude.cuh`` defines what they need from clang builtins):
+What ``compiler.py`` (``HiprtcCompiler``, ``OfflineClangCompiler``) and ``runtime.py``
+(``HipRuntime``) are built on, as the CUDA classes there are built on cuda-bindings:
 
-* :class:`HiprtcCompiler`: hipRTC through hip-python, at run time on a ROCm machine.
-* :class:`OfflineClangCompiler`: an LLVM clang with the AMDGPU backend (Debian's ``clang-22`` or
-  the ``ziglang`` wheel's clang), on any machine, so CI compiles every AMD variant without ROCm.
+* the offline clang (Debian's ``clang-22`` or the ``ziglang`` wheel's clang) that compiles gfx
+  targets on any machine, and :func:`clang_compile`;
+* hipRTC (:func:`hiprtc_compile`) and the HIP module API (:func:`module_load`, :func:`launch`,
+  :func:`device_properties`) through hip-python;
+* the AMDGPU code object: its metadata note (a msgpack map: VGPRs, AGPRs, SGPRs, LDS, scratch,
+  spills), read without any LLVM tool, and its disassembly (MFMA forms, scratch).
 
-The resource report comes from the code object's AMDGPU metadata note (a msgpack map: VGPRs,
-AGPRs, SGPRs, LDS, scratch, spills), read here without any LLVM tool. ``hip-python`` imports
-without ROCm; its first call needs ``libamdhip64.so`` / ``libhiprtc.so``, and every call goes
-through :func:`_check`, which turns a missing runtime into a NoDeviceError that says so.
+Sources for gfx targets include no HIP header (``mlagen/gfx9/prelude.cuh`` defines what they need
+from clang builtins), so hipRTC and the offline clang compile the same text. ``hip-python``
+imports without ROCm; its first call needs ``libamdhip64.so`` / ``libhiprtc.so``, and every call
+goes through :func:`_call`, which turns a missing runtime into a NoDeviceError that says so.
 """
 
 from __future__ import annotations
@@ -27,9 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import arch, knobs
-from ..compiler import Compiler, KernelResources
 from ..errors import CompileError, DriverError, NoDeviceError
-from ..render import Source
 
 NO_ROCM = ("no ROCm runtime was found ({what}: {why}); AMD GPUs need ROCm (libamdhip64.so, libhiprtc.so) "
            "on the library path. Without one, mlagen can still compile for gfx942/gfx950 "
@@ -222,8 +223,9 @@ def kernel_metadata(data: bytes, symbol: str) -> dict:
     raise ValueError(f"kernel {symbol!r} is not in the code object (it has {names})")
 
 
-def parse_code_object(data: bytes, symbol: str, target: str) -> KernelResources:
-    """VGPRs, AGPRs, SGPRs, LDS, scratch, spills and occupancy of ``symbol`` from its metadata.
+def code_object_resources(data: bytes, symbol: str, target: str) -> dict:
+    """VGPRs, AGPRs, SGPRs, LDS, scratch, spills and occupancy of ``symbol`` from its metadata,
+    as the fields of ``compiler.KernelResources``.
 
     ``registers`` is ``.vgpr_count``: on gfx90a and later the unified VGPR + AGPR count."""
     k = kernel_metadata(data, symbol)
@@ -231,18 +233,17 @@ def parse_code_object(data: bytes, symbol: str, target: str) -> KernelResources:
     lds = int(k.get(".group_segment_fixed_size", 0))
     vspill = int(k.get(".vgpr_spill_count", 0))
     threads = int(k.get(".max_flat_workgroup_size", 256))
-    t = arch.target(target)
-    return KernelResources(
-        registers=vgprs,
-        agprs=agprs,
-        sgprs=int(k.get(".sgpr_count", 0)),
-        smem_static=lds,
-        stack_bytes=int(k.get(".private_segment_fixed_size", 0)),
+    return {
+        "registers": vgprs,
+        "agprs": agprs,
+        "sgprs": int(k.get(".sgpr_count", 0)),
+        "smem_static": lds,
+        "stack_bytes": int(k.get(".private_segment_fixed_size", 0)),
         # VGPR spills go to scratch, 4 bytes per lane each; SGPR spills go to VGPR lanes (not memory).
-        spill_stores=4 * vspill,
-        spill_loads=4 * vspill,
-        occupancy=arch.occupancy(t, threads, lds, vgprs),
-    )
+        "spill_stores": 4 * vspill,
+        "spill_loads": 4 * vspill,
+        "occupancy": arch.occupancy(arch.target(target), threads, lds, vgprs),
+    }
 
 
 def disassemble(data: bytes, objdump: str | None = None) -> str:
@@ -277,88 +278,68 @@ def check_code_object(data: bytes, symbol: str, target: str, expect_mfma: tuple[
     """What is wrong with a compiled AMD kernel: missing MFMA forms, scratch or spills, LDS or
     registers over the target's budget. Empty when it is fine."""
     t = arch.target(target)
-    r = parse_code_object(data, symbol, target)
+    r = code_object_resources(data, symbol, target)
     problems = []
     dis = disassembly if disassembly is not None else disassemble(data)
     found = mfma_instructions(dis)
     for name in expect_mfma:
         if not any(f.startswith(name) for f in found):
             problems.append(f"no {name} in the disassembly (found: {sorted(found) or 'no MFMA at all'})")
-    if r.stack_bytes or r.spills or _SCRATCH.search(dis):
-        problems.append(f"uses scratch ({r.stack_bytes} bytes per lane, {r.spill_stores // 4} VGPRs spilled)")
-    if r.smem_static > t.smem_per_block:
-        problems.append(f"{r.smem_static} bytes of LDS, {t.name} has {t.smem_per_block}")
-    if r.registers > t.max_regs_per_thread or r.agprs > t.agprs:
-        problems.append(f"{r.registers} VGPRs ({r.agprs} of them AGPRs) exceed {t.max_regs_per_thread} "
+    if r["stack_bytes"] or r["spill_stores"] or _SCRATCH.search(dis):
+        problems.append(f"uses scratch ({r['stack_bytes']} bytes per lane, {r['spill_stores'] // 4} VGPRs spilled)")
+    if r["smem_static"] > t.smem_per_block:
+        problems.append(f"{r['smem_static']} bytes of LDS, {t.name} has {t.smem_per_block}")
+    if r["registers"] > t.max_regs_per_thread or r["agprs"] > t.agprs:
+        problems.append(f"{r['registers']} VGPRs ({r['agprs']} of them AGPRs) exceed {t.max_regs_per_thread} "
                         f"({t.agprs} AGPRs)")
-    if r.occupancy < 1:
+    if r["occupancy"] < 1:
         problems.append("not a single wave fits a SIMD (registers or LDS)")
     return problems
 
 
-# --- compilers --------------------------------------------------------------------------------
+# --- compiling -------------------------------------------------------------------------------
 
 
-class _AmdCompiler(Compiler):
-    def parse_resources(self, data: bytes, log: str, symbol: str, target: str) -> KernelResources:
-        r = parse_code_object(data, symbol, target)
-        warnings = tuple(line.strip() for line in log.splitlines() if "warning:" in line)
-        return KernelResources(**{**r.__dict__, "warnings": warnings})
-
-    @staticmethod
-    def _check_target(target: str) -> None:
-        t = arch.target(target)
-        if t.vendor != "hip":
-            raise CompileError(f"{target} is not an AMD target (AMD targets: "
-                               f"{', '.join(n for n, x in arch.TARGETS.items() if x.vendor == 'hip')})")
+def check_amd_target(target: str) -> None:
+    """CompileError unless ``target`` is an AMD target."""
+    if arch.target(target).vendor != "hip":
+        raise CompileError(f"{target} is not an AMD target (AMD targets: "
+                           f"{', '.join(n for n, x in arch.TARGETS.items() if x.vendor == 'hip')})")
 
 
-class OfflineClangCompiler(_AmdCompiler):
-    """HIP source to an AMDGPU code object with an offline clang; no ROCm needed."""
+def clang_options(target: str) -> list[str]:
+    """Device code only, unbundled, no device libraries or HIP headers (the sources need only
+    clang builtins); code object v5 is what ROCm 6 loads by default."""
+    return ["-x", "hip", f"--offload-arch={target}", "--cuda-device-only", "--no-gpu-bundle-output",
+            "-nogpulib", "-nogpuinc", "-O3", "-std=c++17", "-mcode-object-version=5", "-DNDEBUG"]
 
-    def __init__(self, *args, clang: Clang | None = None, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.clang = clang or find_clang()
-        if self.clang is None:
-            raise NoDeviceError(
-                f"no clang >= {MIN_CLANG_MAJOR} with the AMDGPU backend was found to compile for AMD targets: "
-                "apt-get install clang-22 lld-22 llvm-22, or pip install ziglang, or set MLAGEN_HIP_CLANG")
-        self.name = self.clang.name
 
-    def version(self) -> str:
-        return self.clang.version
-
-    def options(self, target: str) -> list[str]:
-        # Device code only, unbundled, no device libraries or HIP headers: the sources need only
-        # clang builtins. Code object v5 is what ROCm 6 loads by default.
-        return ["-x", "hip", f"--offload-arch={target}", "--cuda-device-only", "--no-gpu-bundle-output",
-                "-nogpulib", "-nogpuinc", "-O3", "-std=c++17", "-mcode-object-version=5", "-DNDEBUG"]
-
-    def _compile(self, source: Source, target: str, options: list[str], source_path: str) -> tuple[bytes, str]:
-        self._check_target(target)
-        with tempfile.TemporaryDirectory(prefix="mlagen-hip-") as d:
-            src, out = Path(d) / source.name, Path(d) / "kernel.hsaco"
-            src.write_text(source.text)
-            env = None
-            if self.clang.ld_lld:
-                # zig's clang links AMDGPU code objects by running "lld -flavor gnu" from PATH, which
-                # the wheel does not install: a shim of that name forwards to its "ld.lld".
-                shim = Path(d) / "bin" / "lld"
-                shim.parent.mkdir()
-                shim.write_text('#!/bin/sh\n[ "$1" = "-flavor" ] && shift 2\nexec '
-                                + " ".join(f"'{a}'" for a in self.clang.ld_lld) + ' "$@"\n')
-                shim.chmod(0o755)
-                env = {**os.environ, "PATH": f"{shim.parent}{os.pathsep}{os.environ.get('PATH', '')}"}
-            cmd = [*self.clang.argv, *options, str(src), "-o", str(out)]
-            try:
-                proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
-            except subprocess.TimeoutExpired:
-                raise CompileError(f"clang timed out compiling {source.name} for {target}", "", source_path) from None
-            log = (proc.stderr or "").replace(str(src), source_path)
-            if proc.returncode or not out.is_file():
-                raise CompileError(f"clang {self.clang.version} failed to compile {source.name} for {target}",
-                                   log, source_path)
-            return out.read_bytes(), log
+def clang_compile(clang: Clang, text: str, name: str, target: str, options: list[str],
+                  source_path: str) -> tuple[bytes, str]:
+    """Compile ``text`` (file name ``name``) with the offline clang: (code object, log)."""
+    check_amd_target(target)
+    with tempfile.TemporaryDirectory(prefix="mlagen-hip-") as d:
+        src, out = Path(d) / name, Path(d) / "kernel.hsaco"
+        src.write_text(text)
+        env = None
+        if clang.ld_lld:
+            # zig's clang links AMDGPU code objects by running "lld -flavor gnu" from PATH, which
+            # the wheel does not install: a shim of that name forwards to its "ld.lld".
+            shim = Path(d) / "bin" / "lld"
+            shim.parent.mkdir()
+            shim.write_text('#!/bin/sh\n[ "$1" = "-flavor" ] && shift 2\nexec '
+                            + " ".join(f"'{a}'" for a in clang.ld_lld) + ' "$@"\n')
+            shim.chmod(0o755)
+            env = {**os.environ, "PATH": f"{shim.parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+        cmd = [*clang.argv, *options, str(src), "-o", str(out)]
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+        except subprocess.TimeoutExpired:
+            raise CompileError(f"clang timed out compiling {name} for {target}", "", source_path) from None
+        log = (proc.stderr or "").replace(str(src), source_path)
+        if proc.returncode or not out.is_file():
+            raise CompileError(f"clang {clang.version} failed to compile {name} for {target}", log, source_path)
+        return out.read_bytes(), log
 
 
 @functools.lru_cache(maxsize=None)
@@ -393,141 +374,87 @@ def _call(fn, *args, what: str):
     return _check(result, what)
 
 
-class HiprtcCompiler(_AmdCompiler):
-    """HIP source to an AMDGPU code object through hipRTC (ROCm's runtime compiler)."""
+def hiprtc_version() -> str:
+    """hipRTC's version ("6.4"); NoDeviceError without ROCm."""
+    _, hiprtc = _hip_modules()
+    major, minor = _call(hiprtc.hiprtcVersion, what="hiprtcVersion")
+    return f"{major}.{minor}"
 
-    name = "hiprtc"
 
-    def version(self) -> str:
-        _, hiprtc = _hip_modules()
-        major, minor = _call(hiprtc.hiprtcVersion, what="hiprtcVersion")
-        return f"{major}.{minor}"
+def hiprtc_options(target: str) -> list[str]:
+    return [f"--offload-arch={target}", "-O3", "-std=c++17", "-DNDEBUG"]
 
-    def options(self, target: str) -> list[str]:
-        return [f"--offload-arch={target}", "-O3", "-std=c++17", "-DNDEBUG"]
 
-    def _compile(self, source: Source, target: str, options: list[str], source_path: str) -> tuple[bytes, str]:
-        self._check_target(target)
-        _, hiprtc = _hip_modules()
-        prog = _call(hiprtc.hiprtcCreateProgram, source.text.encode(), source.name.encode(), 0, None, None,
-                     what="hiprtcCreateProgram")
-        try:
-            opts = [o.encode() for o in options]
-            compiled = hiprtc.hiprtcCompileProgram(prog, len(opts), opts)
-            size = _call(hiprtc.hiprtcGetProgramLogSize, prog, what="hiprtcGetProgramLogSize")
-            buf = bytearray(int(size) + 1)
-            _call(hiprtc.hiprtcGetProgramLog, prog, buf, what="hiprtcGetProgramLog")
-            log = bytes(buf).rstrip(b"\0 ").decode(errors="replace")
-            err = compiled[0] if isinstance(compiled, tuple) else compiled
-            if int(getattr(err, "value", err)) != 0:
-                raise CompileError(f"hipRTC failed to compile {source.name} for {target}", log, source_path)
-            size = _call(hiprtc.hiprtcGetCodeSize, prog, what="hiprtcGetCodeSize")
-            code = bytearray(int(size))
-            _call(hiprtc.hiprtcGetCode, prog, code, what="hiprtcGetCode")
-            return bytes(code), log
-        finally:
-            hiprtc.hiprtcDestroyProgram(prog)
+def hiprtc_compile(text: str, name: str, target: str, options: list[str], source_path: str) -> tuple[bytes, str]:
+    """hiprtcCreateProgram -> hiprtcCompileProgram -> hiprtcGetCode: (code object, log)."""
+    check_amd_target(target)
+    _, hiprtc = _hip_modules()
+    prog = _call(hiprtc.hiprtcCreateProgram, text.encode(), name.encode(), 0, None, None, what="hiprtcCreateProgram")
+    try:
+        opts = [o.encode() for o in options]
+        compiled = hiprtc.hiprtcCompileProgram(prog, len(opts), opts)
+        size = _call(hiprtc.hiprtcGetProgramLogSize, prog, what="hiprtcGetProgramLogSize")
+        buf = bytearray(int(size) + 1)
+        _call(hiprtc.hiprtcGetProgramLog, prog, buf, what="hiprtcGetProgramLog")
+        log = bytes(buf).rstrip(b"\0 ").decode(errors="replace")
+        err = compiled[0] if isinstance(compiled, tuple) else compiled
+        if int(getattr(err, "value", err)) != 0:
+            raise CompileError(f"hipRTC failed to compile {name} for {target}", log, source_path)
+        size = _call(hiprtc.hiprtcGetCodeSize, prog, what="hiprtcGetCodeSize")
+        code = bytearray(int(size))
+        _call(hiprtc.hiprtcGetCode, prog, code, what="hiprtcGetCode")
+        return bytes(code), log
+    finally:
+        hiprtc.hiprtcDestroyProgram(prog)
 
 
 def rocm_available() -> bool:
-    """Whether the ROCm runtime libraries load (no device needed for hipRTC)."""
+    """Whether the ROCm runtime compiler loads (no device needed for hipRTC)."""
     try:
-        HiprtcCompiler.version(HiprtcCompiler.__new__(HiprtcCompiler))
+        hiprtc_version()
         return True
     except (NoDeviceError, CompileError):
         return False
 
 
-def compiler(**kwargs) -> Compiler:
-    """The AMD compiler for this machine: hipRTC where ROCm is installed (MLAGEN_HIP_COMPILER=auto),
-    else the offline clang; ``hiprtc`` / ``clang`` force one."""
-    choice = knobs.hip_compiler()
-    if choice == "hiprtc" or (choice == "auto" and rocm_available()):
-        return HiprtcCompiler(**kwargs)
-    return OfflineClangCompiler(**kwargs)
-
-
 # --- loading and launching --------------------------------------------------------------------
 
 
-def device_info(index: int = 0):
-    """A runtime.DeviceInfo for HIP device ``index`` (its target from ``gcnArchName``).
-
-    Raises NoDeviceError saying that no ROCm runtime was found when libamdhip64.so cannot be
-    loaded, and naming the device when mlagen has no target for it."""
-    from ..runtime import DeviceInfo
-
+def device_properties(index: int = 0) -> dict:
+    """Name, gcnArchName (without feature flags), version, CU count, LDS, L2 and driver of HIP
+    device ``index``. NoDeviceError saying that no ROCm runtime was found when libamdhip64.so
+    cannot be loaded, and naming the device when mlagen has no target for it."""
     hip, _ = _hip_modules()
     props = _call(hip.hipGetDeviceProperties, index, what="hipGetDeviceProperties")
-    name = props.gcnArchName
-    arch_name = name.decode() if isinstance(name, (bytes, bytearray)) else str(name)
+
+    def text(x) -> str:
+        x = x.decode(errors="replace") if isinstance(x, (bytes, bytearray)) else str(x)
+        return x.split("\0", 1)[0]
+
+    arch_name = text(props.gcnArchName)
     if arch.for_gcn_arch(arch_name) is None:
         known = ", ".join(n for n, x in arch.TARGETS.items() if x.vendor == "hip")
         raise NoDeviceError(f"HIP device {index} is {arch_name}; mlagen has kernels for {known}")
-    dev_name = props.name.decode() if isinstance(props.name, (bytes, bytearray)) else str(props.name)
     version = _call(hip.hipDriverGetVersion, what="hipDriverGetVersion")
-    return DeviceInfo(
-        index=index,
-        name=dev_name.split("\0", 1)[0],
-        compute=(int(props.major), int(props.minor)),
-        sm_count=int(props.multiProcessorCount),
-        driver_version=f"hip {version}",
-        smem_per_block_optin=int(props.sharedMemPerBlock),
-        l2_bytes=int(props.l2CacheSize),
-        arch_name=arch_name.split(":", 1)[0],
-    )
+    return {"name": text(props.name), "arch_name": arch_name.split(":", 1)[0],
+            "compute": (int(props.major), int(props.minor)), "sm_count": int(props.multiProcessorCount),
+            "smem_per_block": int(props.sharedMemPerBlock), "l2_bytes": int(props.l2CacheSize),
+            "driver_version": f"hip {version}"}
 
 
-class HipKernel:
-    """A loaded AMD kernel; ``launch`` has the same signature as the CUDA kernel's."""
-
-    def __init__(self, module, function, binary):
-        self.module = module
-        self.function = function
-        self.binary = binary
-
-    def launch(self, grid, block, smem_bytes: int, stream: int, params) -> None:
-        """Launch on ``stream`` (a hipStream_t as an int: ROCm torch's ``torch.cuda`` stream
-        handles are HIP streams). ``params`` is a PackedParams: the kernel takes one struct by
-        value, whose size HIP reads from the kernel's metadata. The gfx9 kernels declare their
-        LDS statically, so only what a launch asks beyond that is passed as dynamic LDS."""
-        hip, _ = _hip_modules()
-        dynamic = max(0, smem_bytes - self.binary.resources.smem_static)
-        _call(hip.hipModuleLaunchKernel, self.function, *grid, *block, dynamic,
-              hip.ihipStream_t.fromObj(stream) if stream else None, params.kernel_params, None,
-              what=f"hipModuleLaunchKernel({self.binary.symbol})")
+def module_load(data: bytes, symbol: str, device: int):
+    """Load a code object on HIP device ``device``: (module, function)."""
+    hip, _ = _hip_modules()
+    _call(hip.hipSetDevice, device, what="hipSetDevice")
+    module = _call(hip.hipModuleLoadData, data, what=f"hipModuleLoadData({symbol})")
+    function = _call(hip.hipModuleGetFunction, module, symbol.encode(), what=f"hipModuleGetFunction({symbol})")
+    return module, function
 
 
-class HipRuntime:
-    """Loads code objects into the current HIP device (the one ROCm torch uses) and launches them."""
-
-    vendor = "hip"
-
-    def __init__(self):
-        import threading
-
-        self._kernels: dict = {}
-        self._lock = threading.Lock()
-
-    def current_device(self) -> int:
-        import torch
-
-        return torch.cuda.current_device()
-
-    def load(self, binary, device: int | None = None) -> HipKernel:
-        """Load (once per device) and return the kernel; later calls are a dictionary lookup."""
-        index = self.current_device() if device is None else device
-        key = (index, binary.key)
-        kernel = self._kernels.get(key)
-        if kernel is not None:
-            return kernel
-        with self._lock:
-            kernel = self._kernels.get(key)
-            if kernel is None:
-                hip, _ = _hip_modules()
-                _call(hip.hipSetDevice, index, what="hipSetDevice")
-                module = _call(hip.hipModuleLoadData, binary.data, what=f"hipModuleLoadData({binary.symbol})")
-                function = _call(hip.hipModuleGetFunction, module, binary.symbol.encode(),
-                                 what=f"hipModuleGetFunction({binary.symbol})")
-                kernel = self._kernels[key] = HipKernel(module, function, binary)
-        return kernel
+def launch(function, symbol: str, grid, block, dynamic_lds: int, stream: int, kernel_params: int) -> None:
+    """hipModuleLaunchKernel on ``stream`` (a hipStream_t as an int; 0: the null stream) with the
+    ``void*[]`` at ``kernel_params``: HIP copies each argument by the size in the kernel's metadata."""
+    hip, _ = _hip_modules()
+    _call(hip.hipModuleLaunchKernel, function, *grid, *block, dynamic_lds,
+          hip.ihipStream_t.fromObj(stream) if stream else None, kernel_params, None,
+          what=f"hipModuleLaunchKernel({symbol})")

@@ -17,6 +17,7 @@ from mlagen import render  # noqa: E402
 from mlagen import spec as spec_mod  # noqa: E402
 from mlagen import variant as variant_mod  # noqa: E402
 from mlagen.backends import hip  # noqa: E402
+from mlagen.compiler import HiprtcCompiler  # noqa: E402
 from mlagen.runtime import device_info, runtime  # noqa: E402
 
 
@@ -29,7 +30,7 @@ def test_hiprtc_compiles_and_loads_the_default_variant():
     target = device_info(torch.cuda.current_device()).target
     spec = spec_mod.load(f"mla_prefill_{target.name}")
     v = variant_mod.make(spec, {})
-    binary = hip.HiprtcCompiler().compile(render.render(v), target.name, use_cache=False)
+    binary = HiprtcCompiler().compile(render.render(v), target.name, use_cache=False)
     assert binary.compiler.startswith("hiprtc ")
     assert not hip.check_code_object(binary.data, binary.symbol, target.name, ("v_mfma",))
     kernel = runtime().load(binary)

@@ -753,9 +753,7 @@ def known_starts(spec, fixed: dict, target, database: db.TuningDB | None, key: d
 
 def _finished_trials(database: db.TuningDB, key: db.RecordKey) -> dict[str, db.Trial]:
     """Trials the database holds for ``key``, by variant symbol (the latest one of each)."""
-    where = {f: getattr(key, f) for f in ("family", "spec", "problem", "dtypes", "device", "sm_count", "driver",
-                                          "nvrtc", "source_hash")}
-    return {t.symbol: t for t in database.trials(**where)}
+    return {t.symbol: t for t in database.trials(**key.as_dict())}
 
 
 def tune_class(spec, shape_class: ShapeClass, target, config: TuneConfig, database: db.TuningDB, runner: TrialRunner,

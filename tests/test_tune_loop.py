@@ -90,7 +90,7 @@ class Clock:
 
 
 KEY = db.RecordKey("mla_prefill", "mla_prefill_sm90", "causal/h128/q8192/k8192", "bf16", "Fake GPU", 132, "13.0",
-                   "13.0", "abc")
+                   "nvrtc 13.0", "abc")
 
 
 def run_class(tmp_path, strategy="global", max_trials=200, workers=None, seed=0, budget_s=None, clock=None,

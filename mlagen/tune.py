@@ -670,6 +670,13 @@ def tune(config: TuneConfig, progress: Callable[[str], None] = print, bar=None,
     devices = config.devices if config.devices is not None else default_devices()
     if not devices:
         raise TuningError("no GPU to tune on")
+    if config.devices is not None:
+        from .runtime import device_count
+
+        visible = device_count()
+        for d in devices:
+            if d >= visible:
+                raise TuningError(f"--devices {d}: only {visible} GPU(s) are visible (0 to {visible - 1})")
     database = db.TuningDB(config.db_path)
     total_weight = sum(c.weight for c in classes)
     results = []

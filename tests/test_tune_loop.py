@@ -6,6 +6,7 @@ from __future__ import annotations
 import random
 import threading
 import time
+from dataclasses import replace
 
 import pytest
 
@@ -369,8 +370,11 @@ def test_tune_splits_the_budget_by_weight_and_starts_one_worker_per_device(tmp_p
         def stop(self):
             pass
 
+    from mlagen import runtime
+
     monkeypatch.setattr(tune_mod, "GpuWorker", Worker)
     monkeypatch.setattr(tune_mod, "_builder", lambda target, jobs, pool: FakeBuild())
+    monkeypatch.setattr(runtime, "device_count", lambda: 2)
     config = TuneConfig(spec=S90.path, shapes=(WorkloadItem(SHAPES["D1"], 1), WorkloadItem(SHAPES["D2"], 3)),
                         db_path=str(tmp_path / "t.sqlite"), target="sm_90a", devices=(0, 1), budget_s=80.0,
                         jobs=1)
@@ -383,6 +387,8 @@ def test_tune_splits_the_budget_by_weight_and_starts_one_worker_per_device(tmp_p
         calls = sum(len(w.calls) for w in workers[r.shape]) - sum(len(f.block_ms) for f in r.finals)
         assert calls == want
     assert {b.key.problem for b in db.TuningDB(tmp_path / "t.sqlite").bests()} == {r.problem for r in results}
+    with pytest.raises(tune_mod.TuningError, match="--devices 2: only 2 GPU"):
+        tune_mod.tune(replace(config, devices=(0, 2)), progress=lambda line: None, clock=clock)
 
 
 def test_an_interrupted_batch_records_nothing_more_and_does_not_wait():

@@ -6,8 +6,8 @@ Importing mlagen needs neither torch nor a GPU; calling a kernel needs both.
 
 from __future__ import annotations
 
-from .api import mla_prefill
+from .api import flash_mla_sparse_fwd, mla_prefill, mla_sparse_prefill
 
 __version__ = "0.1.0"
 
-__all__ = ["mla_prefill", "__version__"]
+__all__ = ["flash_mla_sparse_fwd", "mla_prefill", "mla_sparse_prefill", "__version__"]

@@ -37,8 +37,8 @@ def register(family: Family) -> Family:
 
 
 def get(name: str, path=None) -> Family:
-    if not _REGISTRY:
-        from . import mla_prefill  # noqa: F401  (registers itself)
+    if name not in _REGISTRY:
+        from . import mla_prefill, mla_sparse_prefill  # noqa: F401  (they register themselves)
     try:
         return _REGISTRY[name]
     except KeyError:

@@ -238,10 +238,29 @@ def _q(xs, f):
     return xs[min(len(xs) - 1, int(f * len(xs)))]
 
 
-def bench(shapes, rounds, iters, flashmla_dir, naive_iters) -> None:
+def _variants(texts):
+    """Variants of the sm90 spec from 'name=value,...' texts (None: the dispatched kernel)."""
+    from . import spec as spec_mod
+    from . import variant as variant_mod
+
+    out = {"dispatch": None}
+    s = spec_mod.load("mla_sparse_prefill_sm90")
+    for text in texts or ():
+        values = {}
+        for item in text.split(","):
+            k, v = item.split("=")
+            t = s.tunable(k)
+            values[k] = next(x for x in t.values if str(x).lower() == v.lower())
+        out[text] = values
+    return out
+
+
+def bench(shapes, rounds, iters, flashmla_dir, naive_iters, variant_texts=()) -> None:
     import torch
 
     import mlagen
+    from . import spec as spec_mod
+    from . import variant as variant_mod
 
     peer = None
     if flashmla_dir:
@@ -252,7 +271,6 @@ def bench(shapes, rounds, iters, flashmla_dir, naive_iters) -> None:
             print(f"flashmla peer unavailable: {exc}")
     dev = torch.cuda.get_device_properties(0)
     print(f"device: {dev.name}, torch {torch.__version__}, cuda {torch.version.cuda}, {time.strftime('%Y-%m-%d %H:%M')}")
-    flush = torch.empty(int(2.5 * dev.L2_cache_size) // 4 * 4 // 4 * 4, dtype=torch.uint8, device="cuda")
     flush = torch.empty(256 * 2**20, dtype=torch.uint8, device="cuda")
     rows = []
     for name in shapes:
@@ -260,6 +278,14 @@ def bench(shapes, rounds, iters, flashmla_dir, naive_iters) -> None:
         inp = fam.make_inputs(shape, "cuda", seed=0)
         fl = fam.flops(shape["sq"], shape["heads"], shape["topk"])
         ours = lambda: mlagen.mla_sparse_prefill(**inp)  # noqa: E731
+        sp = spec_mod.load("mla_sparse_prefill_sm90")
+        alts = {}
+        for name_v, values in _variants(variant_texts).items():
+            if values is not None:
+                var = variant_mod.make(sp, {**values, "d_qk": 576})
+                alts[name_v] = (lambda var=var: mlagen.mla_sparse_prefill(**inp, kernel=var))
+        for fn in alts.values():
+            fn()
         o, ml, lse = ours()
         torch.cuda.synchronize()
         theirs = None
@@ -281,10 +307,13 @@ def bench(shapes, rounds, iters, flashmla_dir, naive_iters) -> None:
             dl = (lse - plse[:, :h]).abs().max().item()
             agree = f"vs flashmla: out rel {d:.1e}, lse max {dl:.1e}"
         t_ours, t_peer = [], []
+        t_alt = {k: [] for k in alts}
         for _ in range(rounds):
             if theirs is not None:
                 t_peer.append(statistics.median(_time(torch, theirs, iters, flush)))
             t_ours.append(statistics.median(_time(torch, ours, iters, flush)))
+            for k, fn in alts.items():
+                t_alt[k].append(statistics.median(_time(torch, fn, iters, flush)))
         all_ours = _time(torch, ours, iters, flush)
         t_naive = None
         if naive_iters:
@@ -301,6 +330,7 @@ def bench(shapes, rounds, iters, flashmla_dir, naive_iters) -> None:
             "peer_ms": mp, "peer_tflops": fl / mp / 1e9 if mp else None,
             "ratio": mp / mo if mp else None,
             "naive_tflops": fl / t_naive / 1e9 if t_naive else None, "agree": agree,
+            "variants_tflops": {k: fl / statistics.median(v) / 1e9 for k, v in t_alt.items()},
         }
         rows.append(row)
         print(row, flush=True)
@@ -327,12 +357,13 @@ def main(argv=None) -> int:
     b.add_argument("--iters", type=int, default=50)
     b.add_argument("--naive-iters", type=int, default=3)
     b.add_argument("--flashmla", default=None, help="folder of flashmla_sparse_peer.py (built)")
+    b.add_argument("--variant", action="append", default=[], help="also time this sm90 variant: name=value,...")
     args = ap.parse_args(argv)
     if args.cmd == "verify":
         return verify()
     if args.cmd == "sanitize":
         return sanitize()
-    bench(args.shapes.split(","), args.rounds, args.iters, args.flashmla, args.naive_iters)
+    bench(args.shapes.split(","), args.rounds, args.iters, args.flashmla, args.naive_iters, args.variant)
     return 0
 
 

@@ -66,6 +66,7 @@ enum NamedBarrier : int {
   kP0Ready = 3,    // consumer 0's P (rescaled to the pair's max) is in shared memory
   kP1Ready = 4,    // consumer 1's P is in shared memory
   kSumReady = 5,   // row sums exchanged
+  kEpilogue0 = 6,  // (+ consumer) the consumer's output rows are staged
 };
 
 template <class Params>
@@ -199,11 +200,15 @@ __device__ __forceinline__ u64 opaque(u64 x) {
   return x;
 }
 
-// Wait for gathered data: the rows were written by cp.async (generic proxy) and are read by
-// wgmma (async proxy), so each reading thread fences after the barrier.
+// Wait for gathered data. The rows were written by cp.async and are read by wgmma (the async
+// proxy); the memory model asks for a proxy fence in each reading thread after the barrier
+// (GATHER_FENCE). In SASS that fence is MEMBAR.ALL.CTA + FENCE.VIEW.ASYNC.S, which also waits for
+// the thread's in-flight wgmma, so it serialises the next Q K^T behind the exchanged P V; FlashMLA
+// runs without it (cp.async data is complete in shared memory when the mbarrier phase flips).
+template <class Cfg>
 __device__ __forceinline__ void wait_gathered(u32 bar, u32 phase) {
   mbar_wait(bar, phase);
-  fence_async_shared();
+  if constexpr (Cfg::kGatherFence) fence_async_shared();
 }
 
 template <class Cfg>
@@ -372,13 +377,44 @@ __device__ __forceinline__ void epilogue(const Params& p, ConsumerRegs& r, u32 s
     const float denom = r.l[h] + fast_exp2(sink - max_or_zero(r.m[h]));
     inv[h] = r.l[h] == 0.f ? 0.f : 1.f / denom;  // a row with no key gives 0 whatever the sink
   }
+  if constexpr (Cfg::kStagedEpilogue) {
+    // Through shared memory (the Q tile: every Q K^T of both consumers completed before the sum
+    // exchange above), then 16-byte stores of whole 512-byte row halves.
+    constexpr int kStride = 2 * Cfg::kDV + 16;  // bytes per staged row; the pad spreads the banks
+    const u32 stage = smem + L::kQ + wg * 512;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const u32 row = stage + (warp * 16 + lane / 4 + 8 * h) * kStride + 4 * (lane % 4);
+#pragma unroll
+      for (int j = 0; j < 32; ++j)
+        asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(row + 16 * j),
+                     "r"(pack_bf16x2(r.o[4 * j + 2 * h] * inv[h], r.o[4 * j + 2 * h + 1] * inv[h]))
+                     : "memory");
+    }
+    named_sync(kEpilogue0 + wg, 128);
+#pragma unroll 4
+    for (int i = tid; i < 64 * 32; i += 128) {
+      const int row = i / 32, chunk = i % 32;
+      if (head0 + row < p.heads) {
+        uint4 v;
+        asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                     : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                     : "r"(stage + row * kStride + 16 * chunk));
+        *reinterpret_cast<uint4*>(p.out + (i64)t * p.o_row_stride + (i64)(head0 + row) * p.o_head_stride + wg * 256 +
+                                  8 * chunk) = v;
+      }
+    }
+  }
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     if (heads[h] < p.heads) {
-      u16* dst = p.out + (i64)t * p.o_row_stride + (i64)heads[h] * p.o_head_stride + wg * 256 + 2 * (lane % 4);
+      if constexpr (!Cfg::kStagedEpilogue) {
+        u16* dst = p.out + (i64)t * p.o_row_stride + (i64)heads[h] * p.o_head_stride + wg * 256 + 2 * (lane % 4);
 #pragma unroll
-      for (int j = 0; j < 32; ++j)
-        *reinterpret_cast<u32*>(dst + 8 * j) = pack_bf16x2(r.o[4 * j + 2 * h] * inv[h], r.o[4 * j + 2 * h + 1] * inv[h]);
+        for (int j = 0; j < 32; ++j)
+          *reinterpret_cast<u32*>(dst + 8 * j) =
+              pack_bf16x2(r.o[4 * j + 2 * h] * inv[h], r.o[4 * j + 2 * h + 1] * inv[h]);
+      }
       if (wg == 1 && lane % 4 == 0) {
         const bool empty = r.l[h] == 0.f;
         p.max_logits[(i64)t * p.ml_row_stride + heads[h]] = empty ? neg_inf() : r.m[h] * kLn2;
@@ -397,16 +433,17 @@ __device__ void consumer0(const Params& p, u32 smem, const Barriers& bar, int t,
   r.m[0] = r.m[1] = neg_inf();
   r.l[0] = r.l[1] = 0.f;
   const int pairs = num_pairs(valid_length(p, t));
-  wait_gathered(bar.q_full(), 0);
+  mbar_wait(bar.q_full(), 0);
+  fence_async_shared();  // once per CTA: Q written by cp.async, read by wgmma
   for (int pair = 0; pair < pairs; ++pair) {
     const u32 phase = pair & 1;
     if (pair == 0) {
       pin_registers(r.s);
       wgmma_fence();
-      wait_gathered(bar.ready(0, 0), phase);
+      wait_gathered<Cfg>(bar.ready(0, 0), phase);
       issue_qk<Cfg>(r, smem, 0, 0, kHalfTiles, true);
       wgmma_commit();
-      wait_gathered(bar.ready(0, 1), phase);
+      wait_gathered<Cfg>(bar.ready(0, 1), phase);
       issue_qk<Cfg>(r, smem, 0, kHalfTiles, L::kDTiles, false);
       wgmma_commit();
       wgmma_wait<0>();
@@ -456,12 +493,12 @@ __device__ void consumer0(const Params& p, u32 smem, const Barriers& bar, int t,
       // Next pair's scores while the exchanged P V runs.
       pin_registers(r.s);
       wgmma_fence();
-      wait_gathered(bar.ready(0, 0), phase ^ 1);
+      wait_gathered<Cfg>(bar.ready(0, 0), phase ^ 1);
       issue_qk<Cfg>(r, smem, 0, 0, kHalfTiles, true);
       wgmma_commit();
       wgmma_wait<1>();
       mbar_arrive(bar.free(1, 0));
-      wait_gathered(bar.ready(0, 1), phase ^ 1);
+      wait_gathered<Cfg>(bar.ready(0, 1), phase ^ 1);
       issue_qk<Cfg>(r, smem, 0, kHalfTiles, L::kDTiles, false);
       wgmma_commit();
       wgmma_wait<0>();
@@ -485,16 +522,17 @@ __device__ void consumer1(const Params& p, u32 smem, const Barriers& bar, int t,
   r.m[0] = r.m[1] = neg_inf();
   r.l[0] = r.l[1] = 0.f;
   const int pairs = num_pairs(valid_length(p, t));
-  wait_gathered(bar.q_full(), 0);
+  mbar_wait(bar.q_full(), 0);
+  fence_async_shared();  // once per CTA: Q written by cp.async, read by wgmma
   for (int pair = 0; pair < pairs; ++pair) {
     const u32 phase = pair & 1;
     // The second half first: consumer 1 itself releases it, so it is refilled earlier.
     pin_registers(r.s);
     wgmma_fence();
-    wait_gathered(bar.ready(1, 1), phase);
+    wait_gathered<Cfg>(bar.ready(1, 1), phase);
     issue_qk<Cfg>(r, smem, 1, kHalfTiles, L::kDTiles, true);
     wgmma_commit();
-    wait_gathered(bar.ready(1, 0), phase);
+    wait_gathered<Cfg>(bar.ready(1, 0), phase);
     issue_qk<Cfg>(r, smem, 1, 0, kHalfTiles, false);
     wgmma_commit();
     wgmma_wait<0>();

@@ -265,18 +265,25 @@ __device__ __forceinline__ void mask(ConsumerRegs& r, u32 smem, int buf) {
 // The value subtracted before exp2: the max, or 0 while a row has seen no key (avoids inf - inf).
 __device__ __forceinline__ float max_or_zero(float m) { return m == neg_inf() ? 0.f : m; }
 
-// Fold this consumer's block into the running max `prior` (a row's max before the block, as both
-// consumers agree on it), rescale O and the sum, turn scores into probabilities.
-__device__ __forceinline__ void softmax(ConsumerRegs& r, const float (&prior)[2], float scale_log2,
-                                        float (&m_new)[2]) {
+// This block's row max of the scores (log2 domain, scale folded in), over the row's quad.
+__device__ __forceinline__ void block_max(const ConsumerRegs& r, float scale_log2, float (&mx)[2]) {
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    float mx = neg_inf();
+    float m = neg_inf();
 #pragma unroll
-    for (int j = 0; j < 8; ++j) mx = fmaxf(mx, fmaxf(r.s[4 * j + 2 * h], r.s[4 * j + 2 * h + 1]));
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-    m_new[h] = fmaxf(prior[h], mx * scale_log2);
+    for (int j = 0; j < 8; ++j) m = fmaxf(m, fmaxf(r.s[4 * j + 2 * h], r.s[4 * j + 2 * h + 1]));
+    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+    mx[h] = m * scale_log2;
+  }
+}
+
+// With the new running max published, rescale O and the sum from r.m to it and turn the scores
+// into probabilities. Split from block_max so that the max reaches the other consumer before
+// this consumer spends time on exponentials and the O rescale.
+__device__ __forceinline__ void exponentiate(ConsumerRegs& r, const float (&m_new)[2], float scale_log2) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
     const float sub = max_or_zero(m_new[h]);
     const float corr = fast_exp2(r.m[h] - sub);  // r.m is what O and l are relative to
 #pragma unroll
@@ -297,18 +304,18 @@ __device__ __forceinline__ void softmax(ConsumerRegs& r, const float (&prior)[2]
 }
 
 // Probabilities (times `scale` per row half) as bf16 A fragments.
-__device__ __forceinline__ void pack_p(ConsumerRegs& r, const float (&scale)[2]) {
+__device__ __forceinline__ void pack_p(const ConsumerRegs& r, const float (&scale)[2], u32 (&pb)[4][4]) {
 #pragma unroll
   for (int kt = 0; kt < 4; ++kt) {
-    r.pb[kt][0] = pack_bf16x2(r.s[8 * kt + 0] * scale[0], r.s[8 * kt + 1] * scale[0]);
-    r.pb[kt][1] = pack_bf16x2(r.s[8 * kt + 2] * scale[1], r.s[8 * kt + 3] * scale[1]);
-    r.pb[kt][2] = pack_bf16x2(r.s[8 * kt + 4] * scale[0], r.s[8 * kt + 5] * scale[0]);
-    r.pb[kt][3] = pack_bf16x2(r.s[8 * kt + 6] * scale[1], r.s[8 * kt + 7] * scale[1]);
+    pb[kt][0] = pack_bf16x2(r.s[8 * kt + 0] * scale[0], r.s[8 * kt + 1] * scale[0]);
+    pb[kt][1] = pack_bf16x2(r.s[8 * kt + 2] * scale[1], r.s[8 * kt + 3] * scale[1]);
+    pb[kt][2] = pack_bf16x2(r.s[8 * kt + 4] * scale[0], r.s[8 * kt + 5] * scale[0]);
+    pb[kt][3] = pack_bf16x2(r.s[8 * kt + 6] * scale[1], r.s[8 * kt + 7] * scale[1]);
   }
 }
 
 // Store the packed P into a 64 x 64 tile (K-major, 128-byte swizzle: the wgmma A layout).
-__device__ __forceinline__ void store_p(const ConsumerRegs& r, u32 tile) {
+__device__ __forceinline__ void store_p(const u32 (&pb)[4][4], u32 tile) {
   const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
 #pragma unroll
   for (int j = 0; j < 8; ++j) {
@@ -316,7 +323,7 @@ __device__ __forceinline__ void store_p(const ConsumerRegs& r, u32 tile) {
     for (int h = 0; h < 2; ++h) {
       const int row = warp * 16 + lane / 4 + 8 * h;
       const u32 addr = tile + swizzled(row, j) + 4 * (lane % 4);
-      asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr), "r"(r.pb[j / 2][(j % 2) * 2 + h]) : "memory");
+      asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr), "r"(pb[j / 2][(j % 2) * 2 + h]) : "memory");
     }
   }
 }
@@ -451,20 +458,21 @@ __device__ void consumer0(const Params& p, u32 smem, const Barriers& bar, int t,
     }
     mask<Cfg>(r, smem, 0);
     float m0[2];
-    softmax(r, r.m, p.scale_log2, m0);
+    block_max(r, p.scale_log2, m0);
+    m0[0] = fmaxf(m0[0], r.m[0]);
+    m0[1] = fmaxf(m0[1], r.m[1]);
     store_max(smem + L::kMax, m0);
     named_arrive(kMax0Ready, 256);
+    exponentiate(r, m0, p.scale_log2);
     const float one[2] = {1.f, 1.f};
-    pack_p(r, one);
+    pack_p(r, one, r.pb);
     pin_registers(r.o);
     pin_registers(r.pb);
     wgmma_fence();
     issue_pv_local<Cfg>(r, smem, 0, 0);
     wgmma_commit();
-    wgmma_wait<0>();
-    pin_registers(r.o);
-    mbar_arrive(bar.free(0, 0));
-    // The pair's max from consumer 1; bring P, O and l to it.
+    // The pair's max from consumer 1; P, rescaled to it, goes to consumer 1 while this
+    // consumer's own P V still runs (a second register set: the first is the MMA's operand).
     named_sync(kMax1Ready, 256);
     float m1[2], f[2];
     load_max(smem + L::kMax, m1);
@@ -473,10 +481,16 @@ __device__ void consumer0(const Params& p, u32 smem, const Barriers& bar, int t,
       f[h] = fast_exp2(r.m[h] - max_or_zero(m1[h]));
       r.m[h] = m1[h];
     }
-    pack_p(r, f);
-    store_p(r, smem + L::kP0);
+    {
+      u32 pb2[4][4];
+      pack_p(r, f, pb2);
+      store_p(pb2, smem + L::kP0);
+    }
     fence_async_shared();
     named_arrive(kP0Ready, 256);
+    wgmma_wait<0>();
+    pin_registers(r.o);
+    mbar_arrive(bar.free(0, 0));
 #pragma unroll
     for (int i = 0; i < 64; ++i) {
       r.o[2 * i] *= f[(i % 2)];
@@ -538,20 +552,26 @@ __device__ void consumer1(const Params& p, u32 smem, const Barriers& bar, int t,
     wgmma_wait<0>();
     pin_registers(r.s);
     mask<Cfg>(r, smem, 1);
+    float m1[2];
+    block_max(r, p.scale_log2, m1);
     named_sync(kMax0Ready, 256);
-    float prior[2], m1[2];
-    load_max(smem + L::kMax, prior);
-    softmax(r, prior, p.scale_log2, m1);
+    {
+      float prior[2];
+      load_max(smem + L::kMax, prior);
+      m1[0] = fmaxf(m1[0], prior[0]);
+      m1[1] = fmaxf(m1[1], prior[1]);
+    }
     store_max(smem + L::kMax, m1);
     named_arrive(kMax1Ready, 256);
+    exponentiate(r, m1, p.scale_log2);
     const float one[2] = {1.f, 1.f};
-    pack_p(r, one);
+    pack_p(r, one, r.pb);
     pin_registers(r.o);
     pin_registers(r.pb);
     wgmma_fence();
     issue_pv_local<Cfg>(r, smem, 1, 1);
     wgmma_commit();
-    store_p(r, smem + L::kP1);
+    store_p(r.pb, smem + L::kP1);
     fence_async_shared();
     named_sync(kP0Ready, 256);
     issue_pv_remote<Cfg>(r, smem, smem + L::kP0, 0, 1);

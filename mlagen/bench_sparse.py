@@ -167,7 +167,7 @@ def verify(kernel=None) -> int:
     extra = check_graph(torch)
     failures += not extra[0]
     print(f"{'PASS' if extra[0] else 'FAIL'} cuda graph capture + replay: {extra[1]}")
-    print(f"verify: {failures} failure(s), {time.time() - t0:.1f}s")
+    print(f"verify ({kernel or 'dispatched kernel'}): {failures} failure(s), {time.time() - t0:.1f}s")
     return 1 if failures else 0
 
 
@@ -274,7 +274,8 @@ def bench(shapes, rounds, iters, flashmla_dir, naive_iters, variant_texts=()) ->
     flush = torch.empty(256 * 2**20, dtype=torch.uint8, device="cuda")
     rows = []
     for name in shapes:
-        shape = SHAPES[name]
+        # A named shape, or sq:heads:topk:s_kv.
+        shape = SHAPES[name] if name in SHAPES else dict(zip(("sq", "heads", "topk", "s_kv"), map(int, name.split(":"))))
         inp = fam.make_inputs(shape, "cuda", seed=0)
         fl = fam.flops(shape["sq"], shape["heads"], shape["topk"])
         ours = lambda: mlagen.mla_sparse_prefill(**inp)  # noqa: E731
@@ -349,7 +350,8 @@ def bench(shapes, rounds, iters, flashmla_dir, naive_iters, variant_texts=()) ->
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="mlagen.bench_sparse")
     sub = ap.add_subparsers(dest="cmd", required=True)
-    sub.add_parser("verify")
+    v = sub.add_parser("verify")
+    v.add_argument("--kernel", default=None, help="force a spec, e.g. mla_sparse_prefill_sm80")
     sub.add_parser("sanitize")
     b = sub.add_parser("bench")
     b.add_argument("--shapes", default="S1,S2,S3,S4,S5,S6")
@@ -360,7 +362,7 @@ def main(argv=None) -> int:
     b.add_argument("--variant", action="append", default=[], help="also time this sm90 variant: name=value,...")
     args = ap.parse_args(argv)
     if args.cmd == "verify":
-        return verify()
+        return verify(args.kernel)
     if args.cmd == "sanitize":
         return sanitize()
     bench(args.shapes.split(","), args.rounds, args.iters, args.flashmla, args.naive_iters, args.variant)

@@ -62,7 +62,7 @@ def test_specs(run):
     lines = out.splitlines()
     assert lines[0].split() == ["spec", "family", "abi", "priority", "targets", "variants", "file"]
     rows = {line.split()[0]: line.split() for line in lines[2:]}
-    assert set(rows) == {"mla_prefill_sm80", "mla_prefill_sm90", "mla_sparse_prefill_sm90"}
+    assert set(rows) == {"mla_prefill_sm80", "mla_prefill_sm90", "mla_sparse_prefill_sm80", "mla_sparse_prefill_sm90"}
     assert rows["mla_sparse_prefill_sm90"][1:5] == ["mla_sparse_prefill", "gather", "20", "sm_90a"]
     assert rows["mla_prefill_sm80"][1:6] == ["mla_prefill", "simt", "10", "sm_80,sm_86,sm_89,sm_90a,sm_100a", "256"]
     sizes = math.prod(len(t.values) for t in S90.tunables) * 2

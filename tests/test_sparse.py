@@ -14,7 +14,7 @@ torch = pytest.importorskip("torch")
 
 from mlagen.families import mla_sparse_prefill as fam  # noqa: E402
 
-SPECS = ["mla_sparse_prefill_sm90"]
+SPECS = ["mla_sparse_prefill_sm90", "mla_sparse_prefill_sm80"]
 
 
 def test_spec_loads_with_its_family():
@@ -61,6 +61,26 @@ def test_default_variants_compile_without_spills(values):
     s = spec.load("mla_sparse_prefill_sm90")
     b = for_target("sm_90a").compile(render.render(variant.make(s, values)), "sm_90a")
     assert b.resources.spill_stores == 0 and b.resources.spill_loads == 0, b.log
+
+
+@pytest.mark.parametrize("target", ["sm_80", "sm_86", "sm_89", "sm_90a", "sm_100a"])
+@pytest.mark.parametrize("d_qk", [576, 512])
+def test_sm80_spec_compiles_for_every_target(target, d_qk):
+    from mlagen import arch, resources
+    from mlagen.compiler import for_target
+
+    s = spec.load("mla_sparse_prefill_sm80")
+    v = variant.make(s, {"d_qk": d_qk})
+    assert resources.check(v, arch.TARGETS[target]).ok
+    b = for_target(target).compile(render.render(v), target)
+    assert b.resources.spill_stores == 0, b.log
+
+
+def test_sm90_is_preferred_on_hopper():
+    from mlagen.dispatch import family_specs
+
+    names = [s.name for s in family_specs("mla_sparse_prefill")]
+    assert names == ["mla_sparse_prefill_sm90", "mla_sparse_prefill_sm80"]
 
 
 def test_problem_key_round_trip():

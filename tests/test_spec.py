@@ -44,7 +44,7 @@ def fails(data, path, key, *fragments):
 
 def test_packaged_specs_are_available():
     assert [p.name for p in spec.available()] == ["mla_prefill_sm80.yaml", "mla_prefill_sm90.yaml",
-                                                   "mla_sparse_prefill_sm90.yaml"]
+                                                   "mla_sparse_prefill_sm80.yaml", "mla_sparse_prefill_sm90.yaml"]
 
 
 def test_sm80_spec_loads():

@@ -314,17 +314,19 @@ __device__ __forceinline__ void pack_p(const ConsumerRegs& r, const float (&scal
   }
 }
 
-// Store the packed P into a 64 x 64 tile (K-major, 128-byte swizzle: the wgmma A layout).
+// Store the packed P into a 64 x 64 tile (K-major, 128-byte swizzle: the wgmma A layout) with
+// stmatrix: per 16 keys, the four 8x8 matrices (rows 0-7 | 8-15) x (keys 0-7 | 8-15) of the warp's
+// rows are exactly pb[kt][0..3].
 __device__ __forceinline__ void store_p(const u32 (&pb)[4][4], u32 tile) {
   const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
+  const int mat = lane / 8;
+  const int row = warp * 16 + 8 * (mat % 2) + lane % 8;
 #pragma unroll
-  for (int j = 0; j < 8; ++j) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int row = warp * 16 + lane / 4 + 8 * h;
-      const u32 addr = tile + swizzled(row, j) + 4 * (lane % 4);
-      asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr), "r"(pb[j / 2][(j % 2) * 2 + h]) : "memory");
-    }
+  for (int kt = 0; kt < 4; ++kt) {
+    const u32 addr = tile + swizzled(row, 2 * kt + mat / 2);
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(pb[kt][0]),
+                 "r"(pb[kt][1]), "r"(pb[kt][2]), "r"(pb[kt][3])
+                 : "memory");
   }
 }
 
@@ -572,10 +574,13 @@ __device__ void consumer1(const Params& p, u32 smem, const Barriers& bar, int t,
     issue_pv_local<Cfg>(r, smem, 1, 1);
     wgmma_commit();
     store_p(r.pb, smem + L::kP1);
-    fence_async_shared();
+    if constexpr (!Cfg::kLateFence) fence_async_shared();
     named_sync(kP0Ready, 256);
     issue_pv_remote<Cfg>(r, smem, smem + L::kP0, 0, 1);
     wgmma_commit();
+    // LATE_FENCE: fence after the exchanged P V is queued, so the tensor pipe never drains
+    // while this warpgroup's P stores are being ordered for consumer 0's wgmma.
+    if constexpr (Cfg::kLateFence) fence_async_shared();
     named_arrive(kP1Ready, 256);
     wgmma_wait<1>();
     mbar_arrive(bar.free(1, 1));

@@ -347,12 +347,33 @@ def bench(shapes, rounds, iters, flashmla_dir, naive_iters, variant_texts=()) ->
         print(f"| {r['shape']} | {r['ours_ms']:.3f} | {r['ours_tflops']:.0f} | {pt} | {ra} | {nt} |")
 
 
+def profile(flashmla_dir, shape_text) -> int:
+    """One call of ours and one of FlashMLA's on the same inputs (run under ncu)."""
+    import torch
+
+    import mlagen
+
+    shape = dict(zip(("sq", "heads", "topk", "s_kv"), map(int, shape_text.split(":"))))
+    inp = fam.make_inputs(shape, "cuda", seed=0)
+    mlagen.mla_sparse_prefill(**inp)
+    if flashmla_dir:
+        sys.path.insert(0, flashmla_dir)
+        from flashmla_sparse_peer import sparse_fwd
+
+        sparse_fwd(inp["q"], inp["kv"], inp["indices"], inp["softmax_scale"], 512, inp["attn_sink"], None)
+    torch.cuda.synchronize()
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="mlagen.bench_sparse")
     sub = ap.add_subparsers(dest="cmd", required=True)
     v = sub.add_parser("verify")
     v.add_argument("--kernel", default=None, help="force a spec, e.g. mla_sparse_prefill_sm80")
     sub.add_parser("sanitize")
+    pr = sub.add_parser("profile")
+    pr.add_argument("--flashmla", default=None)
+    pr.add_argument("--shape", default="1024:128:2048:8192")
     b = sub.add_parser("bench")
     b.add_argument("--shapes", default="S1,S2,S3,S4,S5,S6")
     b.add_argument("--rounds", type=int, default=3)
@@ -365,6 +386,8 @@ def main(argv=None) -> int:
         return verify(args.kernel)
     if args.cmd == "sanitize":
         return sanitize()
+    if args.cmd == "profile":
+        return profile(args.flashmla, args.shape)
     bench(args.shapes.split(","), args.rounds, args.iters, args.flashmla, args.naive_iters, args.variant)
     return 0
 

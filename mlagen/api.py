@@ -139,7 +139,7 @@ def _select_sparse(call, kernel):
 
     device = call.q.device.index if call.q.device.index is not None else torch.cuda.current_device()
     selection = dispatcher().select(
-        sparse.FAMILY.name, str(call.key), {"d_qk": call.d_qk}, device,
+        sparse.FAMILY.name, str(call.key), sparse.specialization(call), device,
         accepts=lambda spec: sparse.accepts(spec, call),
         variant=kernel if isinstance(kernel, Variant) else None,
         only=kernel if isinstance(kernel, str) else None,

@@ -283,7 +283,7 @@ def bench(shapes, rounds, iters, flashmla_dir, naive_iters, variant_texts=()) ->
         alts = {}
         for name_v, values in _variants(variant_texts).items():
             if values is not None:
-                var = variant_mod.make(sp, {**values, "d_qk": 576})
+                var = variant_mod.make(sp, {**values, "d_qk": 576, "paged": False})
                 alts[name_v] = (lambda var=var: mlagen.mla_sparse_prefill(**inp, kernel=var))
         for fn in alts.values():
             fn()

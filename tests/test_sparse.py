@@ -20,7 +20,7 @@ SPECS = ["mla_sparse_prefill_sm90", "mla_sparse_prefill_sm80"]
 def test_spec_loads_with_its_family():
     s = spec.load("mla_sparse_prefill_sm90")
     assert (s.family, s.abi, s.targets) == ("mla_sparse_prefill", "gather", ("sm_90a",))
-    assert dict(s.specialize) == {"d_qk": (576, 512)}
+    assert dict(s.specialize) == {"d_qk": (576, 512), "paged": (False, True)}
     assert set(s.schedule) == {"roles", "gather", "consumer_split"}
 
 
@@ -54,7 +54,8 @@ def test_render_is_deterministic_and_names_the_layout(d_qk):
     assert f"kDQk = {d_qk};" in a.text and "struct Params" in a.text
 
 
-@pytest.mark.parametrize("values", [{"d_qk": 576}, {"d_qk": 512}, {"epilogue": "direct"}, {"gather_fence": True}])
+@pytest.mark.parametrize("values", [{"d_qk": 576}, {"d_qk": 512}, {"paged": True}, {"d_qk": 512, "paged": True},
+                                    {"epilogue": "direct"}, {"gather_fence": True}])
 def test_default_variants_compile_without_spills(values):
     from mlagen.compiler import for_target
 
@@ -64,13 +65,13 @@ def test_default_variants_compile_without_spills(values):
 
 
 @pytest.mark.parametrize("target", ["sm_80", "sm_86", "sm_89", "sm_90a", "sm_100a"])
-@pytest.mark.parametrize("d_qk", [576, 512])
-def test_sm80_spec_compiles_for_every_target(target, d_qk):
+@pytest.mark.parametrize("d_qk, paged", [(576, False), (512, True)])
+def test_sm80_spec_compiles_for_every_target(target, d_qk, paged):
     from mlagen import arch, resources
     from mlagen.compiler import for_target
 
     s = spec.load("mla_sparse_prefill_sm80")
-    v = variant.make(s, {"d_qk": d_qk})
+    v = variant.make(s, {"d_qk": d_qk, "paged": paged})
     assert resources.check(v, arch.TARGETS[target]).ok
     b = for_target(target).compile(render.render(v), target)
     assert b.resources.spill_stores == 0, b.log

@@ -278,8 +278,14 @@ def launch(selection, call: Call, stream: int) -> None:
     selection.kernel.launch(grid(selection, call), (res.threads, 1, 1), res.smem_bytes, stream, pack(call))
 
 
+def specialization(call: Call) -> dict:
+    """The compile-time values a call needs: d_qk, and whether kv is a pool of strided pages."""
+    return {"d_qk": call.d_qk, "paged": call.page_size > 0}
+
+
 def accepts(spec, call: Call) -> bool:
-    return spec.abi == "gather" and call.d_qk in dict(spec.specialize).get("d_qk", ())
+    axes = dict(spec.specialize)
+    return spec.abi == "gather" and all(v in axes.get(k, ()) for k, v in specialization(call).items())
 
 
 # --- the family (compile side) --------------------------------------------------------------
@@ -297,8 +303,10 @@ class MlaSparsePrefillFamily(Family):
         if spec.abi not in _ABIS:
             raise SpecError(spec.path, "abi", f"{spec.abi!r} is not one of {sorted(_ABIS)}")
         axes = dict(spec.specialize)
-        if set(axes) != {"d_qk"} or not set(axes["d_qk"]) <= set(D_QK_VALUES):
-            raise SpecError(spec.path, "specialize", f"this family specialises on d_qk only, values from {list(D_QK_VALUES)}")
+        if set(axes) != {"d_qk", "paged"} or not set(axes["d_qk"]) <= set(D_QK_VALUES) \
+                or not set(axes["paged"]) <= {False, True}:
+            raise SpecError(spec.path, "specialize", f"this family specialises on d_qk (values from "
+                            f"{list(D_QK_VALUES)}) and paged (false, true)")
         if spec.schedule is not None:
             _validate_schedule(spec)
         from .. import expr, variant

@@ -30,9 +30,9 @@ struct Layout {
   static constexpr int kSmemBytes = kValid + Cfg::kStages * kBlockK + 128;
 };
 
-template <class Params>
+template <class Cfg, class Params>
 __device__ __forceinline__ const u16* kv_row(const Params& p, int row) {
-  if (p.page_size > 0)
+  if constexpr (Cfg::kPaged)
     return p.kv + (i64)(row / p.page_size) * p.kv_page_stride + (i64)(row % p.page_size) * p.kv_row_stride;
   return p.kv + (i64)row * p.kv_row_stride;
 }
@@ -46,7 +46,7 @@ __device__ __forceinline__ void load_block(const Params& p, u32 smem, int t, int
   int id = -1;
   if (pos < len) id = __ldg(p.indices + (i64)t * p.idx_row_stride + pos);
   const bool ok = id >= 0 && id < p.num_kv;
-  const u16* src = kv_row(p, ok ? id : 0);
+  const u16* src = kv_row<Cfg>(p, ok ? id : 0);
   const u32 dst = smem + L::kK + stage * L::KTile::kBytes;
 #pragma unroll
   for (int c = tid % 4; c < Cfg::kDQk / 8; c += 4) cp_async_16(dst + L::KTile::offset(row, c), src + 8 * c, ok);

@@ -112,9 +112,14 @@ __device__ void producer(const Params& p, u32 smem, const Barriers& bar, int t, 
   const u16* kv = p.kv + c * 8;
   for (int pair = 0; pair < pairs; ++pair) {
     const u32 phase = (pair & 1) ^ 1;
-    // Row ids of this pair's rows, -1 where the entry is invalid (read early: their latency
-    // hides behind the waits below). 32-bit ids keep the 72-register producer from spilling.
-    int rows[2][4];
+    // Where each of this pair's rows starts (element offset), -1 where the entry is invalid; read
+    // early so the index latency hides behind the waits below. A flat table (PAGED false) folds
+    // the stride in here, as 64-bit offsets (row * stride overflows 32 bits past 2**31 elements),
+    // keeping the copy loop free of branches; a paged pool keeps 32-bit row ids (the 72-register
+    // producer cannot hold eight 64-bit offsets beside its division temporaries) and splits
+    // them into page and offset at copy time.
+    using Slot = typename Cfg::GatherSlot;
+    Slot rows[2][4];
 #pragma unroll
     for (int b = 0; b < 2; ++b) {
 #pragma unroll
@@ -122,7 +127,9 @@ __device__ void producer(const Params& p, u32 smem, const Barriers& bar, int t, 
         const int pos = (2 * pair + b) * kBlockK + g + 16 * r;
         int row = -1;
         if (pos < len) row = __ldg(idx_row + pos);
-        rows[b][r] = (row >= 0 && row < p.num_kv) ? row : -1;
+        const bool ok = row >= 0 && row < p.num_kv;
+        if constexpr (Cfg::kPaged) rows[b][r] = ok ? row : -1;
+        else rows[b][r] = ok ? (i64)row * p.kv_row_stride : (i64)-1;
       }
     }
     auto copy = [&](int b, int half) {
@@ -131,15 +138,13 @@ __device__ void producer(const Params& p, u32 smem, const Barriers& bar, int t, 
       const int last = half == 0 ? kHalfTiles : L::kDTiles;
 #pragma unroll
       for (int r = 0; r < 4; ++r) {
-        const int row = rows[b][r];
-        const bool ok = row >= 0;
-        // 64-bit offsets: row * stride overflows 32 bits for caches past 2**31 elements.
-        i64 off = 0;
-        if (ok) {
-          if (p.page_size > 0)
-            off = (i64)(row / p.page_size) * p.kv_page_stride + (i64)(row % p.page_size) * p.kv_row_stride;
-          else
-            off = (i64)row * p.kv_row_stride;
+        const bool ok = rows[b][r] >= 0;
+        i64 off;
+        if constexpr (Cfg::kPaged) {
+          const int row = ok ? (int)rows[b][r] : 0;
+          off = (i64)(row / p.page_size) * p.kv_page_stride + (i64)(row % p.page_size) * p.kv_row_stride;
+        } else {
+          off = ok ? rows[b][r] : 0;
         }
         const u16* src = kv + off;
 #pragma unroll

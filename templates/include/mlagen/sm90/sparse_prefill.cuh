@@ -93,19 +93,6 @@ __device__ void producer(const Params& p, u32 smem, const Barriers& bar, int t, 
   const int g = tid / 8, c = tid % 8;
   const u64 policy = Cfg::kEvictLast ? l2_policy_evict_last() : 0;
 
-  // Q: heads past H become zero rows.
-#pragma unroll
-  for (int r = 0; r < 4; ++r) {
-    const int row = g + 16 * r;
-    const int head = head0 + row;
-    const bool ok = head < p.heads;
-    const u16* src = p.q + (i64)t * p.q_row_stride + (i64)(ok ? head : 0) * p.q_head_stride + c * 8;
-#pragma unroll
-    for (int tile = 0; tile < L::kDTiles; ++tile)
-      cp_async_16<false>(smem + L::kQ + tile * kTileBytes + swizzled(row, c), src + tile * kTileCols, ok, 0);
-  }
-  cp_async_arrive_noinc(bar.q_full());
-
   const int len = valid_length(p, t);
   const int pairs = num_pairs(len);
   const int* idx_row = p.indices + (i64)t * p.idx_row_stride;
@@ -181,6 +168,27 @@ __device__ void producer(const Params& p, u32 smem, const Barriers& bar, int t, 
     copy(1, 0);
     cp_async_arrive_noinc(bar.ready(1, 0));
   }
+}
+
+// Q, gathered by the two consumer warpgroups (idle until it lands) so that the producer starts
+// on the indices and the first KV rows at once; heads past H become zero rows.
+template <class Cfg, class Params>
+__device__ __forceinline__ void load_q(const Params& p, u32 smem, const Barriers& bar, int t, int head0) {
+  using L = Layout<Cfg>;
+  const int tid = threadIdx.x;  // 0..255 over both consumers
+  const int g = tid / 8, c = tid % 8;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = g + 32 * r;
+    const bool ok = head0 + row < p.heads;
+    const u16* src = p.q + (i64)t * p.q_row_stride + (i64)(ok ? head0 + row : 0) * p.q_head_stride + c * 8;
+#pragma unroll
+    for (int tile = 0; tile < L::kDTiles; ++tile)
+      cp_async_16<false>(smem + L::kQ + tile * kTileBytes + swizzled(row, c), src + tile * kTileCols, ok, 0);
+  }
+  cp_async_arrive_noinc(bar.q_full());
+  mbar_wait(bar.q_full(), 0);
+  fence_async_shared();  // Q written by cp.async, read by wgmma
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -447,8 +455,7 @@ __device__ void consumer0(const Params& p, u32 smem, const Barriers& bar, int t,
   r.m[0] = r.m[1] = neg_inf();
   r.l[0] = r.l[1] = 0.f;
   const int pairs = num_pairs(valid_length(p, t));
-  mbar_wait(bar.q_full(), 0);
-  fence_async_shared();  // once per CTA: Q written by cp.async, read by wgmma
+  load_q<Cfg>(p, smem, bar, t, head0);
   for (int pair = 0; pair < pairs; ++pair) {
     const u32 phase = pair & 1;
     if (pair == 0) {
@@ -543,8 +550,7 @@ __device__ void consumer1(const Params& p, u32 smem, const Barriers& bar, int t,
   r.m[0] = r.m[1] = neg_inf();
   r.l[0] = r.l[1] = 0.f;
   const int pairs = num_pairs(valid_length(p, t));
-  mbar_wait(bar.q_full(), 0);
-  fence_async_shared();  // once per CTA: Q written by cp.async, read by wgmma
+  load_q<Cfg>(p, smem, bar, t, head0);
   for (int pair = 0; pair < pairs; ++pair) {
     const u32 phase = pair & 1;
     // The second half first: consumer 1 itself releases it, so it is refilled earlier.
@@ -601,7 +607,7 @@ __device__ __forceinline__ Barriers init_barriers(u32 smem) {
   using L = Layout<Cfg>;
   Barriers bar{smem + L::kBarriers};
   if (threadIdx.x == 0) {
-    mbar_init(bar.q_full(), 128);
+    mbar_init(bar.q_full(), 256);  // every consumer thread copies part of Q
     for (int b = 0; b < 2; ++b) {
       mbar_init(bar.ready(b, 0), 128);
       mbar_init(bar.ready(b, 1), 128 + 16);  // + the 16 threads publishing the validity flags

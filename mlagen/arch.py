@@ -6,6 +6,7 @@ Targets of one vendor differ by data, not by code paths.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 
@@ -40,6 +41,25 @@ TARGETS: dict[str, Target] = {
         Target("sm_100a", "cuda", (10, 0), 232448, 233472, 65536, 255, 1024, _BLACKWELL),
     )
 }
+
+
+# Device names (as the driver reports them) of the NVIDIA parts each target runs on; used to tell
+# whether a tuning record made on another device comes from the same architecture.
+DEVICE_NAME_TARGETS = (
+    (re.compile(r"\b(GH|H)(100|200|800|20)\b"), "sm_90a"),
+    (re.compile(r"\b(GB|B)(100|200)\b"), "sm_100a"),
+    (re.compile(r"\bA(100|800|30)\b"), "sm_80"),
+    (re.compile(r"\bA(10|16|2|40)\b|RTX 30\d0|RTX A\d000"), "sm_86"),
+    (re.compile(r"\bL(4|20|40S?)\b|RTX 40\d0|RTX \d000 Ada"), "sm_89"),
+)
+
+
+def target_of_device_name(name: str) -> str | None:
+    """The target of a device known by name only (e.g. "NVIDIA H100 80GB HBM3" -> "sm_90a"), or None."""
+    for pattern, target_name in DEVICE_NAME_TARGETS:
+        if pattern.search(name):
+            return target_name
+    return None
 
 
 def target(name: str) -> Target:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import multiprocessing
+import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,7 +17,7 @@ from typing import Callable, Iterable
 from . import arch, knobs, resources
 from . import spec as spec_mod
 from . import variant as variant_mod
-from .compiler import Binary, KernelResources, for_target, save_binary
+from .compiler import Binary, KernelResources, for_target, save_binary, spill_reason
 from .errors import CompileError, MlagenError
 from .render import render
 
@@ -26,7 +27,9 @@ class BuildResult:
     variant: variant_mod.Variant
     target: str
     estimate: resources.Resources | None
-    status: str                       # "ok", "pruned" or "compile_error"
+    # "ok", "pruned" (by the resource model before compiling, or after compiling because the
+    # kernel spills: then ``binary`` holds the report) or "compile_error"
+    status: str
     reasons: tuple[str, ...] = ()     # why pruned, or the compile error
     binary: Binary | None = None
     artifact: str | None = None
@@ -53,15 +56,39 @@ def _compile_one(spec: spec_mod.KernelSpec, values: dict, target: str, out_dir: 
         binary = for_target(target).compile(render(v), target)
     except CompileError as exc:
         return "compile_error", (str(exc),), None, None, time.perf_counter() - t0
+    spilled = spill_reason(binary)
+    if spilled:  # never launched or recorded as a candidate, so no artifact either
+        return "pruned", (spilled,), binary, None, time.perf_counter() - t0
     artifact = str(save_binary(binary, Path(out_dir) / target)) if out_dir else None
     return "ok", (), binary, artifact, time.perf_counter() - t0
+
+
+def _worker_init() -> None:
+    # Ctrl-C reaches every process of the terminal's process group: the workers leave it to the
+    # parent, which cancels what is pending and terminates them (abort_pool), so an interrupt
+    # neither waits for the running compiles nor prints a traceback per worker.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def compile_pool(jobs: int | None = None) -> cf.ProcessPoolExecutor:
     """A pool of spawned compile processes; pass it to several build_many calls to pay the
     process start-up (interpreter, imports, NVRTC load) once."""
     return cf.ProcessPoolExecutor(max_workers=jobs or knobs.compile_workers(),
-                                  mp_context=multiprocessing.get_context("spawn"))
+                                  mp_context=multiprocessing.get_context("spawn"), initializer=_worker_init)
+
+
+def abort_pool(pool: cf.Executor) -> None:
+    """Stop a pool now: cancel pending jobs and terminate the workers (a compile inside NVRTC
+    cannot be interrupted any other way), without waiting for running jobs."""
+    processes = list((getattr(pool, "_processes", None) or {}).values())
+    pool.shutdown(wait=False, cancel_futures=True)
+    for p in processes:
+        if p.is_alive():
+            p.terminate()
+    for p in processes:
+        p.join(1)
+        if p.is_alive():
+            p.kill()
 
 
 def build_many(variants: Iterable[variant_mod.Variant], targets: Iterable[str], jobs: int | None = None,
@@ -114,6 +141,9 @@ def build_many(variants: Iterable[variant_mod.Variant], targets: Iterable[str], 
                 except Exception as exc:  # a crashed worker is a failed build, not a failed tool
                     payload = ("compile_error", (f"{type(exc).__name__}: {exc}",), None, None, 0.0)
                 finish(i, payload)
+        except BaseException:  # Ctrl-C (KeyboardInterrupt) or a failure of ours: stop at once
+            abort_pool(executor)
+            raise
         finally:
             if own:
                 executor.shutdown()

@@ -16,7 +16,8 @@ import click
 from . import __version__, knobs
 from .errors import MlagenError
 
-DEFAULT_FAMILY = "mla_prefill"
+TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
+NOTE_WIDTH = 160  # characters of a pruning reason shown per table row
 
 
 def _friendly(fn):
@@ -30,6 +31,20 @@ def _friendly(fn):
             raise click.ClickException(str(exc).splitlines()[0] if _one_line(exc) else str(exc)) from None
         except ValueError as exc:  # malformed knob values
             raise click.ClickException(str(exc)) from None
+        except ModuleNotFoundError as exc:
+            if exc.name != "torch":
+                raise
+            command = click.get_current_context().info_name
+            raise click.ClickException(
+                f"mlagen {command} needs PyTorch, which is not installed: python3 -m pip install torch "
+                f"(CPU-only: add --index-url {TORCH_CPU_INDEX})") from None
+        except OSError as exc:  # an output directory that cannot be written, a file that cannot be read
+            where = f"{exc.filename}: " if exc.filename else ""
+            raise click.ClickException(f"{where}{exc.strerror or exc}") from None
+        except KeyboardInterrupt:
+            # The library has stopped its worker processes by now; 130 is the shell's Ctrl-C status.
+            click.echo("interrupted", err=True)
+            sys.exit(130)
 
     return wrapper
 
@@ -50,13 +65,16 @@ def table(headers: list[str], rows: list[list]) -> str:
 
 
 def default_spec_name(target: str | None = None) -> str:
-    """The spec dispatch prefers (highest priority), among those targeting ``target`` if given."""
-    from .dispatch import family_specs
+    """The highest-priority packaged spec (of any family), among those targeting ``target`` if
+    given; ties go to the first by name."""
+    from . import spec as spec_mod
 
-    specs = [s for s in family_specs(DEFAULT_FAMILY) if target is None or target in s.targets]
+    specs = [spec_mod.load(p) for p in spec_mod.available()]
+    specs = [s for s in specs if target is None or target in s.targets]
     if not specs:
-        raise click.ClickException(f"no {DEFAULT_FAMILY} spec targets {target}")
-    return specs[0].name
+        known = sorted({t for p in spec_mod.available() for t in spec_mod.load(p).targets})
+        raise click.ClickException(f"--arch {target}: no spec targets it; targets: {', '.join(known)}")
+    return min(specs, key=lambda s: (-s.priority, s.name)).name
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -90,8 +108,10 @@ def specs_cmd():
               help="Fix tunables (repeatable); others take their defaults, or vary with --all.")
 @click.option("--all", "all_variants", is_flag=True,
               help="Build the whole search space (pruned variants are listed); at most --max-variants.")
-@click.option("--max-variants", default=2000, show_default=True, help="Refuse --all on a larger space.")
-@click.option("--jobs", "-j", type=int, default=None, help="Parallel compile processes (default: CPU count).")
+@click.option("--max-variants", default=2000, show_default=True, type=click.IntRange(min=1),
+              help="Refuse --all on a larger space.")
+@click.option("--jobs", "-j", type=click.IntRange(min=1), default=None,
+              help="Parallel compile processes (default: CPU count).")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
               help="Where CUBINs go (default: <out>/build).")
 @_friendly
@@ -126,7 +146,9 @@ def build_cmd(spec, archs, assignments, all_variants, max_variants, jobs, out_di
     click.echo(f"building {len(variants)} variant(s) of {s.name} for {', '.join(targets)} -> {out}", err=True)
 
     def progress(r, done, total):
-        click.echo(f"[{done}/{total}] {r.status:13s} {r.variant.symbol} ({r.target}, {r.seconds:.1f}s)", err=True)
+        # A kernel rejected after compiling (it spills) says why at once; model prunes are in the table.
+        why = f": {r.reasons[0].split(':')[0]}" if r.status == "pruned" and r.binary is not None else ""
+        click.echo(f"[{done}/{total}] {r.status:13s} {r.variant.symbol} ({r.target}, {r.seconds:.1f}s){why}", err=True)
 
     results = build_many(variants, targets, jobs=jobs, out_dir=out, progress=progress)
     rows = []
@@ -135,7 +157,7 @@ def build_cmd(spec, archs, assignments, all_variants, max_variants, jobs, out_di
         rows.append([r.variant.symbol, r.target, r.status, est.threads if est else "",
                      f"{est.smem_bytes / 1024:.1f}" if est else "", est.registers if est else "",
                      rep.registers if rep else "", (rep.spill_stores + rep.spill_loads) if rep else "",
-                     rep.stack_bytes if rep else "", "; ".join(r.reasons)[:120]])
+                     rep.stack_bytes if rep else "", _note(r.reasons)])
     click.echo(table(["variant", "target", "status", "threads", "smem KB", "regs est", "regs", "spill B",
                       "stack B", "note"], rows))
     failed = [r for r in results if r.status == "compile_error"]
@@ -143,6 +165,12 @@ def build_cmd(spec, archs, assignments, all_variants, max_variants, jobs, out_di
         click.echo(f"\n{r.variant.symbol} ({r.target}):\n{r.reasons[0]}", err=True)
     if failed or not any(r.ok for r in results):
         sys.exit(1)
+
+
+def _note(reasons) -> str:
+    """Reasons for a table cell: each once, in order, cut to one readable line."""
+    text = "; ".join(dict.fromkeys(r.splitlines()[0] for r in reasons if r))
+    return text if len(text) <= NOTE_WIDTH else text[:NOTE_WIDTH - 3] + "..."
 
 
 def _product(lists):
@@ -155,7 +183,7 @@ def _product(lists):
 @click.argument("spec", required=False)
 @click.option("--arch", default=None, help="Target to check budgets against (default: the spec's first).")
 @click.option("--variant", "assignments", multiple=True, metavar="NAME=VALUE[,..]", help="Fix tunables.")
-@click.option("--limit", default=500, show_default=True,
+@click.option("--limit", default=500, show_default=True, type=click.IntRange(min=1),
               help="Larger spaces are shown as a seeded random sample of this many variants.")
 @_friendly
 def variants_cmd(spec, arch, assignments, limit):
@@ -166,6 +194,8 @@ def variants_cmd(spec, arch, assignments, limit):
     from . import variant as variant_mod
 
     s = spec_mod.load(spec or default_spec_name(arch))
+    if arch is not None and arch not in s.targets:
+        raise click.ClickException(f"--arch {arch}: {s.name} targets {', '.join(s.targets)}")
     target = arch_mod.target(arch or s.targets[0])
     fixed = variant_mod.parse_assignments(s, list(assignments))
     size = variant_mod.space_size(s, fixed)
@@ -179,7 +209,7 @@ def variants_cmd(spec, arch, assignments, limit):
         est = verdict.resources
         rows.append([v.symbol, "ok" if verdict.ok else "pruned", est.threads if est else "",
                      f"{est.smem_bytes / 1024:.1f}" if est else "", est.registers if est else "",
-                     "; ".join(verdict.reasons)])
+                     _note(verdict.reasons)])
     click.echo(table(["variant", "verdict", "threads", "smem KB", "regs est", "reason"], rows))
     click.echo(f"{kept} of {len(rows)} variants fit {target.name}", err=True)
 
@@ -234,22 +264,30 @@ def db_show(database, run_id, problem, spec_name):
 @db_cmd.command("export")
 @click.argument("path", type=click.Path(dir_okay=False))
 @click.option("--best-only", is_flag=True, help="Only the winners (the format shipped with the package).")
+@click.option("--force", is_flag=True, help="Replace PATH if it exists (otherwise refused).")
 @click.pass_obj
 @_friendly
-def db_export(database, path, best_only):
-    """Write the database as JSON to PATH (atomically)."""
-    doc = database.export(path, best_only=best_only)
+def db_export(database, path, best_only, force):
+    """Write the database as JSON to PATH (atomically); an existing PATH needs --force."""
+    doc = database.export(path, best_only=best_only, overwrite=force)
     click.echo(f"exported {len(doc['best'])} winner(s) and {len(doc['trials'])} trial(s) to {path}")
 
 
 @db_cmd.command("import")
 @click.argument("path", type=click.Path(dir_okay=False))
+@click.option("--replace", is_flag=True, help="Imported winners replace the database's even where slower.")
 @click.pass_obj
 @_friendly
-def db_import(database, path):
-    """Merge a JSON export into the database (validated first; all or nothing)."""
-    n_trials, n_best = database.import_(path)
-    click.echo(f"imported {n_best} winner(s) and {n_trials} trial(s) into {database.path}")
+def db_import(database, path, replace):
+    """Merge a JSON export into the database (validated first; all or nothing).
+
+    Trials already in the database are skipped; a winner replaces the database's only if it is
+    faster (or with --replace). Prints what was added, replaced and kept.
+    """
+    report = database.import_(path, replace=replace)
+    click.echo(f"imported {path} into {database.path}")
+    for line in report.lines():
+        click.echo(line)
 
 
 @cli.command("tune")
@@ -337,6 +375,49 @@ def bench_cmd(shapes, peers, iters, rounds, warmup, seed, markdown_path, json_pa
         raise click.ClickException(f"wrong results: {', '.join(wrong)}")
 
 
+@cli.command("check")
+@click.option("--update", is_flag=True, help="Write the expectations of the local NVRTC instead of comparing.")
+@click.option("--gpu", is_flag=True, help="Instead: re-measure the shipped winners on this GPU against their "
+                                          "recorded throughput.")
+@click.option("--tolerance", default=0.10, show_default=True, help="With --gpu: fraction of the recorded TFLOP/s "
+                                                                   "a winner may lose.")
+@click.option("--junit", "junit_path", type=click.Path(dir_okay=False), default=None,
+              help="Also write the result as JUnit XML (atomically).")
+@click.option("--spec", "specs", multiple=True, help="Only this spec (repeatable).")
+@click.option("--arch", "archs", multiple=True, help="Only this target (repeatable).")
+@click.option("--jobs", "-j", type=int, default=None, help="Parallel compile processes (default: CPU count).")
+@_friendly
+def check_cmd(update, gpu, tolerance, junit_path, specs, archs, jobs):
+    """The CI regression check (no GPU needed): compile every spec default and every shipped record
+    for every target; compare registers, spills and shared memory with the committed expectations
+    of this NVRTC version (mlagen/expectations/nvrtc-<version>.json). Exits non-zero on any
+    difference, printing it."""
+    from . import check
+
+    if gpu:
+        if tolerance < 0 or tolerance >= 1:
+            raise click.ClickException(f"--tolerance {tolerance}: expected a fraction in [0, 1)")
+        speeds = check.measure_shipped(tolerance)
+        rows = [[s.record.key.spec, s.record.key.problem, s.shape, s.record.symbol,
+                 f"{s.record.tflops:.0f}" if s.record.tflops else "", f"{s.tflops:.0f}" if s.tflops else "",
+                 "ok" if s.ok else s.problem] for s in speeds]
+        click.echo(table(["spec", "problem", "shape", "winner", "recorded", "now", "verdict"], rows))
+        failed = [s for s in speeds if not s.ok]
+        if not speeds:
+            raise click.ClickException("no shipped record was made on this GPU's device; nothing to measure")
+        if failed:
+            raise click.ClickException(f"{len(failed)} of {len(speeds)} shipped winners failed")
+        return
+    report = check.run(list(specs) or None, list(archs) or None, update=update, jobs=jobs,
+                       progress=lambda item, m: click.echo(f"{m['status']:13s} {item.key}", err=True))
+    if junit_path:
+        check.write_junit(junit_path, report)
+    click.echo(check.format_report(report))
+    if not report.ok:
+        raise click.ClickException("kernels differ from the expectations (see above); if the change is intended, "
+                                   "run `mlagen check --update` and commit the file")
+
+
 @cli.command("info")
 @_friendly
 def info_cmd():
@@ -346,7 +427,7 @@ def info_cmd():
     rows = [["mlagen", __version__]]
     try:
         c = NvrtcCompiler()
-        rows.append(["nvrtc", f"{c.version()} (targets {', '.join(c.supported_targets())})"])
+        rows.append(["nvrtc", f"{c.version()} (targets {', '.join(c.supported_targets())}) from {c.library_path()}"])
     except MlagenError as exc:
         rows.append(["nvrtc", f"unavailable: {exc}"])
     try:
@@ -357,8 +438,13 @@ def info_cmd():
                                  f"driver {d.driver_version}, target {d.target.name if d.target else '?'}"])
     except MlagenError as exc:
         rows.append(["device", f"none ({str(exc).splitlines()[0]})"])
+    resolved = {knobs.OUT_DIR.name: knobs.out_dir, knobs.CACHE_DIR.name: knobs.cache_dir,
+                 knobs.TUNING_DB.name: knobs.tuning_db}
     for k in knobs.ALL:
-        rows.append([k.name, f"{k.raw()}  ({k.doc})"])
+        value = k.raw()
+        if k.name in resolved:  # the path in use, also where the variable is unset
+            value = str(resolved[k.name]().resolve())
+        rows.append([k.name, f"{value if value is not None else '(unset)'}  ({k.doc})"])
     click.echo(table(["what", "value"], rows))
 
 

@@ -8,9 +8,11 @@ compiler; a hipRTC sibling implements the same two methods.
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import hashlib
 import json
+import os
 import re
 from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass, field
@@ -19,7 +21,11 @@ from pathlib import Path
 from . import knobs
 from .cache import DiskCache, atomic_write
 from .errors import CompileError, NoDeviceError
-from .render import Source
+from .source import Source
+
+
+# Part of every key: entries of an older layout (before checksums) are not read, not reported corrupt.
+CACHE_FORMAT = "entry-v2"
 
 
 @dataclass(frozen=True)
@@ -88,6 +94,22 @@ def parse_ptxas_report(log: str, symbol: str) -> KernelResources:
     )
 
 
+def spill_reason(binary: "Binary") -> str | None:
+    """Why a compiled kernel is rejected before it is launched or recorded, or None if it is not.
+
+    A kernel that spills registers to local memory runs at the mercy of local-memory traffic,
+    and whether it spills depends on the assembler: the same source can be clean under one NVRTC
+    and spill under another (ptxas 13.3 to 13.5 spill 8 bytes in the 24-register producer of some
+    2-CTA cluster variants that 13.0 to 13.2 compile clean), so the check runs after every
+    compile, on the local compiler's report, not in the resource model.
+    """
+    r = binary.resources
+    if not r.spills:
+        return None
+    return (f"spills registers under {binary.compiler} ({r.spill_stores} bytes spill stores, {r.spill_loads} bytes "
+            f"spill loads, {r.registers} registers): rejected after compiling")
+
+
 def _headers_digest(include_dirs: tuple[str, ...]) -> str:
     h = hashlib.sha256()
     for d in include_dirs:
@@ -122,7 +144,7 @@ class Compiler(ABC):
 
     def key(self, source: Source, target: str) -> str:
         h = hashlib.sha256()
-        for part in (self.name, self.version(), target, json.dumps(self.options(target)), source.text,
+        for part in (CACHE_FORMAT, self.name, self.version(), target, json.dumps(self.options(target)), source.text,
                      json.dumps(source.include_dirs and [_headers_digest(source.include_dirs)])):
             h.update(part.encode())
             h.update(b"\0")
@@ -141,7 +163,8 @@ class Compiler(ABC):
             if hit is not None:
                 return hit
             with self.cache.lock(key):
-                hit = self._load(key, source, target, source_path)  # another process may have built it
+                # Another process may have built it; a corrupt entry is discarded (we hold the lock).
+                hit = self._load(key, source, target, source_path, discard_corrupt=True)
                 if hit is not None:
                     return hit
                 return self._build(key, source, target, source_path, publish=True)
@@ -158,15 +181,22 @@ class Compiler(ABC):
             self.cache.put(key, {"kernel.bin": data, "meta.json": json.dumps(meta, indent=1).encode()})
         return binary
 
-    def _load(self, key: str, source: Source, target: str, source_path: str) -> Binary | None:
-        files = self.cache.get(key)
-        if not files or "kernel.bin" not in files or "meta.json" not in files:
+    def _load(self, key: str, source: Source, target: str, source_path: str,
+              discard_corrupt: bool = False) -> Binary | None:
+        files = self.cache.get(key, discard_corrupt=discard_corrupt)
+        if files is None:
             return None
-        meta = json.loads(files["meta.json"])
-        res = meta["resources"]
-        res["warnings"] = tuple(res.get("warnings", ()))
-        return Binary(files["kernel.bin"], target, source.symbol, key, KernelResources(**res),
-                      meta["compiler"], meta.get("log", ""), source_path, from_cache=True)
+        try:
+            meta = json.loads(files["meta.json"])
+            res = dict(meta["resources"])
+            res["warnings"] = tuple(res.get("warnings", ()))
+            binary = Binary(files["kernel.bin"], target, source.symbol, key, KernelResources(**res),
+                            meta["compiler"], meta.get("log", ""), source_path, from_cache=True)
+        except (KeyError, TypeError, ValueError) as exc:  # checksums match, yet not an entry we wrote
+            if discard_corrupt:
+                self.cache.discard(key, f"{type(exc).__name__}: {exc}")
+            return None
+        return binary
 
 
 class NvrtcCompiler(Compiler):
@@ -181,11 +211,35 @@ class NvrtcCompiler(Compiler):
     @staticmethod
     @functools.lru_cache(maxsize=None)
     def _nvrtc():
+        library = knobs.nvrtc_library()
+        if library is not None:
+            # cuda-bindings finds libnvrtc through cuda-pathfinder, which takes a copy already
+            # loaded in the process before it looks in site-packages: loading the named library
+            # first is how one installation compiles with another NVRTC (CI runs the oldest one).
+            # NVRTC 13.0 opens its builtins library by name at the first compile, without looking
+            # beside itself: loaded first, the soname matches and the right one is used.
+            builtins = sorted(library.parent.glob("libnvrtc-builtins.so.*"))
+            try:
+                for lib in [b for b in builtins if ".alt." not in b.name] + [library]:
+                    ctypes.CDLL(str(lib), mode=os.RTLD_GLOBAL)
+            except OSError as exc:
+                raise NoDeviceError(f"{knobs.NVRTC_LIBRARY.name}={library}: cannot load it ({exc})") from None
         try:
             from cuda.bindings import nvrtc
         except ImportError as exc:  # pragma: no cover - depends on the installation
             raise NoDeviceError(f"cuda-bindings is not installed ({exc}); pip install cuda-bindings") from None
         return nvrtc
+
+    @staticmethod
+    def library_path() -> str:
+        """Where the NVRTC library in use was loaded from."""
+        NvrtcCompiler._nvrtc()
+        try:
+            from cuda.pathfinder import load_nvidia_dynamic_lib
+
+            return load_nvidia_dynamic_lib("nvrtc").abs_path or "?"
+        except Exception as exc:  # pragma: no cover - older cuda-pathfinder, or a system library
+            return f"? ({type(exc).__name__})"
 
     def version(self) -> str:
         nvrtc = self._nvrtc()

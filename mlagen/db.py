@@ -5,8 +5,8 @@ tunes, worker processes) lose nothing. A record is keyed by family, spec, proble
 device name and SM count, driver and NVRTC versions, and a hash of the kernel's sources (spec,
 template, headers), so a record made for a changed kernel is never used.
 
-Lookups also read the records shipped with the package (``mlagen/tuned/*.json``); the user's
-own database wins over them.
+Lookups read the user's database and the records shipped with the package (``mlagen/tuned/*.json``)
+together: the nearest shape class wins, the user's record wins a tie (see :func:`lookup`).
 """
 
 from __future__ import annotations
@@ -254,7 +254,11 @@ class TuningDB:
 
     # --- export / import ---
 
-    def export(self, path: Path | str | None = None, best_only: bool = False) -> dict:
+    def export(self, path: Path | str | None = None, best_only: bool = False, overwrite: bool = False) -> dict:
+        """The database as an export document; written to ``path`` (atomically) if given. An
+        existing file is refused unless ``overwrite``: an export replaces it whole."""
+        if path is not None and Path(path).exists() and not overwrite:
+            raise DatabaseError(f"{path}: already exists; export refuses to overwrite it (--force to replace it)")
         doc = {
             "format": EXPORT_FORMAT,
             "version": SCHEMA_VERSION,
@@ -265,21 +269,71 @@ class TuningDB:
             atomic_write(Path(path), (json.dumps(doc, indent=1, sort_keys=True) + "\n").encode())
         return doc
 
-    def import_(self, source: Path | str | dict) -> tuple[int, int]:
-        """Merge an export (trials appended, winners upserted). Returns (trials, bests) imported.
+    def import_(self, source: Path | str | dict, replace: bool = False) -> "ImportReport":
+        """Merge an export into the database and say what happened.
 
-        The whole document is validated before anything is written, and written in one
-        transaction, so a bad file changes nothing.
+        Trials are keyed by record key, run, variant, outcome and time of creation: one already
+        in the database (a re-import) is skipped. A winner is added where the database has none
+        for its key, and replaces the database's only if it is faster (or with ``replace``);
+        otherwise the database's is kept and the imported one rejected. Every record is
+        validated first (types, positive figures, tunables and values the packaged spec knows),
+        and everything is written in one transaction, so a bad file changes nothing.
         """
+        where = "<document>" if isinstance(source, dict) else str(source)
         doc = source if isinstance(source, dict) else _read_export(Path(source))
-        bests = [_best_from_json(b, i) for i, b in enumerate(_records(doc, "best"))]
-        trials = [_trial_from_json(t, i) for i, t in enumerate(_records(doc, "trials"))]
+        try:
+            bests = [_best_from_json(b, i) for i, b in enumerate(_records(doc, "best"))]
+            trials = [_trial_from_json(t, i) for i, t in enumerate(_records(doc, "trials"))]
+            specs: dict = {}
+            for i, b in enumerate(bests):
+                _check_variant(b.key, b.variant, f"best[{i}]", specs)
+            for i, t in enumerate(trials):
+                _check_variant(t.key, t.variant, f"trials[{i}]", specs)
+        except DatabaseError as exc:
+            raise DatabaseError(f"{where}: {exc}") from None
+        report = ImportReport()
         with self._transaction() as conn:
             for t in trials:
-                _insert_trial(conn, t)
+                if _trial_exists(conn, t):
+                    report.trials_skipped += 1
+                else:
+                    _insert_trial(conn, t)
+                    report.trials_added += 1
             for b in bests:
+                row = conn.execute(f"SELECT symbol, time_ms FROM best WHERE {' AND '.join(f'{c} = ?' for c in _KEY_COLUMNS)}",
+                                   _key_tuple(b.key)).fetchone()
+                if row is None:
+                    report.added.append(b)
+                elif replace or b.time_ms < row["time_ms"]:
+                    report.replaced.append((row["symbol"], row["time_ms"], b))
+                else:
+                    report.kept.append((row["symbol"], row["time_ms"], b))
+                    continue
                 _upsert_best(conn, b)
-        return len(trials), len(bests)
+        return report
+
+
+@dataclass
+class ImportReport:
+    """What an import did: trials added and skipped (already present); winners added, replaced
+    (``(old symbol, old ms, new)``) and kept (``(kept symbol, kept ms, rejected new)``)."""
+
+    trials_added: int = 0
+    trials_skipped: int = 0
+    added: list = field(default_factory=list)
+    replaced: list = field(default_factory=list)
+    kept: list = field(default_factory=list)
+
+    def lines(self) -> list[str]:
+        out = [f"trials: {self.trials_added} added, {self.trials_skipped} already present",
+               f"winners: {len(self.added)} added, {len(self.replaced)} replaced, {len(self.kept)} kept"]
+        for old, old_ms, new in self.replaced:
+            out.append(f"  replaced {old} ({old_ms:.3f} ms) by {new.symbol} ({new.time_ms:.3f} ms) "
+                       f"for {new.key.spec} {new.key.problem}")
+        for old, old_ms, new in self.kept:
+            out.append(f"  kept {old} ({old_ms:.3f} ms), rejected {new.symbol} ({new.time_ms:.3f} ms) "
+                       f"for {new.key.spec} {new.key.problem}")
+        return out
 
 
 # --- lookup across the user's database and the shipped records -----------------------------
@@ -302,26 +356,44 @@ def _with_origin(best: Best, origin: str) -> Best:
     return Best(best.key, best.variant, best.symbol, best.time_ms, best.tflops, best.run_id, best.updated, origin)
 
 
-def lookup(key: RecordKey, distance, db: TuningDB | None = None, include_shipped: bool = True) -> Best | None:
-    """The record to use for ``key``: the user's database first, then the shipped records.
+def lookup(key: RecordKey, distance, db: TuningDB | None = None, include_shipped: bool = True,
+           same_arch=None) -> Best | None:
+    """The record to use for ``key``: the first of :func:`candidates`, or None."""
+    ranked = candidates(key, distance, db, include_shipped, same_arch)
+    return ranked[0] if ranked else None
 
-    Within a source, a record must match family, spec, dtypes, device, SM count and source hash
-    exactly. Among those, the problem bucket closest to ``key.problem`` wins (``distance(a, b)``
-    between bucket strings; inf means unusable), and an exact driver and NVRTC match breaks ties.
+
+def candidates(key: RecordKey, distance, db: TuningDB | None = None, include_shipped: bool = True,
+               same_arch=None) -> list[Best]:
+    """The records usable for ``key``, best first, over the user's database and the shipped
+    records together (dispatch tries them in order before the spec's default).
+
+    A record must match family, spec, dtypes and source hash exactly. Records of the key's own
+    device (name and SM count) come first; then, if ``same_arch(record_key)`` says a record's
+    device is of the same architecture, records of other devices with the same SM count, then
+    with another SM count. Within a tier the nearest problem bucket wins (``distance(a, b)``
+    between bucket strings; inf means unusable), then the user's database over the shipped
+    records, then an exact driver and NVRTC match, then the newest. So an exact shipped record
+    beats a near user record, and a user record beats a shipped one at the same distance.
+
+    A record's ``origin`` is "user" or "shipped:<file>", followed by " (other device: <name>)"
+    for a record made on another device.
     """
-    strict = ("family", "spec", "dtypes", "device", "sm_count", "source_hash")
-    sources: list[list[Best]] = []
+    strict = {k: getattr(key, k) for k in ("family", "spec", "dtypes", "source_hash")}
+    sources: list[tuple[int, list[Best]]] = []
     if db is not None:
         try:
-            sources.append(db.bests(**{k: getattr(key, k) for k in strict}))
+            sources.append((0, db.bests(**strict)))
         except DatabaseError as exc:
             log.warning("tuning database unreadable, using shipped records and defaults: %s", exc)
-            sources.append([])
     if include_shipped:
-        sources.append([b for b in shipped_records() if all(getattr(b.key, k) == getattr(key, k) for k in strict)])
-    for candidates in sources:
-        scored = []
+        sources.append((1, [b for b in shipped_records() if all(getattr(b.key, k) == v for k, v in strict.items())]))
+    scored = []
+    for rank, candidates in sources:
         for b in candidates:
+            tier = _device_tier(key, b.key, same_arch)
+            if tier is None:
+                continue
             try:
                 d = distance(key.problem, b.key.problem)
             except ValueError as exc:  # a malformed record (hand-edited import) is unusable, not fatal
@@ -330,11 +402,18 @@ def lookup(key: RecordKey, distance, db: TuningDB | None = None, include_shipped
             if d == float("inf"):
                 continue
             toolchain_miss = (b.key.driver != key.driver) + (b.key.nvrtc != key.nvrtc)
-            scored.append((d, toolchain_miss, -b.updated, b))
-        if scored:
-            scored.sort(key=lambda s: s[:3])
-            return scored[0][3]
-    return None
+            scored.append(((tier, d, rank, toolchain_miss, -b.updated), b))
+    scored.sort(key=lambda s: s[0])
+    return [_with_origin(b, f"{b.origin} (other device: {b.key.device})") if score[0] else b for score, b in scored]
+
+
+def _device_tier(key: RecordKey, record: RecordKey, same_arch) -> int | None:
+    """0: the key's device; 1: same architecture and SM count; 2: same architecture; None: unusable."""
+    if record.device == key.device and record.sm_count == key.sm_count:
+        return 0
+    if same_arch is None or not same_arch(record):
+        return None
+    return 1 if record.sm_count == key.sm_count else 2
 
 
 # --- row and JSON conversion ----------------------------------------------------------------
@@ -348,6 +427,16 @@ def _insert_trial(conn: sqlite3.Connection, t: Trial) -> None:
         (t.run_id, t.created, *_key_tuple(t.key), json.dumps(t.variant, sort_keys=True), t.symbol,
          t.outcome, t.time_ms, t.tflops, t.max_error, t.registers, t.spills, t.detail),
     )
+
+
+def _trial_exists(conn: sqlite3.Connection, t: Trial) -> bool:
+    """The same trial (key, run, variant, outcome, time of creation) is already recorded."""
+    row = conn.execute(
+        f"SELECT 1 FROM trials WHERE {' AND '.join(f'{c} = ?' for c in _KEY_COLUMNS)} AND run_id = ? AND variant = ?"
+        " AND outcome = ? AND created = ? LIMIT 1",
+        (*_key_tuple(t.key), t.run_id, json.dumps(t.variant, sort_keys=True), t.outcome, t.created),
+    ).fetchone()
+    return row is not None
 
 
 def _upsert_best(conn: sqlite3.Connection, b: Best) -> None:
@@ -401,8 +490,15 @@ def _require(d, i, what, names, types):
     for name, typ in zip(names, types):
         if name not in d:
             raise DatabaseError(f"{what}[{i}]: missing {name!r}")
-        if not isinstance(d[name], typ):  # the columns are NOT NULL: null is not allowed either
+        if not _is(d[name], typ):  # the columns are NOT NULL: null is not allowed either
             raise DatabaseError(f"{what}[{i}].{name}: expected {_type_name(typ)}, got {type(d[name]).__name__}")
+
+
+def _is(value, typ) -> bool:
+    """isinstance, except that a bool is not a number."""
+    if isinstance(value, bool):
+        return bool in (typ if isinstance(typ, tuple) else (typ,))
+    return isinstance(value, typ)
 
 
 def _type_name(typ) -> str:
@@ -411,7 +507,7 @@ def _type_name(typ) -> str:
 
 def _optional(d, i, what, names, types):
     for name, typ in zip(names, types):
-        if d.get(name) is not None and not isinstance(d[name], typ):
+        if d.get(name) is not None and not _is(d[name], typ):
             raise DatabaseError(f"{what}[{i}].{name}: expected {_type_name(typ)} or null, got {type(d[name]).__name__}")
 
 
@@ -426,9 +522,53 @@ _KEY_TYPES = (str, str, str, str, str, int, str, str, str)
 _NUM = (int, float)
 
 
+def _positive(d, i, what, names, allow_zero=False):
+    """Figures must be finite and positive (zero allowed for counts)."""
+    import math
+
+    for name in names:
+        value = d.get(name)
+        if value is None:
+            continue
+        if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
+            raise DatabaseError(f"{what}[{i}].{name}: {value!r} must be {'non-negative' if allow_zero else 'positive'}")
+
+
+def _check_key(d, i, what):
+    if d["sm_count"] <= 0:
+        raise DatabaseError(f"{what}[{i}].sm_count: {d['sm_count']!r} must be positive")
+    for c in _KEY_COLUMNS:
+        if isinstance(d[c], str) and not d[c].strip():
+            raise DatabaseError(f"{what}[{i}].{c}: must not be empty")
+
+
+def _check_variant(key: RecordKey, values: dict, where: str, specs: dict) -> None:
+    """A record's variant must name tunables (and specialisations) of its packaged spec, each with
+    one of its values, of the same type (a bool is not an int)."""
+    from . import spec as spec_mod
+
+    if key.spec not in specs:
+        known = {p.stem: p for p in spec_mod.available()}
+        if key.spec not in known:
+            raise DatabaseError(f"{where}.spec: {key.spec!r} is not a known spec; known: {', '.join(sorted(known))}")
+        specs[key.spec] = spec_mod.load(known[key.spec])
+    spec = specs[key.spec]
+    if key.family != spec.family:
+        raise DatabaseError(f"{where}.family: {key.family!r}, but {spec.name} is of family {spec.family!r}")
+    allowed = {t.name: t.values for t in spec.tunables} | dict(spec.specialize)
+    for name, value in values.items():
+        if name not in allowed:
+            raise DatabaseError(f"{where}.variant.{name}: not a tunable of {spec.name}; tunables: "
+                                f"{', '.join(t.name for t in spec.tunables)}")
+        if not any(value == a and type(value) is type(a) for a in allowed[name]):
+            raise DatabaseError(f"{where}.variant.{name}: {value!r} is not one of {list(allowed[name])}")
+
+
 def _best_from_json(d, i) -> Best:
     _require(d, i, "best", _KEY_COLUMNS + ("variant", "symbol", "time_ms"), _KEY_TYPES + (dict, str, _NUM))
     _optional(d, i, "best", ("tflops", "run_id", "updated"), (_NUM, str, _NUM))
+    _check_key(d, i, "best")
+    _positive(d, i, "best", ("time_ms", "tflops", "updated"))
     return Best(_key_from(d), d["variant"], d["symbol"], float(d["time_ms"]), d.get("tflops"), str(d.get("run_id", "")),
                 float(d.get("updated", time.time())))
 
@@ -439,6 +579,11 @@ def _trial_from_json(d, i) -> Trial:
               (_NUM, _NUM, _NUM, int, int, str, str, _NUM))
     if d["outcome"] not in OUTCOMES:
         raise DatabaseError(f"trials[{i}].outcome: {d['outcome']!r} is not one of {OUTCOMES}")
+    _check_key(d, i, "trials")
+    _positive(d, i, "trials", ("time_ms", "tflops", "created"))
+    _positive(d, i, "trials", ("max_error", "registers", "spills"), allow_zero=True)
+    if d["outcome"] == "ok" and d.get("time_ms") is None:
+        raise DatabaseError(f"trials[{i}].time_ms: an 'ok' trial needs its time")
     return Trial(_key_from(d), d["variant"], d["symbol"], d["outcome"], d.get("time_ms"), d.get("tflops"),
                  d.get("max_error"), d.get("registers"), d.get("spills"), d.get("detail", ""), d.get("run_id", ""),
                  float(d.get("created", time.time())))
@@ -446,10 +591,17 @@ def _trial_from_json(d, i) -> Trial:
 
 def _read_export(path: Path) -> dict:
     try:
-        doc = json.loads(path.read_text())
+        text = path.read_bytes().decode("utf-8")
+        doc = json.loads(text)
     except FileNotFoundError:
         raise DatabaseError(f"{path}: no such file") from None
-    except json.JSONDecodeError as exc:
+    except IsADirectoryError:
+        raise DatabaseError(f"{path}: is a directory, not an export file") from None
+    except OSError as exc:
+        raise DatabaseError(f"{path}: cannot read it ({exc.strerror or exc})") from None
+    except UnicodeDecodeError as exc:
+        raise DatabaseError(f"{path}: not JSON (not UTF-8 text: byte {exc.start})") from None
+    except (json.JSONDecodeError, RecursionError) as exc:
         raise DatabaseError(f"{path}: not JSON ({exc})") from None
     if not isinstance(doc, dict) or doc.get("format") != EXPORT_FORMAT:
         raise DatabaseError(f"{path}: not an mlagen tuning export (expected \"format\": \"{EXPORT_FORMAT}\")")

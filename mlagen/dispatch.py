@@ -1,9 +1,10 @@
 """Pick, build and cache the kernel for a call.
 
 The spec is the highest-priority one of the family that targets the device and accepts the
-inputs (the TMA kernel needs 16-byte aligned strides); the variant is the tuned winner for the
-device and shape class when the tuning database (or the shipped records) has one, else the
-spec's default. The choice is memoised per (device, spec, shape class), so after the first call
+inputs (the TMA kernel needs 16-byte aligned strides); the variant is the nearest tuning record
+for the device and shape class over the tuning database and the shipped records, else one made
+on another device of the same architecture, else the spec's default. Families are found by name
+(``mlagen.families.get``); nothing here names one. The choice is memoised per (device, spec, shape class), so after the first call
 of a shape class, dispatch is a dictionary lookup.
 """
 
@@ -14,11 +15,11 @@ import logging
 import threading
 from dataclasses import dataclass
 
-from . import arch, db, knobs, resources
+from . import arch, db, families, knobs, resources
 from . import spec as spec_mod
 from . import variant as variant_mod
-from .compiler import Binary, for_target
-from .errors import MlagenError, NoDeviceError, SpecError
+from .compiler import Binary, for_target, spill_reason
+from .errors import MlagenError, NoDeviceError, SpecError, VariantError
 from .render import render
 from .runtime import CudaKernel, DeviceInfo, device_info, runtime
 
@@ -32,7 +33,7 @@ class Selection:
     binary: Binary
     kernel: CudaKernel
     resources: resources.Resources
-    origin: str  # "default", "user" or "shipped:<file>"
+    origin: str  # "default", "explicit", "user" or "shipped:<file>", + " (other device: <name>)"
     env: dict    # variant.env(), computed once: launches read block sizes from it
 
 
@@ -62,13 +63,60 @@ def record_key(spec: spec_mod.KernelSpec, problem: str, *, device: str, sm_count
     )
 
 
-def build(variant: variant_mod.Variant, target: arch.Target) -> Binary:
-    """Check the resource model, render and compile (through the cache)."""
+def record_target(spec: spec_mod.KernelSpec, device_name: str) -> str | None:
+    """The target a record of ``spec`` made on ``device_name`` ran: the spec's only target if it
+    has one (a record is tuned on a device the spec targets), else the device name's target."""
+    if len(spec.targets) == 1:
+        return spec.targets[0]
+    return arch.target_of_device_name(device_name)
+
+
+def candidate_variants(spec: spec_mod.KernelSpec, problem: str, specialization: dict, info: DeviceInfo,
+                       database: db.TuningDB | None = None):
+    """The variants of ``spec`` for a shape class on a device, best first, each with its origin:
+    the tuning records in :func:`mlagen.db.candidates` order (the nearest shape class over the
+    user's database and the shipped records, then records of other devices of the same target),
+    then the spec's default (or the nearest variant to it that fits the target). A record whose
+    variant is no longer valid is skipped with a warning, one that does not fit silently."""
+    if not knobs.no_tuned():
+        key = record_key(spec, problem, device=info.name, sm_count=info.sm_count, driver=info.driver_version,
+                         target=info.target)
+        family = families.get(spec.family, spec.path)
+        ranked = db.candidates(key, family.problem_distance, database if database is not None else db.TuningDB(),
+                               include_shipped=not knobs.no_shipped(),
+                               same_arch=lambda rk: record_target(spec, rk.device) == info.target.name)
+        for best in ranked:
+            try:
+                tuned = variant_mod.make(spec, {**best.variant, **specialization})
+            except SpecError as exc:
+                log.warning("ignoring tuning record %s for %s: %s", best.symbol, problem, exc)
+                continue
+            if resources.check(tuned, info.target).ok:
+                yield tuned, best.origin
+    chosen = variant_mod.feasible_default(spec, info.target, specialization)
+    if chosen is None:
+        raise SpecError(spec.path, "tune", f"no variant of {spec.name} fits {info.target.name}")
+    yield chosen, "default"
+
+
+def choose_variant(spec: spec_mod.KernelSpec, problem: str, specialization: dict, info: DeviceInfo,
+                   database: db.TuningDB | None = None) -> tuple[variant_mod.Variant, str]:
+    """The first of :func:`candidate_variants`: the variant dispatch builds, and where it came from."""
+    return next(candidate_variants(spec, problem, specialization, info, database))
+
+
+def build(variant: variant_mod.Variant, target: arch.Target, allow_spills: bool = False) -> Binary:
+    """Check the resource model, render and compile (through the cache); a kernel that spills
+    under the local compiler is rejected (VariantError) unless ``allow_spills``."""
     verdict = resources.check(variant, target)
     if not verdict.ok:
         raise SpecError(variant.spec.path, "tune", f"variant {variant.symbol} cannot run on {target.name}: "
                         + "; ".join(verdict.reasons))
-    return for_target(target.name).compile(render(variant), target.name)
+    binary = for_target(target.name).compile(render(variant), target.name)
+    spilled = spill_reason(binary)
+    if spilled and not allow_spills:
+        raise VariantError(f"{variant.symbol} {spilled}")
+    return binary
 
 
 class Dispatcher:
@@ -119,32 +167,28 @@ class Dispatcher:
         return hit
 
     def _choose(self, spec, problem: str, specialization: dict, info: DeviceInfo, device: int) -> Selection:
-        from .families.mla_prefill import ProblemKey
+        # Nearest record first (candidate_variants' order); one whose kernel spills under the local
+        # compiler (the record was measured with another NVRTC) gives way to the next, then to the default.
+        fallback = None
+        for chosen, origin in candidate_variants(spec, problem, specialization, info):
+            try:
+                selection = self._materialise(chosen, info.target, device, origin)
+            except VariantError as exc:
+                what = "the default variant" if origin == "default" else "tuning record"
+                log.warning("%s on %s: skipping %s %s (%s): %s; trying the next record or the default",
+                            problem, info.name, what, chosen.symbol, origin, exc)
+                fallback = (chosen, origin)
+                continue
+            log.info("%s on %s: %s (%s)", problem, info.name, chosen.symbol, origin)
+            return selection
+        # Every candidate spills, the default too (the last one tried): it runs anyway, slower but correct.
+        chosen, origin = fallback
+        log.warning("%s on %s: the default variant %s spills; launching it anyway", problem, info.name, chosen.symbol)
+        return self._materialise(chosen, info.target, device, origin, allow_spills=True)
 
-        chosen = variant_mod.feasible_default(spec, info.target, specialization)
-        if chosen is None:
-            raise SpecError(spec.path, "tune", f"no variant of {spec.name} fits {info.target.name}")
-        origin = "default"
-        if not knobs.no_tuned():
-            key = record_key(spec, problem, device=info.name, sm_count=info.sm_count, driver=info.driver_version,
-                             target=info.target)
-
-            def distance(a: str, b: str) -> float:
-                return ProblemKey.parse(a).distance(ProblemKey.parse(b))
-
-            best = db.lookup(key, distance, db.TuningDB(), include_shipped=not knobs.no_shipped())
-            if best is not None:
-                try:
-                    tuned = variant_mod.make(spec, {**best.variant, **specialization})
-                    if resources.check(tuned, info.target).ok:
-                        chosen, origin = tuned, best.origin
-                except SpecError as exc:
-                    log.warning("ignoring tuning record %s for %s: %s", best.symbol, problem, exc)
-        log.info("%s on %s: %s (%s)", problem, info.name, chosen.symbol, origin)
-        return self._materialise(chosen, info.target, device, origin)
-
-    def _materialise(self, variant, target: arch.Target, device: int, origin: str) -> Selection:
-        binary = build(variant, target)
+    def _materialise(self, variant, target: arch.Target, device: int, origin: str,
+                     allow_spills: bool = False) -> Selection:
+        binary = build(variant, target, allow_spills)
         kernel = runtime().load(binary, device)
         return Selection(variant.spec, variant, binary, kernel, resources.estimate(variant), origin, variant.env())
 
@@ -154,4 +198,5 @@ def dispatcher() -> Dispatcher:
     return Dispatcher()
 
 
-__all__ = ["Dispatcher", "Selection", "build", "dispatcher", "family_specs", "record_key", "MlagenError"]
+__all__ = ["Dispatcher", "Selection", "build", "candidate_variants", "choose_variant", "dispatcher", "family_specs", "record_key",
+           "record_target", "MlagenError"]

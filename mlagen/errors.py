@@ -69,7 +69,19 @@ class NoDeviceError(MlagenError):
 
 
 class LaunchError(MlagenError):
-    """Arguments to a kernel entry point are invalid; the message names the argument."""
+    """Arguments to a kernel entry point are invalid; the message names the argument.
+
+    Raised as :class:`ArgumentError` (also a ValueError) or :class:`ArgumentTypeError` (also a
+    TypeError), so callers may catch the builtin type or this one.
+    """
+
+
+class ArgumentError(LaunchError, ValueError):
+    """An argument has a wrong value (shape, stride, range); the message names it."""
+
+
+class ArgumentTypeError(LaunchError, TypeError):
+    """An argument has a wrong type or dtype; the message names it."""
 
 
 class TuningError(MlagenError):

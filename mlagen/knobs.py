@@ -30,8 +30,15 @@ NO_SHIPPED = Knob("MLAGEN_NO_SHIPPED", "0", "1: ignore the tuning records shippe
 FAMILY = Knob("MLAGEN_FAMILY", None, "Force a kernel spec by name (e.g. mla_prefill_sm80) instead of dispatch.")
 COMPILE_WORKERS = Knob("MLAGEN_COMPILE_WORKERS", None, "Parallel compile processes for tuning; default: CPU count.")
 LOG = Knob("MLAGEN_LOG", "warning", "Log level of the 'mlagen' logger (debug, info, warning).")
+NVRTC_LIBRARY = Knob("MLAGEN_NVRTC_LIBRARY", None,
+                     "Path of the libnvrtc.so to load instead of the nvidia-cuda-nvrtc wheel's (e.g. an older 13.x).")
+CHECK_SEQLENS = Knob("MLAGEN_CHECK_SEQLENS", "0",
+                     "1: mla_prefill reads device cu_seqlens back and checks them (a host sync; for debugging).")
+RECORD_SHAPES = Knob("MLAGEN_RECORD_SHAPES", None,
+                     "File to count the shape classes of kernel calls in (YAML; for mlagen tune --workload).")
 
-ALL = (OUT_DIR, CACHE_DIR, TUNING_DB, NO_TUNED, NO_SHIPPED, FAMILY, COMPILE_WORKERS, LOG)
+ALL = (OUT_DIR, CACHE_DIR, TUNING_DB, NO_TUNED, NO_SHIPPED, FAMILY, COMPILE_WORKERS, LOG, NVRTC_LIBRARY, CHECK_SEQLENS,
+       RECORD_SHAPES)
 
 
 def _flag(knob: Knob) -> bool:
@@ -65,6 +72,14 @@ def no_shipped() -> bool:
     return _flag(NO_SHIPPED)
 
 
+def check_seqlens() -> bool:
+    return _flag(CHECK_SEQLENS)
+
+
+def record_shapes() -> str | None:
+    return RECORD_SHAPES.raw()
+
+
 def forced_family() -> str | None:
     return FAMILY.raw()
 
@@ -80,6 +95,16 @@ def compile_workers() -> int:
     if value < 1:
         raise ValueError(f"{COMPILE_WORKERS.name}={raw!r}: expected a positive integer")
     return value
+
+
+def nvrtc_library() -> Path | None:
+    raw = NVRTC_LIBRARY.raw()
+    if raw is None:
+        return None
+    path = Path(raw)
+    if not path.is_file():
+        raise ValueError(f"{NVRTC_LIBRARY.name}={raw!r}: no such file (expected the path of a libnvrtc.so)")
+    return path
 
 
 def log_level() -> str:

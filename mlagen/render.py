@@ -11,13 +11,14 @@ from __future__ import annotations
 import functools
 import re
 import traceback
-from dataclasses import dataclass
 from pathlib import Path
 
 import jinja2
 
-from . import paths
+from . import families, paths
 from .errors import RenderError
+from .source import Source
+from .spec import template_path
 from .variant import Variant
 
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -66,26 +67,6 @@ def environment(root: str | None = None) -> jinja2.Environment:
     return env
 
 
-@dataclass(frozen=True)
-class Source:
-    """Rendered device source, ready for a compiler."""
-
-    name: str                      # file name, e.g. "<symbol>.cu"
-    text: str
-    symbol: str                    # the extern "C" entry point
-    include_dirs: tuple[str, ...]
-    spec_name: str
-    variant: str                   # variant.describe()
-
-    def write(self, directory: Path) -> Path:
-        """Write the source under ``directory`` (atomically) and return its path."""
-        from .cache import atomic_write
-
-        path = Path(directory) / self.name
-        atomic_write(path, self.text.encode())
-        return path
-
-
 def _template_line(exc: jinja2.TemplateError, template: Path) -> int | None:
     """The template line of an error: syntax errors carry it; errors raised while rendering (an
     undefined name, a filter rejecting a value) have it only in the traceback, where Jinja maps
@@ -100,8 +81,6 @@ def _template_line(exc: jinja2.TemplateError, template: Path) -> int | None:
 
 def render(variant: Variant) -> Source:
     """Render ``variant``; the source starts with a comment naming its spec and variant."""
-    from . import families
-
     spec = variant.spec
     family = families.get(spec.family)
     context = {
@@ -110,8 +89,6 @@ def render(variant: Variant) -> Source:
         "v": variant.env(),
         **family.render_context(variant),
     }
-    from .spec import template_path
-
     where = template_path(spec.template, spec.path)
     root = paths.templates_dir() if where == paths.templates_dir() / spec.template else where.parent
     try:

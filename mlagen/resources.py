@@ -8,9 +8,12 @@ which budget broke and by how much.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from . import arch, expr
-from .variant import Variant
+from . import arch, expr, families
+
+if TYPE_CHECKING:  # variants are built above this layer (variant.py searches with check())
+    from .variant import Variant
 
 
 @dataclass(frozen=True)
@@ -44,8 +47,6 @@ def estimate(variant: Variant) -> Resources:
 
 def check(variant: Variant, target: arch.Target) -> Verdict:
     """Evaluate constraints and budgets; every broken rule becomes one reason."""
-    from . import families
-
     spec = variant.spec
     reasons: list[str] = []
     if target.name not in spec.targets:

@@ -16,7 +16,7 @@ from typing import Any, Mapping
 
 import yaml
 
-from . import arch, expr, paths
+from . import arch, expr, families, paths
 from .errors import SpecError
 
 _IDENT = re.compile(r"^[a-z][a-z0-9_]*$")
@@ -26,6 +26,7 @@ _TOP_KEYS = (
     "name", "family", "abi", "priority", "description", "template", "targets", "problem", "derived",
     "specialize", "tune", "constraints", "resources", "schedule",
 )
+MAX_SPEC_BYTES = 1 << 20
 _REQUIRED_TOP = ("name", "family", "abi", "template", "targets", "problem", "tune", "resources")
 
 
@@ -84,10 +85,17 @@ class KernelSpec:
 
 def template_path(template: str, spec_path: str | Path) -> Path | None:
     """A spec's template: under the packaged templates/, or else beside the spec file (for
-    specs kept outside the package, e.g. in a project or a test)."""
+    specs kept outside the package, e.g. in a project or a test). A name that resolves outside
+    those directories (an absolute path, ``../``, a symlink out) is never a template."""
+    if Path(template).is_absolute():
+        return None
     for base in (paths.templates_dir(), Path(spec_path).parent):
         candidate = base / template
-        if candidate.is_file():
+        try:
+            inside = candidate.resolve().is_relative_to(base.resolve())
+        except (OSError, RuntimeError, ValueError):  # a symlink loop, a NUL byte
+            continue
+        if inside and candidate.is_file():
             return candidate
     return None
 
@@ -120,6 +128,8 @@ def resolve(name_or_path: str | Path) -> Path:
     if p.suffix in (".yaml", ".yml") or p.exists():
         if not p.exists():
             raise SpecError(p, "", "no such spec file")
+        if not p.is_file():
+            raise SpecError(p, "", "is a directory, not a spec file (a .yaml file or a spec name)")
         return p
     candidate = paths.specs_dir() / f"{name_or_path}.yaml"
     if candidate.exists():
@@ -135,7 +145,16 @@ def available() -> list[Path]:
 def load(name_or_path: str | Path) -> KernelSpec:
     """Load and validate a spec; raise SpecError naming file, key path and what is allowed."""
     path = resolve(name_or_path)
-    text = path.read_text()
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise SpecError(path, "", f"cannot read it ({exc.strerror or exc})") from None
+    if len(raw) > MAX_SPEC_BYTES:
+        raise SpecError(path, "", f"{len(raw)} bytes; a spec may have at most {MAX_SPEC_BYTES}")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise SpecError(path, "", f"not UTF-8 text (byte {exc.start}: {raw[exc.start:exc.start + 1]!r})") from None
     try:
         data = yaml.load(text, Loader=_LOADER)
     except yaml.YAMLError as exc:
@@ -143,7 +162,13 @@ def load(name_or_path: str | Path) -> KernelSpec:
         where = f"line {mark.line + 1}" if mark else ""
         problem = getattr(exc, "problem", None) or str(exc)
         raise SpecError(path, where, f"invalid YAML: {problem}") from None
-    return from_dict(data, path, text)
+    except RecursionError:
+        raise SpecError(path, "", "invalid YAML: nested too deeply") from None
+    spec = from_dict(data, path, text)
+    if spec.name != path.stem:
+        raise SpecError(path, "name", f"{spec.name!r} does not match the file name: a spec named {spec.name!r} "
+                        f"lives in {spec.name}.yaml (rename the file or the spec)")
+    return spec
 
 
 def from_dict(data: Any, path: str | Path, text: str = "") -> KernelSpec:
@@ -162,7 +187,8 @@ def from_dict(data: Any, path: str | Path, text: str = "") -> KernelSpec:
     description = v.string(data.get("description", ""), "description", allow_empty=True)
     template = v.string(data["template"], "template")
     if template_path(template, path) is None:
-        raise SpecError(path, "template", f"{template!r} is not a file under templates/ or beside the spec")
+        raise SpecError(path, "template", f"{template!r} is not a file under templates/ or beside the spec "
+                        "(a relative path that stays inside one of them)")
 
     targets = v.sequence(data["targets"], "targets", nonempty=True)
     for i, t in enumerate(targets):
@@ -258,8 +284,6 @@ def from_dict(data: Any, path: str | Path, text: str = "") -> KernelSpec:
     )
     # The family validates its own parts (e.g. the Hopper schedule) and that its default variant
     # is legal, so a broken spec fails when loaded rather than when first launched.
-    from . import families
-
     families.get(family, path).validate_spec(spec)
     return spec
 
@@ -292,6 +316,11 @@ class _Validator:
             for i, item in enumerate(value):
                 if not isinstance(item, (int, str, bool)) or isinstance(item, float):
                     self.fail(f"{key}[{i}]", f"expected an int, string or bool, got {item!r}")
+            # One type per list, strictly: a bool among ints (true == 1 in Python) is an error.
+            for i, item in enumerate(value):
+                if type(item) is not type(value[0]):
+                    self.fail(f"{key}[{i}]", f"{item!r} is a {type(item).__name__}, the list's first value "
+                              f"{value[0]!r} a {type(value[0]).__name__}: all values must have one type")
         if unique and len(set(map(repr, value))) != len(value):
             self.fail(key, "values must be unique")
         return value

@@ -23,7 +23,7 @@ from typing import Callable, Iterable
 from . import arch, db, dispatch
 from . import spec as spec_mod
 from . import variant as variant_mod
-from .build import build_many, compile_pool
+from .build import abort_pool, build_many, compile_pool
 from .errors import MlagenError, TuningError
 
 STRATEGIES = ("auto", "exhaustive", "coordinate")
@@ -344,8 +344,14 @@ def tune(config: TuneConfig, progress: Callable[[str], None] = print) -> list[Tu
         raise TuningError(f"{spec.name} does not target {target.name} (targets: {', '.join(spec.targets)})")
     database = db.TuningDB(config.db_path)
     shapes = [s if isinstance(s, bench.Shape) else bench.parse_shapes(s)[0] for s in config.shapes]
-    with compile_pool(config.jobs) as pool:  # one set of compile processes for the whole session
+    pool = compile_pool(config.jobs)  # one set of compile processes for the whole session
+    try:
         return [_tune_shape(spec, shape, target, config, database, progress, pool) for shape in shapes]
+    except BaseException:  # Ctrl-C: stop the compiles now (the GPU worker is stopped by _tune_shape)
+        abort_pool(pool)
+        raise
+    finally:
+        pool.shutdown()
 
 
 def _tune_shape(spec, shape, target, config: TuneConfig, database: db.TuningDB, progress, pool) -> TuneResult:
@@ -394,8 +400,10 @@ def _run_batch(batch, target, worker: GpuWorker, config: TuneConfig, progress, d
     builds = build_many(batch, [target.name], jobs=config.jobs, pool=pool)
     for i, b in enumerate(builds):
         n = done + i + 1
-        if b.status == "pruned":
-            r = TrialResult(b.variant, "pruned", detail="; ".join(b.reasons))
+        if b.status == "pruned":  # by the resource model, or after compiling because it spills
+            rep = b.report
+            r = TrialResult(b.variant, "pruned", registers=rep.registers if rep else None,
+                            spills=(rep.spill_stores + rep.spill_loads) if rep else None, detail="; ".join(b.reasons))
         elif b.status == "compile_error":
             r = TrialResult(b.variant, "compile_error", detail=b.reasons[0][:4000] if b.reasons else "")
         else:

@@ -44,5 +44,27 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+def _toolchain() -> str:
+    """Which NVRTC the compile tests use (CI runs them under the oldest and the newest allowed)."""
+    try:
+        from mlagen.compiler import NvrtcCompiler
+
+        return f"NVRTC {NvrtcCompiler().version()} from {NvrtcCompiler.library_path()}"
+    except Exception as exc:  # no cuda-bindings: the compile tests say so themselves
+        return f"NVRTC unavailable ({type(exc).__name__}: {exc})"
+
+
+# Loaded once, now: the NVRTC library is chosen at its first use in the process
+# (MLAGEN_NVRTC_LIBRARY), which must not be a test that has cleared the environment.
+TOOLCHAIN = _toolchain()
+
+
 def pytest_report_header(config):
-    return f"mlagen GPU tests: {'enabled' if GPU_SKIP_REASON is None else 'skipped: ' + GPU_SKIP_REASON}"
+    return [f"mlagen GPU tests: {'enabled' if GPU_SKIP_REASON is None else 'skipped: ' + GPU_SKIP_REASON}",
+            f"mlagen compile tests: {TOOLCHAIN}"]
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    now = _toolchain()
+    terminalreporter.write_line(f"mlagen compile tests ran with {now}"
+                                + ("" if now == TOOLCHAIN else f" (BUT STARTED WITH {TOOLCHAIN})"))

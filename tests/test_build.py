@@ -97,3 +97,24 @@ def test_spec_built_in_memory_is_the_one_compiled(tmp_path):
     results = build.build_many(vs, ["sm_80"], jobs=2)
     assert [r.status for r in results] == ["ok", "ok"], [r.reasons for r in results]
     assert all("_n48_" in r.binary.symbol and r.binary.symbol.encode() in r.binary.data for r in results)
+
+
+class _SpillingCompiler:
+    """Stands in for NVRTC: every kernel comes back spilling (as under a compiler that spills)."""
+
+    def compile(self, source, target):
+        from mlagen.compiler import Binary, KernelResources
+
+        return Binary(b"\x7fELF", target, source.symbol, "k", KernelResources(registers=168, spill_stores=4,
+                                                                             spill_loads=4), "nvrtc 13.9")
+
+
+def test_a_kernel_that_spills_is_rejected_after_compiling(tmp_path, monkeypatch):
+    monkeypatch.setattr(build, "for_target", lambda target: _SpillingCompiler())
+    v = variant.make(S80, {"block_n": 32})
+    [r] = build.build_many([v], ["sm_80"], jobs=1, out_dir=tmp_path / "out")
+    assert (r.status, r.ok, r.artifact) == ("pruned", False, None)
+    assert r.reasons == ("spills registers under nvrtc 13.9 (4 bytes spill stores, 4 bytes spill loads, "
+                         "168 registers): rejected after compiling",)
+    assert r.report.spill_stores == 4  # the report is kept, for the build table and the tuner's record
+    assert not (tmp_path / "out").exists()

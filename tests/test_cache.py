@@ -82,6 +82,32 @@ def test_disk_cache_round_trip(tmp_path):
     assert c.get(key) == {"kernel.bin": b"\x7fELF", "meta.json": b"{}"}
 
 
+def test_entry_carries_checksums_and_fails_them_when_damaged(tmp_path, caplog):
+    c = cache.DiskCache(tmp_path)
+    c.put("k0", {"kernel.bin": b"\x7fELF" * 100, "meta.json": b"{}"})
+    d = c.entry_dir("k0")
+    assert sorted(p.name for p in d.iterdir()) == ["SHA256SUMS", "kernel.bin", "meta.json"]
+    (d / "kernel.bin").write_bytes(b"\x7fELF")  # truncated
+    assert c.get("k0") is None and d.is_dir()  # without the lock, only treated as absent
+    with caplog.at_level("WARNING", logger="mlagen"):
+        assert c.get("k0", discard_corrupt=True) is None
+    assert not d.exists()
+    [msg] = [r.getMessage() for r in caplog.records]
+    assert str(d) in msg and "kernel.bin does not match its checksum" in msg
+
+
+@pytest.mark.parametrize("umask, mode", [(0o022, 0o755), (0o077, 0o700), (0o002, 0o775)], ids=["022", "077", "002"])
+def test_entry_directories_get_the_umask_mode(tmp_path, umask, mode):
+    old = os.umask(umask)
+    try:
+        cache.DiskCache(tmp_path / "c").put("abc", {"f": b"x"})
+    finally:
+        os.umask(old)
+    entry = cache.DiskCache(tmp_path / "c").entry_dir("abc")
+    assert stat.S_IMODE(entry.stat().st_mode) == mode
+    assert stat.S_IMODE((entry / "f").stat().st_mode) == mode & 0o666
+
+
 def test_put_keeps_the_first_entry(tmp_path):
     c = cache.DiskCache(tmp_path)
     c.put("k1", {"a": b"first"})

@@ -190,8 +190,13 @@ def test_db_export_import(run, tmp_path):
     assert doc["format"] == "mlagen-tuning"
     dst = tmp_path / "dst.sqlite"
     out = ok(run("db", "--db", str(dst), "import", str(export)))
-    assert "imported 1 winner(s) and 2 trial(s)" in out
+    assert "trials: 2 added, 0 already present\nwinners: 1 added, 0 replaced, 0 kept" in out
     assert db.TuningDB(dst).export() == db.TuningDB(src).export()
+    out = ok(run("db", "--db", str(dst), "import", str(export)))
+    assert "trials: 0 added, 2 already present\nwinners: 0 added, 0 replaced, 1 kept" in out
+    assert db.TuningDB(dst).export() == db.TuningDB(src).export()
+    user_error(run("db", "--db", str(src), "export", str(export)), str(export), "already exists", "--force")
+    ok(run("db", "--db", str(dst), "export", "--force", str(export)))
     out = ok(run("db", "--db", str(src), "export", "--best-only", str(tmp_path / "best.json")))
     assert "exported 1 winner(s) and 0 trial(s)" in out
 
@@ -237,6 +242,16 @@ def test_info_without_a_gpu(run):
     assert "device" in out
     for name in ("MLAGEN_OUT_DIR", "MLAGEN_CACHE_DIR", "MLAGEN_TUNING_DB", "MLAGEN_LOG"):
         assert name in out
+
+
+def test_info_shows_the_resolved_paths(run, tmp_path, monkeypatch):
+    monkeypatch.delenv("MLAGEN_CACHE_DIR")
+    monkeypatch.delenv("MLAGEN_TUNING_DB", raising=False)
+    out = ok(run("info"))
+    rows = {line.split()[0]: line.split()[1] for line in out.splitlines() if line.startswith("MLAGEN_")}
+    assert rows["MLAGEN_CACHE_DIR"] == str((tmp_path / "out" / "cache").resolve())
+    assert rows["MLAGEN_TUNING_DB"] == str((tmp_path / "out" / "tuning.sqlite").resolve())
+    assert "None" not in out
 
 
 def _has_gpu() -> bool:

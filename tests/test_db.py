@@ -20,12 +20,15 @@ KEY = db.RecordKey(family="mla_prefill", spec="mla_prefill_sm90", problem="causa
                    source_hash="0123456789abcdef")
 
 
+N_VALUES = (128, 112, 96, 80, 64, 144, 160, 176)  # the sm90 spec's block_n values
+
+
 def key(**changes) -> db.RecordKey:
     return dataclasses.replace(KEY, **changes)
 
 
 def trial(i=0, outcome="ok", run_id="run1", **changes) -> db.Trial:
-    return db.Trial(key=key(**changes), variant={"block_n": 64 + i, "mask": "causal"}, symbol=f"sym_{i}",
+    return db.Trial(key=key(**changes), variant={"block_n": N_VALUES[i % 8], "mask": "causal"}, symbol=f"sym_{i}",
                     outcome=outcome, time_ms=1.0 + i if outcome == "ok" else None, tflops=500.0 - i,
                     max_error=1e-3, registers=168, spills=0, detail="" if outcome == "ok" else "why", run_id=run_id,
                     created=1000.0 + i)
@@ -125,7 +128,9 @@ def test_export_import_is_identical(tdb, tmp_path):
     assert json.loads(path.read_text()) == doc
     assert doc["format"] == "mlagen-tuning" and doc["version"] == db.SCHEMA_VERSION
     fresh = db.TuningDB(tmp_path / "fresh.sqlite")
-    assert fresh.import_(path) == (3, 2)
+    report = fresh.import_(path)
+    assert (report.trials_added, report.trials_skipped, len(report.added), report.replaced, report.kept) == (
+        3, 0, 2, [], [])
     assert fresh.trials() == tdb.trials()
     assert fresh.bests() == tdb.bests()
     assert fresh.export() == doc
@@ -138,14 +143,59 @@ def test_export_best_only(tdb):
     assert doc["trials"] == [] and len(doc["best"]) == 1
 
 
+def _doc(bests=(), trials=()):
+    return {"format": "mlagen-tuning", "version": db.SCHEMA_VERSION,
+            "best": [db._best_to_json(b) for b in bests], "trials": [db._trial_to_json(t) for t in trials]}
+
+
 def test_import_merges(tdb):
     tdb.add_trials([trial(0)])
-    tdb.set_best(best(symbol="old"))
-    doc = {"format": "mlagen-tuning", "version": db.SCHEMA_VERSION,
-           "best": [db._best_to_json(best(symbol="new"))], "trials": [db._trial_to_json(trial(5))]}
-    assert tdb.import_(doc) == (1, 1)
+    tdb.set_best(best(symbol="old", time_ms=2.0))
+    report = tdb.import_(_doc([best(symbol="new", time_ms=1.5)], [trial(5)]))
     assert [t.symbol for t in tdb.trials()] == ["sym_0", "sym_5"]
-    assert [b.symbol for b in tdb.bests()] == ["new"]
+    assert [b.symbol for b in tdb.bests()] == ["new"]  # faster: replaces
+    assert [(old, ms, new.symbol) for old, ms, new in report.replaced] == [("old", 2.0, "new")]
+
+
+def test_import_never_replaces_a_faster_winner(tdb):
+    # The reported case: a 99 ms record must not replace the 4.1 ms winner of the same key.
+    tdb.set_best(best(symbol="d1_winner", time_ms=4.1))
+    report = tdb.import_(_doc([best(symbol="slow", time_ms=99.0), best(symbol="other", problem="none/h16/q1/k1")]))
+    assert {b.key.problem: b.symbol for b in tdb.bests()} == {KEY.problem: "d1_winner", "none/h16/q1/k1": "other"}
+    assert [(old, ms, new.symbol) for old, ms, new in report.kept] == [("d1_winner", 4.1, "slow")]
+    assert [b.symbol for b in report.added] == ["other"] and report.replaced == []
+    assert "kept d1_winner (4.100 ms), rejected slow (99.000 ms)" in "\n".join(report.lines())
+    # An equal time keeps the database's; --replace takes the import's.
+    assert tdb.import_(_doc([best(symbol="same", time_ms=4.1)])).kept
+    assert len(tdb.import_(_doc([best(symbol="slow", time_ms=99.0)]), replace=True).replaced) == 1
+    assert {b.symbol for b in tdb.bests()} == {"slow", "other"}
+
+
+def test_reimport_adds_nothing(tdb, tmp_path):
+    src = db.TuningDB(tmp_path / "src.sqlite")
+    src.add_trials([trial(i) for i in range(20)])
+    src.set_best(best())
+    path = tmp_path / "export.json"
+    src.export(path)
+    first = tdb.import_(path)
+    assert (first.trials_added, len(first.added)) == (20, 1)
+    for _ in range(3):
+        again = tdb.import_(path)
+        assert (again.trials_added, again.trials_skipped, len(again.added), len(again.replaced)) == (0, 20, 0, 0)
+    assert tdb.trials() == src.trials() and tdb.bests() == src.bests()
+    doubled = json.loads(path.read_text())
+    doubled["trials"] += doubled["trials"]  # duplicates inside one file count once
+    assert db.TuningDB(tmp_path / "d.sqlite").import_(doubled).trials_added == 20
+
+
+def test_export_refuses_to_overwrite(tdb, tmp_path):
+    path = tmp_path / "h100.json"
+    path.write_text("precious")
+    with pytest.raises(DatabaseError, match="already exists; export refuses to overwrite it"):
+        tdb.export(path)
+    assert path.read_text() == "precious"
+    tdb.export(path, overwrite=True)
+    assert json.loads(path.read_text())["format"] == "mlagen-tuning"
 
 
 def _good_doc():
@@ -179,6 +229,19 @@ BAD_DOCS = [
     ("bad outcome", _with(["trials", 0, "outcome"], "fast"), "trials[0].outcome: 'fast' is not one of"),
     ("text time", _with(["trials", 0, "time_ms"], "1.5"), "trials[0].time_ms: expected int or float or null"),
     ("text created", _with(["trials", 0, "created"], "yesterday"), "trials[0].created: expected int or float"),
+    ("negative time", _with(["best", 0, "time_ms"], -4.1), "best[0].time_ms: -4.1 must be positive"),
+    ("zero time", _with(["trials", 0, "time_ms"], 0), "trials[0].time_ms: 0 must be positive"),
+    ("infinite tflops", _with(["best", 0, "tflops"], float("inf")), "best[0].tflops: inf must be positive"),
+    ("negative SM count", _with(["best", 0, "sm_count"], -1), "best[0].sm_count: -1 must be positive"),
+    ("bool SM count", _with(["best", 0, "sm_count"], True), "best[0].sm_count: expected int, got bool"),
+    ("negative spills", _with(["trials", 0, "spills"], -8), "trials[0].spills: -8 must be non-negative"),
+    ("ok without time", _with(["trials", 0, "time_ms"], None), "trials[0].time_ms: an 'ok' trial needs its time"),
+    ("unknown spec", _with(["best", 0, "spec"], "mla_prefill_sm70"), "best[0].spec: 'mla_prefill_sm70' is not a known"),
+    ("wrong family", _with(["best", 0, "family"], "gemm"), "best[0].family: 'gemm', but mla_prefill_sm90 is of family"),
+    ("unknown tunable", _with(["best", 0, "variant"], {"block_q": 64}), "best[0].variant.block_q: not a tunable of"),
+    ("unknown value", _with(["trials", 0, "variant"], {"block_n": 100}), "trials[0].variant.block_n: 100 is not one of"),
+    ("bool for an int", _with(["best", 0, "variant"], {"block_n": True}), "best[0].variant.block_n: True is not one of"),
+    ("empty device", _with(["best", 0, "device"], " "), "best[0].device: must not be empty"),
 ]
 
 
@@ -191,8 +254,9 @@ def test_import_of_a_malformed_file_writes_nothing(tdb, tmp_path, mutate, match)
     doc["trials"].append(db._trial_to_json(trial(1)))  # valid records before the bad one are not written either
     path = tmp_path / "bad.json"
     path.write_text("{ not json" if mutate is None else json.dumps(mutate(doc)))
-    with pytest.raises(DatabaseError, match=match.replace("[", r"\[").replace("]", r"\]").replace("(", r"\(")):
+    with pytest.raises(DatabaseError) as info:
         tdb.import_(path)
+    assert str(info.value).startswith(f"{path}: ") and match in str(info.value), str(info.value)
     assert (tdb.trials(), tdb.bests()) == before
 
 
@@ -306,11 +370,51 @@ def test_shipped_records_are_used_without_a_user_record(tdb, no_shipped):
     assert db.lookup(KEY, distance, None).symbol == "shipped"
 
 
-def test_user_database_beats_shipped(tdb, no_shipped):
+def test_an_exact_shipped_record_beats_a_near_user_record(tdb, no_shipped):
+    # The issue-8 case: after tuning only D2, a D4 call must keep the shipped exact D4 record.
     _ship(no_shipped, best(symbol="shipped exact"))
     tdb.set_best(best(symbol="user near", problem="causal/h128/q4096/k8192"))
     found = db.lookup(KEY, distance, tdb)
-    assert (found.symbol, found.origin) == ("user near", "user")
+    assert (found.symbol, found.origin) == ("shipped exact", "shipped:h100.json")
+
+
+def test_the_user_database_wins_ties(tdb, no_shipped):
+    _ship(no_shipped, best(symbol="shipped exact", updated=5.0))
+    tdb.set_best(best(symbol="user exact", updated=1.0))
+    found = db.lookup(KEY, distance, tdb)
+    assert (found.symbol, found.origin) == ("user exact", "user")
+    # and a near user record beats a farther shipped one
+    _ship(no_shipped, best(symbol="shipped far", problem="causal/h16/q8192/k8192"))
+    tdb2_key = db.RecordKey(**{**KEY.as_dict(), "problem": "causal/h128/q4096/k4096"})
+    assert db.lookup(tdb2_key, distance, tdb).symbol == "user exact"
+
+
+def _same_arch(record_key):
+    return record_key.device in ("NVIDIA H100 80GB HBM3", "NVIDIA H100 PCIe", "NVIDIA H20")
+
+
+H200 = db.RecordKey(**{**KEY.as_dict(), "device": "NVIDIA H200", "sm_count": 132})
+
+
+def test_records_of_another_device_of_the_same_arch_come_before_the_default(tdb, no_shipped):
+    _ship(no_shipped, best(symbol="h100 shipped", problem="causal/h128/q4096/k8192"))
+    assert db.lookup(H200, distance, tdb) is None  # without an architecture match: unusable
+    found = db.lookup(H200, distance, tdb, same_arch=_same_arch)
+    assert found.symbol == "h100 shipped"
+    assert found.origin == "shipped:h100.json (other device: NVIDIA H100 80GB HBM3)"
+    # a record of the device itself, however far, beats another device's exact one
+    tdb.set_best(best(symbol="h200 own far", device="NVIDIA H200", problem="causal/h1/q1/k1"))
+    found = db.lookup(H200, distance, tdb, same_arch=_same_arch)
+    assert (found.symbol, found.origin) == ("h200 own far", "user")
+
+
+def test_another_device_with_the_same_sm_count_comes_first(tdb, no_shipped):
+    tdb.set_best(best(symbol="h20 exact", device="NVIDIA H20", sm_count=78))
+    tdb.set_best(best(symbol="h100 far", problem="causal/h16/q8192/k8192"))
+    found = db.lookup(H200, distance, tdb, same_arch=_same_arch)
+    assert (found.symbol, found.origin) == ("h100 far", "user (other device: NVIDIA H100 80GB HBM3)")
+    tdb.set_best(best(symbol="a100", device="NVIDIA A100-SXM4-80GB", sm_count=132))
+    assert db.lookup(H200, distance, tdb, same_arch=_same_arch).symbol == "h100 far"
 
 
 def test_shipped_records_filter_like_user_records(tdb, no_shipped):
@@ -351,7 +455,7 @@ def test_source_hash_follows_the_template(tmp_path):
 
     template = (paths.templates_dir() / "mla_prefill_sm80.cu.j2").read_text()
     d = yaml.safe_load((paths.specs_dir() / "mla_prefill_sm80.yaml").read_text())
-    d["template"] = "local.cu.j2"
+    d["name"], d["template"] = "local", "local.cu.j2"
     spec_path = tmp_path / "local.yaml"
     spec_path.write_text(yaml.safe_dump(d))
     (tmp_path / "local.cu.j2").write_text(template)
@@ -366,3 +470,14 @@ def test_record_with_a_malformed_problem_is_skipped(tdb, no_shipped):
     assert db.lookup(KEY, distance, tdb) is None  # not an exception: dispatch falls back to the default
     tdb.set_best(best(symbol="usable", problem="causal/h64/q8192/k8192"))
     assert db.lookup(KEY, distance, tdb).symbol == "usable"
+
+
+def test_candidates_rank_every_usable_record(tdb, no_shipped):
+    _ship(no_shipped, best(symbol="shipped exact"), best(symbol="shipped far", problem="causal/h16/q8192/k8192"))
+    tdb.set_best(best(symbol="user exact"))
+    tdb.set_best(best(symbol="user near", problem="causal/h128/q4096/k8192"))
+    tdb.set_best(best(symbol="h20", device="NVIDIA H20", sm_count=78))
+    ranked = db.candidates(KEY, distance, tdb, same_arch=_same_arch)
+    assert [b.symbol for b in ranked] == ["user exact", "shipped exact", "user near", "shipped far", "h20"]
+    assert ranked[-1].origin == "user (other device: NVIDIA H20)"
+    assert db.lookup(KEY, distance, tdb).symbol == "user exact"

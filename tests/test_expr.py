@@ -177,3 +177,33 @@ def test_equal_text_gives_equal_expressions():
 def test_parsed_expression_survives_pickle():
     e = expr.parse("ceil_div(a, 64) * 2")
     assert pickle.loads(pickle.dumps(e))({"a": 130}) == 6
+
+
+@pytest.mark.parametrize("text, match", [
+    ("(10**64)**64", "result too large"),
+    ("((10**64)**64)**64", "result too large"),
+    ("(((10**64)**64)**64)**64", "result too large"),
+    ("'a' * 10**9", "result too large (a sequence of 1 times 1000000000"),
+    ("10**9 * 'a'", "result too large"),
+    ("(1, 2) * 10**8", "result too large"),
+    ("x * x * x", "result too large (an integer of"),
+    ("2 ** 65", "exponent too large"),
+    ("1 + " * 300 + "1", "syntax nodes, an expression may have at most 400"),
+    ("(" * 300 + "1" + ")" * 300, "is not a valid expression"),
+    ("1" * 3000, "characters, an expression may have at most 2000"),
+])
+def test_evaluation_is_bounded_in_size_and_time(text, match):
+    # Nested powers and repetitions are refused before they are computed: no hang, no MemoryError.
+    import time
+
+    t0 = time.perf_counter()
+    with pytest.raises(ExprError) as info:
+        ev(text, x=2 ** 100)
+    assert match in str(info.value) and len(str(info.value)) < 300
+    assert time.perf_counter() - t0 < 1.0
+
+
+def test_values_within_the_bounds_still_evaluate():
+    assert ev("10 ** 64 * 10 ** 10") == 10 ** 74
+    assert ev("'ab' * 512") == "ab" * 512
+    assert ev("2 ** -1") == 0.5

@@ -81,7 +81,10 @@ def test_wheel_contents(wheel):
         "mlagen/templates/include/mlagen/sm90/wgmma_ops.cuh", "mlagen/templates/include/mlagen/sm90/tma.cuh"}
     for s in (ROOT / "specs").glob("*.yaml"):
         assert f"mlagen/specs/{s.name}" in names
-    assert "mlagen/cli.py" in names and "mlagen/families/mla_prefill.py" in names
+    assert "mlagen/cli.py" in names and "mlagen/families/mla_prefill/__init__.py" in names
+    assert "mlagen/families/mla_prefill/op.py" in names and "mlagen/families/base.py" in names
+    for e in (ROOT / "mlagen" / "expectations").glob("*.json"):
+        assert f"mlagen/expectations/{e.name}" in names
     assert not any(n.startswith("tests/") for n in names)
     [entry_points] = [n for n in names if n.endswith(".dist-info/entry_points.txt")]
     text = zipfile.ZipFile(wheel).read(entry_points).decode()

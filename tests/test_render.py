@@ -147,6 +147,7 @@ def _spec_with_template(tmp_path, body: str):
     (tmp_path / "probe.cu.j2").write_text(body)
     d = yaml.safe_load((paths.specs_dir() / "mla_prefill_sm80.yaml").read_text())
     d["template"] = "probe.cu.j2"
+    d["name"] = "probe"
     p = tmp_path / "probe.yaml"
     p.write_text(yaml.safe_dump(d))
     return spec_mod.load(p)

@@ -8,7 +8,8 @@ import dataclasses
 import pytest
 import yaml
 
-from mlagen import arch, paths, resources, schedule
+from mlagen import arch, paths, resources
+from mlagen.families.mla_prefill import schedule
 from mlagen import spec as spec_mod
 from mlagen import variant
 
@@ -177,3 +178,17 @@ def test_thread_count_must_match_the_resource_model():
     s = spec_mod.from_dict(d, SPEC90)
     v = variant.default(s)
     assert "the roles add up to 384 threads but the resource model says 512" in reasons(v)
+
+
+def test_the_scheduler_owns_its_grid_rule():
+    from mlagen import spec as spec_mod, variant as variant_mod
+
+    s90 = spec_mod.load("mla_prefill_sm90")
+    for values, tiles, sms, grid in [({"scheduler": "static", "cluster": 1}, 1000, 132, 1000),
+                                     ({"scheduler": "persistent", "cluster": 1}, 1000, 132, 132),
+                                     ({"scheduler": "persistent", "cluster": 1}, 50, 132, 50),
+                                     ({"scheduler": "static", "cluster": 2}, 7, 132, 14),
+                                     ({"scheduler": "persistent", "cluster": 2}, 1000, 132, 132),
+                                     ({"scheduler": "dynamic", "cluster": 1}, 1000, 78, 78)]:
+        s = schedule.evaluate(variant_mod.make(s90, values))
+        assert s.grid(tiles, sms) == grid, (values, tiles, sms)

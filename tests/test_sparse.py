@@ -85,12 +85,42 @@ def test_sm90_is_preferred_on_hopper():
 
 
 def test_problem_key_round_trip():
-    k = fam.ProblemKey(576, 128, 2048)
-    assert fam.ProblemKey.parse(str(k)) == k
+    k = fam.ProblemKey(576, 128, 2048, "flat")
+    assert str(k) == "d576/h128/k2048/flat" and fam.ProblemKey.parse(str(k)) == k
     assert k.distance(fam.ProblemKey(576, 64, 2048)) == 1
     assert k.distance(fam.ProblemKey(512, 128, 2048)) == math.inf
+    assert k.distance(fam.ProblemKey(576, 128, 2048, "paged")) == math.inf
     with pytest.raises(ValueError):
         fam.ProblemKey.parse("causal/h128/q1/k1")
+
+
+def test_family_protocol_shapes():
+    f = fam.FAMILY
+    s = f.parse_shape("sq=4096,h=16,topk=2048,skv=32768", id="S5")
+    assert (s.id, s.sq, s.heads, s.topk, s.s_kv, s.d_qk, s.sink) == ("S5", 4096, 16, 2048, 32768, 576, True)
+    assert f.parse_shape(f.describe_shape(s)) == fam.Shape(f.describe_shape(s), 4096, 16, 2048, 32768)
+    assert f.problem_key(s) == "d576/h16/k2048/flat"
+    assert f.problem_specialization(f.problem_key(s)) == f.specialization(s) == {"d_qk": 576, "paged": False}
+    assert f.flops(s) == fam.flops(4096, 16, 2048)
+    c = f.check_shape(s)
+    assert c.topk % 64 and c.topk <= c.s_kv and c.heads == 16
+    for bad in ("sq=1,h=1,topk=5,skv=4", "sq=1,h=1,topk=1", "sq=1,h=1,topk=1,skv=1,x=2", "sq=1,h=1,topk=1,skv=1,d=100"):
+        with pytest.raises(ValueError):
+            f.parse_shape(bad)
+
+
+def test_compare_flags_coverage_and_empty_rows():
+    ref = (torch.ones(2, 3, 512, dtype=torch.float64), torch.zeros(2, 3, dtype=torch.float64),
+           torch.tensor([[1.0, 2.0, math.inf]] * 2, dtype=torch.float64))
+    ref[1][:, 2] = -math.inf
+    good = (ref[0].to(torch.bfloat16), ref[1].float(), ref[2].float())
+    assert fam.compare(good, ref).ok
+    nan_out = good[0].clone()
+    nan_out[0, 0, 0] = math.nan
+    assert not fam.compare((nan_out, good[1], good[2]), ref).ok
+    wrong_lse = good[2].clone()
+    wrong_lse[0, 2] = 0.0
+    assert "lse" in fam.compare((good[0], good[1], wrong_lse), ref).problem
 
 
 def test_flops_convention():

@@ -87,9 +87,11 @@ def test_load_by_name_and_by_path_agree():
 
 def test_text_hash_follows_the_text(tmp_path):
     text = SPEC80.read_text()
-    a = tmp_path / "a.yaml"
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    a = tmp_path / "a" / "mla_prefill_sm80.yaml"
     a.write_text(text)
-    b = tmp_path / "b.yaml"
+    b = tmp_path / "b" / "mla_prefill_sm80.yaml"
     b.write_text(text + "# a comment changes the hash\n")
     assert spec.load(a).text_hash == spec.load(SPEC80).text_hash
     assert spec.load(b).text_hash != spec.load(a).text_hash
@@ -116,6 +118,7 @@ def test_template_beside_the_spec(tmp_path):
     (tmp_path / "mine.cu.j2").write_text((paths.templates_dir() / "mla_prefill_sm80.cu.j2").read_text())
     d = data80()
     d["template"] = "mine.cu.j2"
+    d["name"] = "mine"
     p = tmp_path / "mine.yaml"
     p.write_text(yaml.safe_dump(d))
     s = spec.load(p)

@@ -18,7 +18,7 @@ from typing import Any
 
 from .. import abi
 from ..errors import LaunchError, SpecError
-from . import Family, register
+from .base import Family, register
 
 D_V = 512
 D_QK_VALUES = (576, 512)
@@ -69,36 +69,85 @@ def _pow2_ceil(x: float) -> int:
 
 @dataclass(frozen=True)
 class ProblemKey:
-    """Shape class of a call for tuning records: d_qk, heads and topk rounded up to powers of two."""
+    """Shape class of a call for tuning records: d_qk, heads and topk rounded up to powers of
+    two, and the KV layout (a flat table or a pool of strided pages: compiled separately)."""
 
     d_qk: int
     heads: int
     topk: int
+    layout: str = "flat"
 
     def __str__(self) -> str:
-        return f"d{self.d_qk}/h{self.heads}/k{self.topk}"
+        return f"d{self.d_qk}/h{self.heads}/k{self.topk}/{self.layout}"
 
     @classmethod
     def parse(cls, text: str) -> "ProblemKey":
         try:
-            d, h, k = text.split("/")
-            if d[0] != "d" or h[0] != "h" or k[0] != "k":
+            d, h, k, layout = text.split("/")
+            if d[0] != "d" or h[0] != "h" or k[0] != "k" or layout not in ("flat", "paged"):
                 raise ValueError
-            key = cls(int(d[1:]), int(h[1:]), int(k[1:]))
+            key = cls(int(d[1:]), int(h[1:]), int(k[1:]), layout)
             if key.d_qk not in D_QK_VALUES or min(key.heads, key.topk) < 1:
                 raise ValueError
             return key
         except (ValueError, IndexError):
-            raise ValueError(f"{text!r} is not a sparse problem key like 'd576/h128/k2048'") from None
+            raise ValueError(f"{text!r} is not a sparse problem key like 'd576/h128/k2048/flat'") from None
 
     def distance(self, other: "ProblemKey") -> float:
-        if self.d_qk != other.d_qk:
+        if self.d_qk != other.d_qk or self.layout != other.layout:
             return math.inf
         return abs(math.log2(self.heads) - math.log2(other.heads)) + abs(math.log2(self.topk) - math.log2(other.topk))
 
 
-def problem_key(call: "Call") -> ProblemKey:
-    return ProblemKey(call.d_qk, _pow2_ceil(call.heads), _pow2_ceil(max(call.topk, 1)))
+def problem_key(call) -> ProblemKey:
+    """The shape class of a Call or a Shape."""
+    paged = getattr(call, "page_size", 0) > 0
+    return ProblemKey(call.d_qk, _pow2_ceil(call.heads), _pow2_ceil(max(call.topk, 1)), "paged" if paged else "flat")
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A benchmark / tuning problem: Sq query tokens, H heads, topk indices per token drawn
+    without repetition from s_kv rows (BENCHMARKS.md), d_qk, and whether the sink is on.
+    Text form: ``sq=4096,h=128,topk=2048,skv=8192[,d=576][,sink=1]``."""
+
+    id: str
+    sq: int
+    heads: int
+    topk: int
+    s_kv: int
+    d_qk: int = 576
+    sink: bool = True
+
+
+_SHAPE_KEYS = {"sq": "sq", "h": "heads", "topk": "topk", "skv": "s_kv", "d": "d_qk", "sink": "sink"}
+
+
+def parse_shape(text: str, id: str | None = None) -> Shape:
+    values: dict = {}
+    for item in text.replace(" ", "").split(","):
+        if "=" not in item:
+            raise ValueError(f"{text!r}: expected name=value items like sq=4096,h=128,topk=2048,skv=8192")
+        k, v = item.split("=", 1)
+        if k not in _SHAPE_KEYS:
+            raise ValueError(f"{text!r}: unknown item {k!r}; known: {', '.join(_SHAPE_KEYS)}")
+        try:
+            values[_SHAPE_KEYS[k]] = int(v)
+        except ValueError:
+            raise ValueError(f"{text!r}: {k} must be an integer, got {v!r}") from None
+    missing = [k for k, f in _SHAPE_KEYS.items() if f not in values and k not in ("d", "sink")]
+    if missing:
+        raise ValueError(f"{text!r}: missing {', '.join(missing)}")
+    values["sink"] = bool(values.get("sink", 1))
+    shape = Shape(id or text, **values)
+    if shape.d_qk not in D_QK_VALUES or min(shape.sq, shape.heads, shape.topk, shape.s_kv) < 1 or shape.topk > shape.s_kv:
+        raise ValueError(f"{text!r}: needs d in {list(D_QK_VALUES)}, positive sizes and topk <= skv")
+    return shape
+
+
+def describe_shape(shape: Shape) -> str:
+    return (f"sq={shape.sq},h={shape.heads},topk={shape.topk},skv={shape.s_kv},d={shape.d_qk},"
+            f"sink={int(shape.sink)}")
 
 
 @dataclass
@@ -278,9 +327,9 @@ def launch(selection, call: Call, stream: int) -> None:
     selection.kernel.launch(grid(selection, call), (res.threads, 1, 1), res.smem_bytes, stream, pack(call))
 
 
-def specialization(call: Call) -> dict:
-    """The compile-time values a call needs: d_qk, and whether kv is a pool of strided pages."""
-    return {"d_qk": call.d_qk, "paged": call.page_size > 0}
+def specialization(call) -> dict:
+    """The compile-time values a call (or Shape) needs: d_qk, and whether kv is a pool of strided pages."""
+    return {"d_qk": call.d_qk, "paged": getattr(call, "page_size", 0) > 0}
 
 
 def accepts(spec, call: Call) -> bool:
@@ -347,6 +396,68 @@ class MlaSparsePrefillFamily(Family):
         from ..resources import estimate
 
         return {"params_decl": _ABIS[variant.spec.abi].c_declaration(), "smem_bytes": estimate(variant).smem_bytes}
+
+    # --- shape classes ----------------------------------------------------------------------
+
+    def problem_key(self, shape) -> str:
+        return str(problem_key(shape))
+
+    def problem_distance(self, a: str, b: str) -> float:
+        return ProblemKey.parse(a).distance(ProblemKey.parse(b))
+
+    def specialization(self, shape) -> dict:
+        return specialization(shape)
+
+    def problem_specialization(self, problem: str) -> dict:
+        key = ProblemKey.parse(problem)
+        return {"d_qk": key.d_qk, "paged": key.layout == "paged"}
+
+    def parse_shape(self, text: str, id: str | None = None) -> Shape:
+        return parse_shape(text, id)
+
+    def describe_shape(self, shape) -> str:
+        return describe_shape(shape)
+
+    # --- run time ---------------------------------------------------------------------------
+
+    def accepts(self, spec, call) -> bool:
+        return accepts(spec, call)
+
+    def launch(self, selection, call, stream: int) -> None:
+        launch(selection, call, stream)
+
+    def make_inputs(self, shape, device, seed: int = 0) -> dict:
+        return make_inputs(shape, device, seed)
+
+    def make_outputs(self, shape, device, fill: float = float("nan")):
+        import torch
+
+        return (torch.full((shape.sq, shape.heads, D_V), fill, dtype=torch.bfloat16, device=device),
+                torch.full((shape.sq, shape.heads), fill, dtype=torch.float32, device=device),
+                torch.full((shape.sq, shape.heads), fill, dtype=torch.float32, device=device))
+
+    def check_shape(self, shape) -> Shape:
+        """5 tokens, up to 20 heads (a partial 64-row group), topk 200 (not a multiple of the
+        64-row block, so the last pair is part-invalid) over 300 rows, the shape's d_qk."""
+        return Shape(f"check:{shape.id}", 5, min(shape.heads, 20), 200, 300, shape.d_qk, True)
+
+    def call(self, inputs, *, variant=None, kernel=None, outputs=None, check=False):
+        out, max_logits, lse = outputs if outputs is not None else (None, None, None)
+        return mla_sparse_prefill(inputs["q"], inputs["kv"], inputs["indices"], softmax_scale=inputs["softmax_scale"],
+                                  topk_length=inputs.get("topk_length"), attn_sink=inputs.get("attn_sink"), out=out,
+                                  max_logits=max_logits, lse=lse, kernel=variant if variant is not None else kernel)
+
+    def reference(self, shape, inputs, heads: int | None = None):
+        h = inputs["q"].shape[1] if heads is None else min(heads, inputs["q"].shape[1])
+        sink = inputs.get("attn_sink")
+        return reference(inputs["q"][:, :h], inputs["kv"], inputs["indices"], softmax_scale=inputs["softmax_scale"],
+                         topk_length=inputs.get("topk_length"), attn_sink=None if sink is None else sink[:h])
+
+    def compare(self, got, ref):
+        return compare(got, ref)
+
+    def flops(self, shape) -> int:
+        return flops(shape.sq, shape.heads, shape.topk, shape.d_qk)
 
 
 def _validate_schedule(spec) -> None:
@@ -481,6 +592,9 @@ def make_inputs(shape: dict, device, seed: int = 0) -> dict:
     ``sink`` is False. Returns keyword arguments of :func:`mlagen.mla_sparse_prefill`."""
     import torch
 
+    if isinstance(shape, Shape):
+        shape = {"sq": shape.sq, "heads": shape.heads, "topk": shape.topk, "s_kv": shape.s_kv, "d_qk": shape.d_qk,
+                 "sink": shape.sink}
     gen = torch.Generator(device=device)
     gen.manual_seed(seed)
     sq, heads, topk, s_kv = shape["sq"], shape["heads"], shape["topk"], shape["s_kv"]
@@ -490,3 +604,129 @@ def make_inputs(shape: dict, device, seed: int = 0) -> dict:
     indices = random_indices(sq, topk, s_kv, device, gen).view(sq, 1, topk)
     sink = torch.randn((heads,), device=device, generator=gen) if shape.get("sink", True) else None
     return {"q": q, "kv": kv, "indices": indices, "softmax_scale": d_qk ** -0.5, "attn_sink": sink}
+
+
+REL_TOL = 1e-2    # bf16 P and output; fp32 accumulation
+STAT_TOL = 2e-3   # lse and max_logits, relative to 1 + |value|
+
+
+@dataclass(frozen=True)
+class Check:
+    """How one result compares with the reference; ``problem`` is None when it passes."""
+
+    max_abs: float
+    rel_l2: float
+    lse_max_abs: float | None
+    problem: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.problem is None
+
+
+def compare(got, ref) -> Check:
+    """(out, max_logits, lse) against the reference's: coverage (no NaN) everywhere, accuracy on
+    the reference's heads; rows with no valid entry must be exactly 0 / -inf / +inf."""
+    import torch
+
+    out, ml, lse = got
+    r_out, r_ml, r_lse = ref
+    heads = r_out.shape[1]
+    problems = []
+    bad = int(torch.isnan(out).sum()) + int(torch.isnan(ml).sum()) + int(torch.isnan(lse).sum())
+    if bad:
+        problems.append(f"{bad} output values are NaN (unwritten or computed)")
+    diff = out[:, :heads].double() - r_out.double()
+    max_abs = float(diff.abs().max()) if diff.numel() else 0.0
+    rel = float(diff.norm() / r_out.double().norm().clamp_min(1e-30)) if r_out.numel() else 0.0
+    if float(r_out.double().norm()) == 0.0:
+        rel = max_abs
+    if not rel <= REL_TOL:
+        problems.append(f"relative L2 error {rel:.2e} > {REL_TOL:.0e}")
+    lse_err = 0.0
+    for name, a, b in (("lse", lse[:, :heads], r_lse), ("max_logits", ml[:, :heads], r_ml)):
+        a = a.double()
+        b = b.double()
+        inf_b = torch.isinf(b)
+        if not torch.equal(a[inf_b], b[inf_b]):
+            problems.append(f"{name} of rows with no valid entry must be {'+inf' if name == 'lse' else '-inf'}")
+        fin = ~inf_b
+        if bool(fin.any()):
+            err = float(((a[fin] - b[fin]).abs() / (1 + b[fin].abs())).max())
+            if name == "lse":
+                lse_err = err
+            if not err <= STAT_TOL:
+                problems.append(f"{name} error {err:.2e} > {STAT_TOL:.0e}")
+    return Check(max_abs, rel, lse_err, "; ".join(problems) or None)
+
+
+# --- entry points (re-exported by mlagen.api) --------------------------------------------------
+# A torch.library custom op around mla_sparse_prefill should follow the dense family's op.py
+# (mutated outputs out/max_logits/lse, a fake implementation for tracing); not registered yet.
+
+
+def mla_sparse_prefill(q, kv, indices, *, softmax_scale, topk_length=None, attn_sink=None, d_v=D_V, out=None,
+                       max_logits=None, lse=None, kernel=None):
+    """Sparse MLA prefill (DeepSeek-V3.2 DSA, absorbed "MQA mode"), as in MLA.md section 2.
+
+    Args:
+        q: [Sq, H, 576] bf16 (512 latent + 64 rope) or [Sq, H, 512]; any H >= 1. Strided views
+            are fine (last dimension contiguous; 16-byte aligned strides are read in place).
+        kv: the latent cache, one head shared by all query heads: [N, d_qk], [N, 1, d_qk], or a
+            paged pool [num_blocks, page_size, d_qk] whose row ``r`` is page ``r // page_size``,
+            offset ``r % page_size`` (pages may be strided). V is the first 512 columns of a row.
+        indices: [Sq, topk] or [Sq, 1, topk] int32 row ids into kv; any topk >= 0. Entries < 0 or
+            >= N are invalid: they count for nothing and are never read. Duplicates count each time.
+        softmax_scale: scale of q . k (natural-log units).
+        topk_length: optional [Sq] int32: only the first topk_length[t] entries of row t count.
+        attn_sink: optional [H] fp32 (natural-log units): adds exp(sink - max) to the softmax
+            denominator only; lse and max_logits ignore it. +inf gives out 0.
+        d_v: must be 512.
+        out: optional preallocated [Sq, H, 512] bf16 (4-byte aligned strides).
+        max_logits, lse: optional preallocated [Sq, H] fp32 outputs.
+        kernel: optional spec name or Variant to force a kernel (default: dispatch).
+
+    Returns:
+        (out, max_logits, lse): out [Sq, H, 512] bf16; max_logits and lse [Sq, H] fp32, natural
+        log. A row with no valid entry gives out 0, max_logits -inf and lse +inf.
+
+    Never synchronises the host (after the first call of a shape class, which may compile), so
+    it can be captured in a CUDA graph.
+    """
+    import torch
+
+    call = prepare(q, kv, indices, softmax_scale=softmax_scale, topk_length=topk_length, attn_sink=attn_sink,
+                   d_v=d_v, out=out, max_logits=max_logits, lse=lse)
+    if call.empty:
+        if call.sq:
+            fill_empty(call)
+        return call.out, call.max_logits, call.lse
+    device, selection = select(call, kernel)
+    with torch.cuda.device(device):
+        launch(selection, call, torch.cuda.current_stream(device).cuda_stream)
+    return call.out, call.max_logits, call.lse
+
+
+def select(call: Call, kernel=None):
+    """(device index, dispatch Selection) for a validated call; ``kernel`` is a spec name or a Variant."""
+    import torch
+
+    from .. import dispatch
+    from ..variant import Variant
+
+    device = call.q.device.index if call.q.device.index is not None else torch.cuda.current_device()
+    selection = dispatch.dispatcher().select(
+        FAMILY.name, str(call.key), specialization(call), device,
+        accepts=lambda spec: accepts(spec, call),
+        variant=kernel if isinstance(kernel, Variant) else None,
+        only=kernel if isinstance(kernel, str) else None,
+    )
+    return device, selection
+
+
+def flash_mla_sparse_fwd(q, kv, indices, sm_scale, d_v=512, attn_sink=None, topk_length=None):
+    """FlashMLA's ``flash_mla_sparse_fwd`` signature and return order, so serving code can swap
+    the import: returns (out, max_logits, lse). Unlike FlashMLA's SM90 kernel, any head count and
+    any topk are accepted. See :func:`mla_sparse_prefill`."""
+    return mla_sparse_prefill(q, kv, indices, softmax_scale=sm_scale, topk_length=topk_length, attn_sink=attn_sink,
+                              d_v=d_v)

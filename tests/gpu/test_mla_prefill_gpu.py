@@ -210,30 +210,43 @@ def test_dispatch_is_memoised_and_compiles_once():
     assert again.binary.key == selection.binary.key and again.binary.from_cache, "second build must hit the cache"
 
 
-def test_rejects_bad_arguments():
+def test_rejects_bad_arguments(monkeypatch):
     from mlagen.errors import LaunchError
 
     q, k, v, k_rope, _, _ = make(16, 16, 4, seed=0)
-    with pytest.raises(LaunchError, match="q: dtype"):
+    with pytest.raises(TypeError, match="q: dtype") as info:
         api.mla_prefill(q.float(), k, v, k_rope=k_rope)
-    with pytest.raises(LaunchError, match="k_rope"):
+    assert isinstance(info.value, LaunchError)  # still catchable the old way
+    with pytest.raises(ValueError, match="k_rope"):
         api.mla_prefill(q, k, v, k_rope=k_rope[:, :, :32])
-    with pytest.raises(LaunchError, match="cu_seqlens_k"):
+    with pytest.raises(ValueError, match="cu_seqlens_k"):
         api.mla_prefill(q, k, v, k_rope=k_rope, cu_seqlens_q=torch.tensor([0, 16], dtype=torch.int32, device="cuda"))
     bad = torch.tensor([0, 10, 8, 16], dtype=torch.int32, device="cuda")
-    with pytest.raises(LaunchError, match="non-decreasing"):
+    with pytest.raises(ValueError, match="non-decreasing"):
+        api.mla_prefill(q, k, v, k_rope=k_rope, cu_seqlens_q=bad, cu_seqlens_k=bad, check_seqlens=True)
+    monkeypatch.setenv("MLAGEN_CHECK_SEQLENS", "1")
+    with pytest.raises(ValueError, match="non-decreasing"):
         api.mla_prefill(q, k, v, k_rope=k_rope, cu_seqlens_q=bad, cu_seqlens_k=bad)
-    with pytest.raises(LaunchError, match="softmax_scale"):
+    monkeypatch.delenv("MLAGEN_CHECK_SEQLENS")
+    good = torch.tensor([0, 6, 16], dtype=torch.int32, device="cuda")
+    with pytest.raises(ValueError, match="max_seqlen_q: 8 is shorter than the longest sequence"):
+        api.mla_prefill(q, k, v, k_rope=k_rope, cu_seqlens_q=good, cu_seqlens_k=good, max_seqlen_q=8,
+                        check_seqlens=True)
+    with pytest.raises(ValueError, match="softmax_scale"):
         api.mla_prefill(q, k, v, k_rope=k_rope, softmax_scale=-1.0)
-    with pytest.raises(LaunchError, match="last dimension must be contiguous"):
+    with pytest.raises(ValueError, match="last dimension must be contiguous"):
         api.mla_prefill(q, k, v.transpose(0, 2).contiguous().transpose(0, 2), k_rope=k_rope)
 
 
-def test_unchecked_garbage_seqlens_stay_in_bounds():
-    # With checking off, nonsense offsets must not fault (the kernel clamps them).
+@pytest.mark.parametrize("spec", SPECS)
+@pytest.mark.parametrize("garbage", [[0, 1000, -5, 64], [1000, -5, 3, 64], [-7, 64, 0, 2**31 - 1],
+                                     [64, 0, 64, 0]])
+def test_unchecked_garbage_seqlens_stay_in_bounds(spec, garbage):
+    # With checking off (the default), nonsense offsets must not fault: the kernel clamps them.
     q, k, v, k_rope, _, _ = make(64, 64, 4, seed=0)
-    cu = torch.tensor([0, 1000, -5, 64], dtype=torch.int32, device="cuda")
-    api.mla_prefill(q, k, v, k_rope=k_rope, cu_seqlens_q=cu, cu_seqlens_k=cu, check_seqlens=False)
+    cu = torch.tensor(garbage, dtype=torch.int32, device="cuda")
+    for causal in (True, False):
+        api.mla_prefill(q, k, v, k_rope=k_rope, cu_seqlens_q=cu, cu_seqlens_k=cu, causal=causal, kernel=spec)
     torch.cuda.synchronize()
 
 

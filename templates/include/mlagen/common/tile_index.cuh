@@ -44,7 +44,9 @@ __device__ __forceinline__ int virtual_tile_start(const int* cu_q, int b) {
 
 // The sequence that owns virtual tile v: the last b in [0, batch) with start(b) <= v.
 // Called by a whole warp (all lanes get the answer): each step samples 32 candidates, so a batch
-// of up to 32^k sequences costs k dependent loads.
+// of up to 32^k sequences costs k dependent loads. Offsets that were never checked may break the
+// invariant below (cu_q[0] != 0, decreasing entries); the answer still stays in [0, batch), so
+// every cu_q / cu_k read stays inside their batch + 1 entries.
 template <int BLOCK_M>
 __device__ __forceinline__ int find_sequence(const int* cu_q, int batch, int v) {
   if (cu_q == nullptr) return 0;
@@ -55,13 +57,13 @@ __device__ __forceinline__ int find_sequence(const int* cu_q, int batch, int v) 
     const int idx = lo + lane * step;
     const bool le = idx < hi && virtual_tile_start<BLOCK_M>(cu_q, idx) <= v;
     const unsigned mask = __ballot_sync(0xffffffffu, le);
-    const int k = 31 - __clz(mask);
+    const int k = max(31 - __clz(mask), 0);  // mask == 0 only for unchecked, invalid offsets
     lo = lo + k * step;
     hi = min(hi, lo + step);
   }
   const int idx = lo + lane;
   const bool le = idx < hi && virtual_tile_start<BLOCK_M>(cu_q, idx) <= v;
-  return lo + __popc(__ballot_sync(0xffffffffu, le)) - 1;
+  return lo + max(__popc(__ballot_sync(0xffffffffu, le)) - 1, 0);
 }
 
 // One query tile: which sequence, which rows, and the keys it attends to.
@@ -101,7 +103,7 @@ __device__ __forceinline__ QueryTile locate_tile(const int* cu_q, const int* cu_
   t.seq = load_seq(cu_q, cu_k, total_q, total_k, b);
   const int local = cu_q == nullptr ? v : v - virtual_tile_start<BLOCK_M>(cu_q, b);
   const int m_tiles = ceil_div(t.seq.len_q, BLOCK_M);
-  if (local >= m_tiles) {
+  if (local < 0 || local >= m_tiles) {  // local < 0 only for unchecked, invalid offsets
     t.rows = 0;
     t.n_blocks = 0;
     t.m_block = 0;

@@ -17,8 +17,8 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-from . import expr
-from .errors import SpecError
+from ... import expr
+from ...errors import SpecError
 
 ROLE_KEYS = ("warpgroups", "registers", "tasks")
 PRODUCER_KEYS = ROLE_KEYS + ("load_warps",)
@@ -144,6 +144,14 @@ class Schedule:
     @property
     def threads(self) -> int:
         return 128 * self.warpgroups
+
+    def grid(self, tiles: int, sm_count: int) -> int:
+        """CTAs to launch for ``tiles`` cluster tiles: the host half of the tile scheduler (the
+        device half, ``get_next_work``, is in the sm90 headers). ``static``: one cluster per
+        tile; ``persistent`` and ``dynamic``: at most one cluster per ``cluster`` SMs, looping
+        over tiles. Always a multiple of the cluster size (the kernel's ``__cluster_dims__``)."""
+        clusters = tiles if self.scheduler == "static" else min(tiles, sm_count // self.cluster)
+        return clusters * self.cluster
 
     @property
     def entry_register_cap(self) -> int:

@@ -11,8 +11,11 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 
-from ..runtime import device_info, encode_tensor_map_bf16
-from .mla_prefill import TMA_PARAMS, Call, _common_values, num_virtual_tiles
+from ...runtime import device_info, encode_tensor_map_bf16
+from .call import Call
+from .pack import common_values, num_virtual_tiles
+from .params import TMA_PARAMS
+from .schedule import evaluate
 
 _CACHE_SIZE = 512
 _maps: "OrderedDict[tuple, bytes]" = OrderedDict()
@@ -43,8 +46,6 @@ def tensor_map(t, box_cols: int, box_rows: int, swizzle: int, what: str) -> byte
 def launch(selection, call: Call, env: dict, stream: int) -> None:
     import torch
 
-    from ..schedule import evaluate
-
     s = evaluate(selection.variant)
     bm, bn = env["block_m"], env["block_n"]
     sw_q, sw_k, sw_v = s.swizzle["q"], s.swizzle["k"], s.swizzle["v"]
@@ -58,12 +59,8 @@ def launch(selection, call: Call, env: dict, stream: int) -> None:
     }
     # Tiles are numbered per cluster: a cluster of C CTAs takes C * block_m query rows.
     n_virtual = num_virtual_tiles(call, bm * s.cluster)
-    total = n_virtual * call.heads
-    if s.scheduler == "static":
-        clusters = total
-    else:
-        clusters = min(total, device_info(call.q.device.index).sm_count // s.cluster)
-    grid = clusters * s.cluster  # the kernel is compiled with its cluster shape (__cluster_dims__)
+    sm_count = device_info(call.q.device.index).sm_count if s.scheduler != "static" else 0
+    grid = s.grid(n_virtual * call.heads, sm_count)
     counter = 0
     if s.scheduler == "dynamic":
         # Zeroed per launch (a memset node when captured in a graph); the kernel counts tiles in it.
@@ -74,7 +71,7 @@ def launch(selection, call: Call, env: dict, stream: int) -> None:
         "tile_counter": counter,
         "num_virtual_tiles": n_virtual,
         "rope_shared": int(call.k_rope.size(1) == 1),
-        **_common_values(call),
+        **common_values(call),
     }
     params = TMA_PARAMS.pack(values)
     res = selection.resources

@@ -1,0 +1,166 @@
+"""The family protocol: what dispatch, tune, bench and the CLI may ask of a kernel family.
+
+A family is the operation a spec implements (dense MLA prefill, sparse MLA prefill, ...). It lives
+in one package, ``mlagen/families/<name>/``, whose ``FAMILY`` object implements :class:`Family`.
+Nothing outside that package names it: specs say ``family: <name>`` and :func:`get` finds the
+package of that name the first time it is asked for, so a new family is a new package and
+nothing else.
+
+The protocol has two sides:
+
+* compile time (needs no torch, no GPU): validate the family's part of a spec, add its checks
+  to the resource model, supply the values a template renders;
+* run time: the shape classes tuning records are keyed by, argument checking into a call
+  record, launching a selected kernel, and what tune and bench need to exercise a shape
+  (inputs, the call, the reference, the comparison, the FLOP count).
+
+"Shape" is the family's own description of a problem (for dense MLA prefill: per-sequence query
+and key lengths, heads, mask); its text form is what ``mlagen tune --shape`` and
+``MLAGEN_RECORD_SHAPES`` files carry. A backend (CUDA, HIP) plugs in below this protocol: the
+family launches a ``Selection``'s kernel through the runtime's ``launch``, whatever loaded it.
+
+Layering: this module imports nothing from mlagen but ``errors``; family packages import the
+layers below them (spec, variant, resources, runtime), and the modules below find families only
+through :func:`get`, never by importing them.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+import threading
+from abc import ABC, abstractmethod
+from pathlib import Path
+from typing import Any, Mapping
+
+from ..errors import SpecError
+
+
+class Family(ABC):
+    """One kernel family. Subclasses set ``name`` (the spec's ``family:`` value, and the name of
+    the package under ``mlagen/families/``)."""
+
+    name: str
+
+    # --- compile time ---------------------------------------------------------------------
+
+    @abstractmethod
+    def validate_spec(self, spec) -> None:
+        """Raise SpecError (file, key path, what is allowed) if ``spec`` is not one this family can drive."""
+
+    def check_variant(self, variant, target, resources) -> list[str]:
+        """Family-specific reasons to prune ``variant`` on ``target`` (empty: it may compile)."""
+        return []
+
+    @abstractmethod
+    def render_context(self, variant) -> dict:
+        """Extra names for the template (beyond ``spec``, ``symbol`` and ``v``)."""
+
+    # --- shape classes ----------------------------------------------------------------------
+
+    @abstractmethod
+    def problem_key(self, shape) -> str:
+        """The shape class (tuning-record key) of ``shape``, e.g. ``causal/h128/q8192/k8192``."""
+
+    @abstractmethod
+    def problem_distance(self, a: str, b: str) -> float:
+        """How far apart two shape classes are (0: the same; inf: a record of one is unusable for
+        the other). Raises ValueError for text that is not a shape class of this family."""
+
+    @abstractmethod
+    def specialization(self, shape) -> dict[str, Any]:
+        """The values of the spec's ``specialize`` axes this shape needs (e.g. ``{"mask": "causal"}``)."""
+
+    @abstractmethod
+    def problem_specialization(self, problem: str) -> dict[str, Any]:
+        """The ``specialize`` values of a shape class (what a tuning record of it was built with)."""
+
+    @abstractmethod
+    def parse_shape(self, text: str, id: str | None = None):
+        """A shape from its text description (the grammar is the family's; errors are ValueError)."""
+
+    @abstractmethod
+    def describe_shape(self, shape) -> str:
+        """The text description of ``shape``; ``parse_shape`` reads it back."""
+
+    # --- run time: one call -----------------------------------------------------------------
+
+    @abstractmethod
+    def accepts(self, spec, call) -> bool:
+        """Whether ``spec``'s kernels can take this call record's tensors (alignment, layout)."""
+
+    @abstractmethod
+    def launch(self, selection, call, stream: int) -> None:
+        """Launch ``selection``'s kernel on ``stream`` for a call record; no host synchronisation."""
+
+    # --- run time: what tune and bench exercise ---------------------------------------------
+
+    @abstractmethod
+    def make_inputs(self, shape, device, seed: int = 0) -> dict[str, Any]:
+        """Fresh random inputs of ``shape`` on ``device`` (never zeros or constants)."""
+
+    @abstractmethod
+    def make_outputs(self, shape, device, fill: float = float("nan")):
+        """Preallocated outputs of ``shape`` filled with ``fill`` (NaN: an element a kernel never
+        writes shows up in :meth:`compare`)."""
+
+    @abstractmethod
+    def check_shape(self, shape):
+        """A small problem of ``shape``'s kind with awkward sizes (empty, length-1, off-tile
+        pieces), which the tuner checks every variant on before the real shape."""
+
+    @abstractmethod
+    def call(self, inputs: Mapping[str, Any], *, variant=None, kernel: str | None = None, outputs=None,
+             check: bool = False):
+        """Run the operation on ``inputs`` (through the public entry point); ``variant`` pins a
+        variant, ``kernel`` a spec; ``outputs`` are preallocated outputs to write. Returns the outputs."""
+
+    @abstractmethod
+    def reference(self, shape, inputs: Mapping[str, Any], heads: int | None = None):
+        """The high-precision reference outputs of ``inputs``: of every head, or of the first
+        ``heads`` (a sample that keeps the reference cheap on large shapes; :meth:`compare` then
+        checks accuracy on those heads and coverage on all)."""
+
+    @abstractmethod
+    def compare(self, got, ref):
+        """Compare outputs with the reference; returns an object with ``ok``, ``rel_l2`` and
+        ``problem`` (None when it passes, else a sentence)."""
+
+    @abstractmethod
+    def flops(self, shape) -> int:
+        """FLOPs of one call by the BENCHMARKS.md convention."""
+
+
+_REGISTRY: dict[str, Family] = {}
+_lock = threading.RLock()
+
+
+def register(family: Family) -> Family:
+    """Make ``family`` known by its name (a family package calls this when imported)."""
+    with _lock:
+        _REGISTRY[family.name] = family
+    return family
+
+
+def names() -> list[str]:
+    """Every family under ``mlagen/families/`` (a package, or a single module), sorted."""
+    return sorted(m.name for m in pkgutil.iter_modules([str(Path(__file__).parent)]) if m.name != "base")
+
+
+def get(name: str, path=None) -> Family:
+    """The family named ``name``, importing its package on first use.
+
+    Raises:
+        SpecError: naming ``path`` (the spec that asked) and the known families.
+    """
+    family = _REGISTRY.get(name)
+    if family is not None:
+        return family
+    with _lock:
+        if name not in _REGISTRY and name in names():
+            # A plugin lookup by name: the package registers itself when imported.
+            importlib.import_module(f"{__package__}.{name}")
+        family = _REGISTRY.get(name)
+    if family is None:
+        raise SpecError(path or "<spec>", "family", f"{name!r} is not one of {names()}")
+    return family

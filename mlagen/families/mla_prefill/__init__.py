@@ -1,0 +1,117 @@
+"""Dense MLA prefill (``../shared/MLA.md`` section 1): the family of ``mla_prefill_sm80`` and
+``mla_prefill_sm90``.
+
+Modules, in the order a call meets them:
+
+* compile time: :mod:`.problem` (constants, shapes, shape classes, FLOPs), :mod:`.params` (the
+  kernel parameter structs), :mod:`.schedule` (the Hopper barrier schedule), :mod:`.compile`
+  (spec checks, pruning, render values);
+* run time: :mod:`.call` (argument checking into a Call), :mod:`.pack`, :mod:`.launch` and
+  :mod:`.tma` (launchers), :mod:`.entry` (prepare, select, launch), :mod:`.op` (the torch custom
+  ops and the public ``mla_prefill``), :mod:`.reference` (reference, inputs, comparison),
+  :mod:`.record` (``MLAGEN_RECORD_SHAPES``).
+
+``FAMILY`` implements :class:`mlagen.families.base.Family`. Importing this package does not
+import torch. The names re-exported below (``reference``, ``flops``, ``problem_key`` ...) keep
+the pre-package imports of tune.py and bench.py working for one merge.
+"""
+
+from __future__ import annotations
+
+from ..base import Family, register
+from . import compile as _compile
+from . import problem as _problem
+from .launch import accepts, launch
+from .params import SIMT_PARAMS, TMA_PARAMS
+from .problem import (D_NOPE, D_QK, D_ROPE, D_V, MASKS, ProblemKey, Shape, describe_shape, flops, parse_shape,
+                      problem_key, sequence_lengths, visible_pairs)
+from .reference import reference
+
+
+class MlaPrefillFamily(Family):
+    """Dense MLA prefill: q [Tq, H, 192], k/v [Tk, H, 128] (+ k_rope) -> out [Tq, H, 128], lse [Tq, H]."""
+
+    name = "mla_prefill"
+
+    def validate_spec(self, spec) -> None:
+        _compile.validate_spec(spec)
+
+    def check_variant(self, variant, target, resources) -> list[str]:
+        return _compile.check_variant(variant, target, resources)
+
+    def render_context(self, variant) -> dict:
+        return _compile.render_context(variant)
+
+    def problem_key(self, shape) -> str:
+        return str(_problem.shape_key(shape))
+
+    def problem_distance(self, a: str, b: str) -> float:
+        return ProblemKey.parse(a).distance(ProblemKey.parse(b))
+
+    def specialization(self, shape) -> dict:
+        return {"mask": "causal" if shape.causal else "none"}
+
+    def problem_specialization(self, problem: str) -> dict:
+        return {"mask": ProblemKey.parse(problem).mask}
+
+    def parse_shape(self, text: str, id: str | None = None) -> Shape:
+        return parse_shape(text, id)
+
+    def describe_shape(self, shape) -> str:
+        return describe_shape(shape)
+
+    def accepts(self, spec, call) -> bool:
+        return accepts(spec, call)
+
+    def launch(self, selection, call, stream: int) -> None:
+        launch(selection, call, stream)
+
+    def make_inputs(self, shape, device, seed: int = 0) -> dict:
+        from .reference import make_inputs
+
+        return make_inputs(shape, device, seed)
+
+    def make_outputs(self, shape, device, fill: float = float("nan")):
+        import torch
+
+        tq = sum(shape.q_lens)
+        return (torch.full((tq, shape.heads, D_V), fill, dtype=torch.bfloat16, device=device),
+                torch.full((tq, shape.heads), fill, dtype=torch.float32, device=device))
+
+    def check_shape(self, shape) -> Shape:
+        """Five sequences of 1, 77, 0, 300 and 129 queries (a cached prefix of 0, 0, 5, 33, 0
+        keys when causal; other key lengths when not), the shape's mask, at most 16 heads."""
+        k_lens = (1, 77, 5, 333, 129) if shape.causal else (3, 50, 5, 333, 200)
+        return Shape(f"check:{getattr(shape, 'id', '')}", (1, 77, 0, 300, 129), k_lens, min(shape.heads, 16),
+                     shape.causal)
+
+    def call(self, inputs, *, variant=None, kernel=None, outputs=None, check=False):
+        """``mla_prefill`` on ``inputs`` (from :meth:`make_inputs`); ``outputs`` = (out, lse) to
+        write. ``check`` reads the cu_seqlens back and checks them (a host sync: not for timing)."""
+        from .op import mla_prefill
+
+        out, lse = outputs if outputs is not None else (None, None)
+        return mla_prefill(inputs["q"], inputs["k"], inputs["v"], k_rope=inputs.get("k_rope"),
+                           cu_seqlens_q=inputs.get("cu_seqlens_q"), cu_seqlens_k=inputs.get("cu_seqlens_k"),
+                           causal=inputs.get("causal", True), out=out, lse=lse, check_seqlens=check,
+                           kernel=variant if variant is not None else kernel)
+
+    def reference(self, shape, inputs, heads: int | None = None):
+        from .reference import reference_heads
+
+        return reference_heads(shape, inputs, heads)
+
+    def compare(self, got, ref):
+        from .reference import compare
+
+        return compare(got[0], got[1], ref[0], ref[1])
+
+    def flops(self, shape) -> int:
+        return flops(_problem.shape_sequences(shape), shape.heads, shape.causal)
+
+
+FAMILY = register(MlaPrefillFamily())
+
+__all__ = ["FAMILY", "MlaPrefillFamily", "D_NOPE", "D_QK", "D_ROPE", "D_V", "MASKS", "ProblemKey", "Shape",
+           "SIMT_PARAMS", "TMA_PARAMS", "accepts", "describe_shape", "flops", "launch", "parse_shape",
+           "problem_key", "reference", "sequence_lengths", "visible_pairs"]

@@ -1,0 +1,264 @@
+"""Argument checking of dense MLA prefill: torch tensors in, a validated :class:`Call` out.
+
+Nothing here synchronises with the device unless asked: cu_seqlens on the GPU are checked for
+shape and dtype only, unless ``check_seqlens`` (or ``MLAGEN_CHECK_SEQLENS=1``) asks for their
+values to be read back. The kernels clamp every offset they read, so unchecked values can give
+wrong results but never out-of-bounds accesses (``templates/include/mlagen/common/tile_index.cuh``).
+
+:func:`check_arguments` reads only shapes, dtypes and strides, so the fake (meta) implementation
+of the torch custom op runs it on FakeTensors; :func:`prepare` adds what needs real tensors.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from ... import knobs
+from ...errors import ArgumentError, ArgumentTypeError
+from .problem import D_NOPE, D_QK, D_ROPE, D_V, ProblemKey, problem_key
+
+
+@dataclass
+class Call:
+    """One validated invocation: tensors checked, outputs allocated, nothing launched yet."""
+
+    q: Any
+    k: Any
+    k_rope: Any
+    v: Any
+    out: Any
+    lse: Any
+    cu_q: Any
+    cu_k: Any
+    total_q: int
+    total_k: int
+    heads: int
+    batch: int
+    causal: bool
+    scale: float
+    rope: str  # "folded" (k holds 192 columns), "shared" ([Tk, 1, 64]) or "per_head" ([Tk, H, 64])
+    max_q: int | None = None  # the caller's max_seqlen_q / max_seqlen_k, if given
+    max_k: int | None = None
+
+    @property
+    def mask(self) -> str:
+        return "causal" if self.causal else "none"
+
+    @property
+    def key(self) -> ProblemKey:
+        return problem_key(self.heads, self.total_q, self.total_k, self.batch, self.causal)
+
+    @property
+    def empty(self) -> bool:
+        return self.total_q == 0
+
+    def tma_compatible(self) -> str | None:
+        """None if every operand meets TMA's rules (16-byte aligned base and strides), else why not."""
+        for name in ("q", "k", "k_rope", "v", "out"):
+            t = getattr(self, name)
+            if t.data_ptr() % 16:
+                return f"{name} is not 16-byte aligned"
+            for dim in range(t.dim() - 1):
+                if t.size(dim) > 1 and (t.stride(dim) * 2) % 16:
+                    return f"{name} stride {t.stride(dim)} (dim {dim}) is not a multiple of 16 bytes"
+        return None
+
+
+def _fail(arg: str, message: str):
+    raise ArgumentError(f"mla_prefill: {arg}: {message}")
+
+
+def _fail_type(arg: str, message: str):
+    raise ArgumentTypeError(f"mla_prefill: {arg}: {message}")
+
+
+def _check_tensor(torch, t, arg: str, dtype, ndim: int, device=None):
+    if not isinstance(t, torch.Tensor):
+        _fail_type(arg, f"expected a torch.Tensor, got {type(t).__name__}")
+    if t.dtype != dtype:
+        _fail_type(arg, f"dtype must be {dtype}, got {t.dtype}")
+    if t.dim() != ndim:
+        _fail(arg, f"expected {ndim} dimensions, got shape {tuple(t.shape)}")
+    if device is not None and t.device != device:
+        _fail(arg, f"must be on {device} (like q), got {t.device}")
+
+
+def check_scalars(causal, softmax_scale, max_seqlen_q=None, max_seqlen_k=None) -> float:
+    """Check the non-tensor arguments; returns the softmax scale (default 1/sqrt(192))."""
+    if not isinstance(causal, bool):
+        _fail_type("causal", f"expected a bool, got {causal!r}")
+    if softmax_scale is None:
+        scale = 1.0 / math.sqrt(D_QK)
+    else:
+        if isinstance(softmax_scale, bool):
+            _fail_type("softmax_scale", f"expected a float, got {softmax_scale!r}")
+        try:
+            scale = float(softmax_scale)
+        except (TypeError, ValueError):
+            _fail_type("softmax_scale", f"expected a float, got {softmax_scale!r}")
+        if not (math.isfinite(scale) and scale > 0):
+            _fail("softmax_scale", f"must be a finite positive number, got {softmax_scale!r}")
+    for name, value in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
+        if value is not None:
+            if isinstance(value, bool) or not isinstance(value, int):
+                _fail_type(name, f"expected a host int (like FlashAttention's varlen API), got {type(value).__name__}")
+            if value < 0:
+                _fail(name, f"must be >= 0, got {value}")
+    return scale
+
+
+def check_arguments(torch, q, k, v, k_rope=None, cu_seqlens_q=None, cu_seqlens_k=None, out=None, lse=None,
+                    max_seqlen_q=None, max_seqlen_k=None) -> tuple[int, int, int, int, str]:
+    """Shapes, dtypes, devices and strides of every tensor argument; reads no values, so it runs
+    on FakeTensors too. Returns (total_q, total_k, heads, batch, rope)."""
+    _check_tensor(torch, q, "q", torch.bfloat16, 3)
+    device = q.device
+    total_q, heads, dq = q.shape
+    if dq != D_QK:
+        _fail("q", f"last dimension must be {D_QK} (nope {D_NOPE} + rope {D_ROPE}), got {dq}")
+    if heads < 1:
+        _fail("q", "needs at least one head")
+    _check_tensor(torch, k, "k", torch.bfloat16, 3, device)
+    _check_tensor(torch, v, "v", torch.bfloat16, 3, device)
+    total_k = k.shape[0]
+    if k.shape[1] != heads:
+        _fail("k", f"has {k.shape[1]} heads, q has {heads}")
+    if tuple(v.shape) != (total_k, heads, D_V):
+        _fail("v", f"expected shape ({total_k}, {heads}, {D_V}), got {tuple(v.shape)}")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.stride(-1) != 1:
+            _fail(name, f"last dimension must be contiguous (stride 1), got stride {t.stride(-1)}")
+    if k_rope is None:
+        if k.shape[2] != D_QK:
+            _fail("k", f"without k_rope, k must hold nope and rope ({D_QK} columns), got {k.shape[2]}")
+        rope = "folded"
+    else:
+        if k.shape[2] != D_NOPE:
+            _fail("k", f"with k_rope given, k holds the {D_NOPE} nope columns only, got {k.shape[2]}")
+        _check_tensor(torch, k_rope, "k_rope", torch.bfloat16, 3, device)
+        if k_rope.shape[0] != total_k or k_rope.shape[2] != D_ROPE or k_rope.shape[1] not in (1, heads):
+            _fail("k_rope", f"expected shape ({total_k}, 1, {D_ROPE}) or ({total_k}, {heads}, {D_ROPE}), "
+                            f"got {tuple(k_rope.shape)}")
+        if k_rope.stride(-1) != 1:
+            _fail("k_rope", f"last dimension must be contiguous (stride 1), got stride {k_rope.stride(-1)}")
+        rope = "shared" if k_rope.shape[1] == 1 and heads > 1 else "per_head"
+
+    if (cu_seqlens_q is None) != (cu_seqlens_k is None):
+        _fail("cu_seqlens_q" if cu_seqlens_q is None else "cu_seqlens_k",
+              "cu_seqlens_q and cu_seqlens_k must be given together (packed batch) or not at all")
+    batch = 1
+    for name, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
+        if cu is None:
+            continue
+        if not isinstance(cu, torch.Tensor):
+            _fail_type(name, f"expected a torch.Tensor of int32, got {type(cu).__name__}")
+        if cu.dtype != torch.int32:
+            _fail_type(name, f"dtype must be torch.int32, got {cu.dtype}")
+        if cu.dim() != 1 or cu.numel() < 2:
+            _fail(name, f"expected shape [batch + 1] with batch >= 1, got {tuple(cu.shape)}")
+    if cu_seqlens_q is not None:
+        if cu_seqlens_k.numel() != cu_seqlens_q.numel():
+            _fail("cu_seqlens_k", f"has {cu_seqlens_k.numel()} entries but the other cu_seqlens has "
+                                  f"{cu_seqlens_q.numel()}; both are [batch + 1]")
+        batch = cu_seqlens_q.numel() - 1
+    if total_q >= 2**31 or total_k >= 2**31:
+        _fail("q" if total_q >= 2**31 else "k", "more than 2**31 - 1 rows is not supported")
+    # max_seqlen is an upper bound (as in FlashAttention): below the mean length it cannot be one.
+    for name, value, total in (("max_seqlen_q", max_seqlen_q, total_q), ("max_seqlen_k", max_seqlen_k, total_k)):
+        if value is not None and value < -(-total // batch):
+            _fail(name, f"{value} cannot bound the longest of {batch} sequence(s) holding {total} rows "
+                        f"(at least {-(-total // batch)})")
+
+    if out is not None:
+        _check_tensor(torch, out, "out", torch.bfloat16, 3, device)
+        if tuple(out.shape) != (total_q, heads, D_V):
+            _fail("out", f"expected shape ({total_q}, {heads}, {D_V}), got {tuple(out.shape)}")
+        if out.stride(-1) != 1:
+            _fail("out", f"last dimension must be contiguous (stride 1), got stride {out.stride(-1)}")
+        if any((out.stride(d) * 2) % 16 for d in range(2) if out.size(d) > 1):
+            _fail("out", "base address and row/head strides must be multiples of 16 bytes")
+    if lse is not None:
+        _check_tensor(torch, lse, "lse", torch.float32, 2, device)
+        if tuple(lse.shape) != (total_q, heads):
+            _fail("lse", f"expected shape ({total_q}, {heads}), got {tuple(lse.shape)}")
+        if lse.stride(1) != 1 and heads > 1:
+            _fail("lse", f"heads must be contiguous (stride 1), got stride {lse.stride(1)}")
+    return total_q, total_k, heads, batch, rope
+
+
+def _aligned_or_copy(t):
+    """cp.async and TMA read 16-byte chunks: a view whose base or strides break that is copied."""
+    ok = t.data_ptr() % 16 == 0 and all(
+        (t.stride(d) * t.element_size()) % 16 == 0 for d in range(t.dim() - 1) if t.size(d) > 1)
+    return t if ok else t.contiguous()
+
+
+def _check_cu_values(cu, arg: str, total: int, longest: int | None, longest_arg: str) -> None:
+    values = cu.tolist()  # a CPU tensor costs nothing; a device tensor costs one small copy and a sync
+    if values[0] != 0:
+        _fail(arg, f"must start at 0, got {values[0]}")
+    for i in range(len(values) - 1):
+        if values[i + 1] < values[i]:
+            _fail(arg, f"must be non-decreasing; entry {i + 1} ({values[i + 1]}) < entry {i} ({values[i]})")
+    if values[-1] != total:
+        _fail(arg, f"last entry must equal the packed length {total}, got {values[-1]}")
+    if longest is not None:
+        actual = max(b - a for a, b in zip(values, values[1:]))
+        if actual > longest:
+            _fail(longest_arg, f"{longest} is shorter than the longest sequence in {arg} ({actual})")
+
+
+def resolve_check(torch, check_seqlens) -> bool:
+    """``check_seqlens`` as given, else the MLAGEN_CHECK_SEQLENS knob; never while capturing."""
+    capturing = torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+    if check_seqlens is None:
+        return knobs.check_seqlens() and not capturing
+    if check_seqlens and capturing:
+        _fail("check_seqlens", "reading cu_seqlens values synchronises; not allowed while capturing a CUDA graph")
+    return bool(check_seqlens)
+
+
+def prepare(q, k, v, *, k_rope=None, cu_seqlens_q=None, cu_seqlens_k=None, causal=True, softmax_scale=None,
+            out=None, lse=None, check_seqlens=None, max_seqlen_q=None, max_seqlen_k=None) -> Call:
+    """Validate arguments (errors name the argument) and allocate ``out``/``lse``.
+
+    Argument errors are :class:`~mlagen.errors.ArgumentError` (a ValueError) or, for a wrong type
+    or dtype, :class:`~mlagen.errors.ArgumentTypeError` (a TypeError); both are LaunchErrors.
+    Device cu_seqlens are read back only when ``check_seqlens`` is true (default: the
+    MLAGEN_CHECK_SEQLENS knob, off); CPU cu_seqlens are always checked, at no cost.
+    """
+    import torch
+
+    scale = check_scalars(causal, softmax_scale, max_seqlen_q, max_seqlen_k)
+    if not isinstance(q, torch.Tensor):
+        _fail_type("q", f"expected a torch.Tensor, got {type(q).__name__}")
+    if q.device.type != "cuda":
+        _fail("q", f"must be a CUDA tensor, got device {q.device}")
+    total_q, total_k, heads, batch, rope = check_arguments(
+        torch, q, k, v, k_rope, cu_seqlens_q, cu_seqlens_k, out, lse, max_seqlen_q, max_seqlen_k)
+    device = q.device
+    check = resolve_check(torch, check_seqlens)
+    cu_q = cu_k = None
+    if cu_seqlens_q is not None:
+        for name, cu, total, longest, longest_arg in (
+                ("cu_seqlens_q", cu_seqlens_q, total_q, max_seqlen_q, "max_seqlen_q"),
+                ("cu_seqlens_k", cu_seqlens_k, total_k, max_seqlen_k, "max_seqlen_k")):
+            if cu.device.type == "cpu" or check:
+                _check_cu_values(cu, name, total, longest, longest_arg)
+        cu_q, cu_k = (cu if cu.device == device else cu.to(device, non_blocking=True)
+                      for cu in (cu_seqlens_q, cu_seqlens_k))
+        cu_q, cu_k = cu_q.contiguous(), cu_k.contiguous()
+    if out is None:
+        out = torch.empty((total_q, heads, D_V), dtype=torch.bfloat16, device=device)
+    elif out.data_ptr() % 16:
+        _fail("out", "base address and row/head strides must be multiples of 16 bytes")
+    if lse is None:
+        lse = torch.empty((total_q, heads), dtype=torch.float32, device=device)
+    if k_rope is None:
+        k_rope = k[:, :, D_NOPE:]
+        k = k[:, :, :D_NOPE]
+    q, k, k_rope, v = (_aligned_or_copy(t) for t in (q, k, k_rope, v))
+    return Call(q, k, k_rope, v, out, lse, cu_q, cu_k, total_q, total_k, heads, batch, causal, scale, rope,
+                max_seqlen_q, max_seqlen_k)

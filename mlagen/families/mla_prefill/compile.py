@@ -1,0 +1,50 @@
+"""The compile-time side of dense MLA prefill: spec checks, variant pruning, render values."""
+
+from __future__ import annotations
+
+from ... import expr, resources, variant
+from ...errors import SpecError
+from . import schedule
+from .params import ABIS
+from .problem import D_NOPE, D_ROPE, D_V, MASKS
+
+
+def validate_spec(spec) -> None:
+    """The problem parameters, the launcher, the specialisation axes, the Hopper schedule, and
+    that the default variant meets the spec's own constraints."""
+    problem = dict(spec.problem)
+    expected = {"d_nope": D_NOPE, "d_rope": D_ROPE, "d_v": D_V, "dtype": "bf16"}
+    for key, value in expected.items():
+        if problem.get(key) != value:
+            raise SpecError(spec.path, f"problem.{key}",
+                            f"{problem.get(key)!r}: this family implements {key} = {value!r}")
+    if spec.abi not in ABIS:
+        raise SpecError(spec.path, "abi", f"{spec.abi!r} is not one of {sorted(ABIS)}")
+    axes = dict(spec.specialize)
+    if set(axes) != {"mask"} or not set(axes["mask"]) <= set(MASKS):
+        raise SpecError(spec.path, "specialize", f"this family specialises on mask only, values from {list(MASKS)}")
+    if spec.abi == "tma":
+        schedule.validate_spec(spec)
+    default = variant.make(spec, {})
+    env = default.env()
+    for i, c in enumerate(spec.constraints):
+        try:
+            ok = c.require(env)
+        except expr.ExprError as exc:
+            raise SpecError(spec.path, f"constraints[{i}].require", str(exc)) from None
+        if not ok:
+            raise SpecError(spec.path, "tune", f"the default variant breaks constraint {i}: {c.message} "
+                            f"(requires {c.require.text})")
+
+
+def check_variant(v, target, res) -> list[str]:
+    if v.spec.abi == "tma":
+        return schedule.check_variant(v, target, res)
+    return []
+
+
+def render_context(v) -> dict:
+    ctx = {"params_decl": ABIS[v.spec.abi].c_declaration(), "smem_bytes": resources.estimate(v).smem_bytes}
+    if v.spec.abi == "tma":
+        ctx["schedule"] = schedule.render_schedule(v)
+    return ctx

@@ -1,0 +1,67 @@
+"""The eager path of one ``mla_prefill`` call: check the arguments, pick the kernel, launch it.
+
+The torch custom ops (:mod:`.op`) run this as their implementation; a call with an explicit
+:class:`~mlagen.variant.Variant` (the tuner's) runs it directly.
+"""
+
+from __future__ import annotations
+
+import math
+
+from ... import dispatch
+from ...variant import Variant
+from . import launch as _launch
+from . import record
+from .call import Call, prepare
+
+FAMILY_NAME = "mla_prefill"
+
+
+def run(q, k, v, *, k_rope=None, cu_seqlens_q=None, cu_seqlens_k=None, causal=True, softmax_scale=None,
+        out=None, lse=None, check_seqlens=None, max_seqlen_q=None, max_seqlen_k=None, kernel=None):
+    """Validate, select and launch on the current stream; returns (out, lse). No host sync
+    unless ``check_seqlens`` asks for one (or the first call of a shape class compiles)."""
+    import torch
+
+    call = prepare(q, k, v, k_rope=k_rope, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, causal=causal,
+                   softmax_scale=softmax_scale, out=out, lse=lse, check_seqlens=check_seqlens,
+                   max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
+    record.note(call)
+    if call.empty:
+        return call.out, call.lse
+    if call.total_k == 0:  # no keys anywhere: every row sees nothing
+        call.out.zero_()
+        call.lse.fill_(math.inf)
+        return call.out, call.lse
+    device, selection = select(call, kernel)
+    with torch.cuda.device(device):
+        _launch.launch(selection, call, torch.cuda.current_stream(device).cuda_stream)
+    return call.out, call.lse
+
+
+def select(call: Call, kernel=None):
+    """(device index, dispatch Selection) for a validated call; ``kernel`` is a spec name or a Variant."""
+    import torch
+
+    device = call.q.device.index if call.q.device.index is not None else torch.cuda.current_device()
+    selection = dispatch.dispatcher().select(
+        FAMILY_NAME, str(call.key), {"mask": call.mask}, device,
+        accepts=lambda spec: _launch.accepts(spec, call),
+        variant=kernel if isinstance(kernel, Variant) else None,
+        only=kernel if isinstance(kernel, str) else None,
+    )
+    return device, selection
+
+
+def mla_prefill_kernel(q, k, v, *, k_rope=None, cu_seqlens_q=None, cu_seqlens_k=None, causal=True, kernel=None):
+    """The kernel :func:`mlagen.mla_prefill` would run for these arguments, without running it.
+
+    Returns the dispatcher's Selection: ``.spec``, ``.variant`` (``.variant.symbol``), ``.origin``
+    ("default"; "user" for the tuning database; "shipped:<file>" for packaged records; either
+    followed by " (other device: <name>)" for a record made on another device of the same
+    architecture; or "explicit"), ``.binary.resources`` (registers and spills from ptxas).
+    Builds the kernel if it is not built yet.
+    """
+    call = prepare(q, k, v, k_rope=k_rope, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                   causal=causal, check_seqlens=False)
+    return select(call, kernel)[1]

@@ -1,0 +1,156 @@
+"""``mla_prefill`` as PyTorch operators, so ``torch.compile(fullgraph=True)`` traces a model that
+calls it without a graph break, and CUDA graphs capture it.
+
+Two custom ops (``torch.library.custom_op``) with fake (meta) implementations:
+
+* ``mlagen::mla_prefill(q, k, v, k_rope?, cu_seqlens_q?, cu_seqlens_k?, causal, softmax_scale?,
+  check_seqlens?, max_seqlen_q?, max_seqlen_k?, kernel?) -> (out, lse)``: allocates its outputs;
+* ``mlagen::mla_prefill_out(..., Tensor(a12!) out, Tensor(a13!) lse) -> ()``: writes preallocated
+  outputs (declared mutated, so functionalization in torch.compile orders it correctly).
+
+:func:`mla_prefill` is the public Python entry point over both: it checks the non-tensor
+arguments (errors are ValueError / TypeError naming the argument) and picks the op. Importing
+this module imports torch and registers the ops.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch.utils._python_dispatch import _get_current_dispatch_mode as _current_dispatch_mode
+
+from ...errors import ArgumentTypeError
+from . import entry
+from .call import check_arguments, check_scalars
+from .problem import D_V
+
+Tensor = torch.Tensor
+
+
+@torch.library.custom_op("mlagen::mla_prefill", mutates_args=())
+def _op(q: Tensor, k: Tensor, v: Tensor, k_rope: Optional[Tensor], cu_seqlens_q: Optional[Tensor],
+        cu_seqlens_k: Optional[Tensor], causal: bool, softmax_scale: Optional[float], check_seqlens: Optional[bool],
+        max_seqlen_q: Optional[int], max_seqlen_k: Optional[int], kernel: Optional[str]) -> tuple[Tensor, Tensor]:
+    return entry.run(q, k, v, k_rope=k_rope, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, causal=causal,
+                     softmax_scale=softmax_scale, check_seqlens=check_seqlens, max_seqlen_q=max_seqlen_q,
+                     max_seqlen_k=max_seqlen_k, kernel=kernel)
+
+
+@_op.register_fake
+def _op_fake(q, k, v, k_rope, cu_seqlens_q, cu_seqlens_k, causal, softmax_scale, check_seqlens, max_seqlen_q,
+             max_seqlen_k, kernel):
+    total_q, _, heads, _, _ = check_arguments(torch, q, k, v, k_rope, cu_seqlens_q, cu_seqlens_k,
+                                              max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
+    return q.new_empty((total_q, heads, D_V)), q.new_empty((total_q, heads), dtype=torch.float32)
+
+
+@torch.library.custom_op("mlagen::mla_prefill_out", mutates_args=("out", "lse"))
+def _op_out(q: Tensor, k: Tensor, v: Tensor, k_rope: Optional[Tensor], cu_seqlens_q: Optional[Tensor],
+            cu_seqlens_k: Optional[Tensor], causal: bool, softmax_scale: Optional[float],
+            check_seqlens: Optional[bool], max_seqlen_q: Optional[int], max_seqlen_k: Optional[int],
+            kernel: Optional[str], out: Tensor, lse: Tensor) -> None:
+    entry.run(q, k, v, k_rope=k_rope, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, causal=causal,
+              softmax_scale=softmax_scale, out=out, lse=lse, check_seqlens=check_seqlens, max_seqlen_q=max_seqlen_q,
+              max_seqlen_k=max_seqlen_k, kernel=kernel)
+
+
+@_op_out.register_fake
+def _op_out_fake(q, k, v, k_rope, cu_seqlens_q, cu_seqlens_k, causal, softmax_scale, check_seqlens, max_seqlen_q,
+                 max_seqlen_k, kernel, out, lse):
+    check_arguments(torch, q, k, v, k_rope, cu_seqlens_q, cu_seqlens_k, out, lse, max_seqlen_q, max_seqlen_k)
+
+
+def _tracing(q) -> bool:
+    """Whether this call is being traced (torch.compile, FakeTensors, a dispatch mode such as
+    make_fx or functionalization): then it must go through the op. Dynamo folds
+    ``is_compiling()`` to True, so it never traces the rest."""
+    if torch.compiler.is_compiling():
+        return True
+    return type(q) is not torch.Tensor or _current_dispatch_mode() is not None
+
+
+def mla_prefill(q, k, v, *, k_rope=None, cu_seqlens_q=None, cu_seqlens_k=None, causal=True, softmax_scale=None,
+                out=None, lse=None, check_seqlens=None, max_seqlen_q=None, max_seqlen_k=None, kernel=None):
+    """Dense MLA prefill attention (unabsorbed, "MHA mode"), as in MLA.md section 1.
+
+    Args:
+        q: [Tq, H, 192] bf16, nope (128) followed by rope (64). Strided views are fine; the last
+            dimension must be contiguous.
+        k: [Tk, H, 192] bf16, or [Tk, H, 128] (nope only) when ``k_rope`` is given.
+        v: [Tk, H, 128] bf16.
+        k_rope: optional [Tk, 1, 64] (one rope key shared by all heads: the MLA case; read once
+            per key tile, never expanded) or [Tk, H, 64].
+        cu_seqlens_q, cu_seqlens_k: optional int32 [B + 1] offsets of a packed (ragged) batch;
+            both or neither. Sequence b has queries cu_seqlens_q[b]:cu_seqlens_q[b+1].
+        causal: bottom-right aligned: query i of a sequence sees key j iff j <= i + Lk - Lq.
+        softmax_scale: defaults to 1/sqrt(192).
+        out: optional preallocated [Tq, H, 128] bf16 output (16-byte aligned strides).
+        lse: optional preallocated [Tq, H] fp32 output (heads contiguous).
+        check_seqlens: read device cu_seqlens back and check that they start at 0, never
+            decrease, end at the packed lengths and fit max_seqlen_q/k. This synchronises the
+            host with the device, so it is off by default (``MLAGEN_CHECK_SEQLENS=1`` turns it
+            on for debugging) and refused while capturing a CUDA graph. CPU cu_seqlens are
+            always checked, at no cost. Unchecked values can give wrong results but never
+            out-of-bounds accesses: the kernels clamp every offset they read.
+        max_seqlen_q, max_seqlen_k: optional host ints bounding the longest sequence, as in
+            FlashAttention's varlen API. They need no device read; a bound below the mean
+            length is an error, and with checking on they are checked against cu_seqlens. The
+            shape class (which tuning record applies) is the mean length per sequence, which
+            the host knows without them (Tq / B), so they do not change the kernel chosen.
+        kernel: optional spec name (e.g. ``"mla_prefill_sm80"``) or Variant to force a kernel;
+            by default the best kernel for the device, tuned for this shape class if the tuning
+            database or the shipped records know one.
+
+    Returns:
+        (out, lse): out [Tq, H, 128] bf16; lse [Tq, H] fp32, natural log. A row that sees no key
+        gives out = 0 and lse = +inf.
+
+    Raises:
+        ValueError (``mlagen.errors.ArgumentError``) or TypeError
+        (``mlagen.errors.ArgumentTypeError``, for a wrong type or dtype) naming the argument;
+        both are also ``mlagen.errors.LaunchError``.
+
+    The launch goes on the current torch stream with no host synchronisation (after the first
+    call of a shape class, which may compile), so it can be captured in a CUDA graph. Traced
+    (torch.compile, FakeTensors, make_fx), the call is the ``mlagen::mla_prefill`` /
+    ``mlagen::mla_prefill_out`` operator, so ``torch.compile(fullgraph=True)`` has no graph break;
+    eager calls run the operators' implementation directly, skipping the dispatcher (about 30 us
+    functional and 90 us mutating per call on the 2-core CI machine, measured with an empty op),
+    and so does a Variant ``kernel`` (a tuning aid).
+    """
+    check_scalars(causal, softmax_scale, max_seqlen_q, max_seqlen_k)
+    for name, t in (("q", q), ("k", k), ("v", v), ("k_rope", k_rope), ("cu_seqlens_q", cu_seqlens_q),
+                    ("cu_seqlens_k", cu_seqlens_k), ("out", out), ("lse", lse)):
+        if t is not None and not isinstance(t, torch.Tensor):
+            raise ArgumentTypeError(f"mla_prefill: {name}: expected a torch.Tensor, got {type(t).__name__}")
+    if check_seqlens is not None and not isinstance(check_seqlens, bool):
+        raise ArgumentTypeError(f"mla_prefill: check_seqlens: expected a bool or None, got {check_seqlens!r}")
+    if kernel is not None and not isinstance(kernel, str):
+        from ...variant import Variant
+
+        if not isinstance(kernel, Variant):
+            raise ArgumentTypeError(f"mla_prefill: kernel: expected a spec name or a Variant, got "
+                                    f"{type(kernel).__name__}")
+        return entry.run(q, k, v, k_rope=k_rope, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                         causal=causal, softmax_scale=softmax_scale, out=out, lse=lse, check_seqlens=check_seqlens,
+                         max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, kernel=kernel)
+    if not _tracing(q):
+        # Eager: the same implementation the ops run, without the dispatcher's cost per call.
+        return entry.run(q, k, v, k_rope=k_rope, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                         causal=causal, softmax_scale=softmax_scale, out=out, lse=lse, check_seqlens=check_seqlens,
+                         max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, kernel=kernel)
+    scale = None if softmax_scale is None else float(softmax_scale)
+    args = (q, k, v, k_rope, cu_seqlens_q, cu_seqlens_k, causal, scale, check_seqlens, max_seqlen_q, max_seqlen_k,
+            kernel)
+    if out is None and lse is None:
+        return torch.ops.mlagen.mla_prefill(*args)
+    if out is None or lse is None:  # one given: the op writes both, so allocate the other
+        total_q, _, heads, _, _ = check_arguments(torch, q, k, v, k_rope, cu_seqlens_q, cu_seqlens_k, out, lse,
+                                                  max_seqlen_q, max_seqlen_k)
+        if out is None:
+            out = q.new_empty((total_q, heads, D_V))
+        if lse is None:
+            lse = q.new_empty((total_q, heads), dtype=torch.float32)
+    torch.ops.mlagen.mla_prefill_out(*args, out, lse)
+    return out, lse

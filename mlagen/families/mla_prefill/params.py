@@ -1,0 +1,52 @@
+"""The kernel parameter structs of dense MLA prefill, one per launcher ("abi" in the spec).
+
+* ``simt``: pointer-and-stride parameters; cp.async loads (sm80 kernel, any NVIDIA target).
+* ``tma``: TMA descriptors for Q, K, K-rope, V and O (sm90 warp-specialized kernel).
+"""
+
+from __future__ import annotations
+
+from ... import abi
+
+_COMMON_FIELDS = (
+    abi.Field("out", "bf16*"),
+    abi.Field("lse", "float*"),
+    abi.Field("cu_seqlens_q", "const int*"),
+    abi.Field("cu_seqlens_k", "const int*"),
+    abi.Field("o_row_stride", "i64"),
+    abi.Field("o_head_stride", "i64"),
+    abi.Field("lse_row_stride", "i64"),
+    abi.Field("total_q", "int"),
+    abi.Field("total_k", "int"),
+    abi.Field("num_heads", "int"),
+    abi.Field("batch", "int"),
+    abi.Field("scale_log2", "float"),
+)
+
+SIMT_PARAMS = abi.ParamStruct("Params", (
+    abi.Field("q", "const bf16*"),
+    abi.Field("k", "const bf16*"),
+    abi.Field("k_rope", "const bf16*"),
+    abi.Field("v", "const bf16*"),
+    abi.Field("q_row_stride", "i64"),
+    abi.Field("q_head_stride", "i64"),
+    abi.Field("k_row_stride", "i64"),
+    abi.Field("k_head_stride", "i64"),
+    abi.Field("kr_row_stride", "i64"),
+    abi.Field("kr_head_stride", "i64"),
+    abi.Field("v_row_stride", "i64"),
+    abi.Field("v_head_stride", "i64"),
+) + _COMMON_FIELDS)
+
+TMA_PARAMS = abi.ParamStruct("Params", (
+    abi.Field("tma_q", "tensormap"),
+    abi.Field("tma_k", "tensormap"),
+    abi.Field("tma_k_rope", "tensormap"),
+    abi.Field("tma_v", "tensormap"),
+    abi.Field("tma_o", "tensormap"),
+    abi.Field("tile_counter", "int*"),
+    abi.Field("num_virtual_tiles", "int"),
+    abi.Field("rope_shared", "int"),
+) + _COMMON_FIELDS)
+
+ABIS = {"simt": SIMT_PARAMS, "tma": TMA_PARAMS}

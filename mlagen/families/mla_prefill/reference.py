@@ -1,0 +1,152 @@
+"""The reference of dense MLA prefill (MLA.md section 1 in high precision), random inputs of a
+shape, and the comparison tune and bench use to accept a kernel's result."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from .problem import D_QK, D_ROPE, D_V, sequence_lengths, shape_sequences
+
+REL_TOL = 2e-2      # relative L2 error of out allowed against the float32 reference
+LSE_TOL = 2e-2      # absolute error of lse (natural log) allowed
+
+
+def reference(q, k, v, *, k_rope=None, cu_seqlens_q=None, cu_seqlens_k=None, causal=True, softmax_scale=None,
+              dtype=None, head_chunk: int = 16):
+    """MLA.md section 1 computed in ``dtype`` (float32 on GPU, float64 on CPU by default).
+
+    Returns (out, lse) in that dtype: out [Tq, H, 128], lse [Tq, H] (natural log; +inf for a row
+    that sees no key, whose output is 0).
+    """
+    import torch
+
+    if dtype is None:
+        dtype = torch.float64 if q.device.type == "cpu" else torch.float32
+    total_q, heads, _ = q.shape
+    total_k = k.shape[0]
+    if k_rope is not None:
+        kr = k_rope.expand(total_k, heads, D_ROPE) if k_rope.shape[1] == 1 else k_rope
+        k = torch.cat([k, kr], dim=-1)
+    scale = 1.0 / math.sqrt(D_QK) if softmax_scale is None else float(softmax_scale)
+    cu_q = None if cu_seqlens_q is None else cu_seqlens_q.cpu()
+    cu_k = None if cu_seqlens_k is None else cu_seqlens_k.cpu()
+    out = torch.zeros((total_q, heads, D_V), dtype=dtype, device=q.device)
+    lse = torch.full((total_q, heads), math.inf, dtype=dtype, device=q.device)
+    for qs, lq, ks, lk in sequence_lengths(cu_q, cu_k, total_q, total_k):
+        if lq == 0 or lk == 0:
+            continue
+        i = torch.arange(lq, device=q.device).unsqueeze(1)
+        j = torch.arange(lk, device=q.device).unsqueeze(0)
+        visible = (j <= i + (lk - lq)) if causal else torch.ones(lq, lk, dtype=torch.bool, device=q.device)
+        for h0 in range(0, heads, head_chunk):
+            h1 = min(heads, h0 + head_chunk)
+            qh = q[qs:qs + lq, h0:h1].to(dtype).transpose(0, 1)          # [h, lq, 192]
+            kh = k[ks:ks + lk, h0:h1].to(dtype).transpose(0, 1)          # [h, lk, 192]
+            vh = v[ks:ks + lk, h0:h1].to(dtype).transpose(0, 1)          # [h, lk, 128]
+            s = torch.matmul(qh, kh.transpose(1, 2)) * scale
+            s = s.masked_fill(~visible, -math.inf)
+            row_lse = torch.logsumexp(s, dim=-1)                         # -inf where nothing visible
+            seen = torch.isfinite(row_lse)
+            p = torch.where(seen.unsqueeze(-1), torch.exp(s - row_lse.unsqueeze(-1)), torch.zeros_like(s))
+            out[qs:qs + lq, h0:h1] = torch.matmul(p, vh).transpose(0, 1)
+            lse[qs:qs + lq, h0:h1] = torch.where(seen, row_lse, torch.full_like(row_lse, math.inf)).transpose(0, 1)
+    return out, lse
+
+
+def make_inputs(shape, device, seed: int = 0) -> dict[str, Any]:
+    """Fresh standard-normal bf16 operands for ``shape`` (never zeros, never constants).
+
+    Returns a dict with q [Tq, H, 192], k [Tk, H, 128] (nope), k_rope [Tk, 1, 64] (shared by all
+    heads), v [Tk, H, 128], cu_seqlens_q / cu_seqlens_k (int32 [B + 1] on ``device``, or None for
+    a batch of one) and causal.
+    """
+    import torch
+
+    gen = torch.Generator(device=device).manual_seed(seed)
+
+    def randn(*size):
+        return torch.randn(size, generator=gen, device=device, dtype=torch.bfloat16)
+
+    tq, tk, h = sum(shape.q_lens), sum(shape.k_lens), shape.heads
+    inputs = {"q": randn(tq, h, D_QK), "k": randn(tk, h, D_QK - D_ROPE), "k_rope": randn(tk, 1, D_ROPE),
+              "v": randn(tk, h, D_V), "cu_seqlens_q": None, "cu_seqlens_k": None, "causal": shape.causal}
+    if len(shape.q_lens) > 1:
+        seqs = shape_sequences(shape)
+        cu_q = [s[0] for s in seqs] + [tq]
+        cu_k = [s[2] for s in seqs] + [tk]
+        inputs["cu_seqlens_q"] = torch.tensor(cu_q, dtype=torch.int32, device=device)
+        inputs["cu_seqlens_k"] = torch.tensor(cu_k, dtype=torch.int32, device=device)
+    return inputs
+
+
+def reference_heads(shape, inputs: dict, heads: int | None = 2, budget_bytes: int = 2 << 30):
+    """MLA.md section 1 in float32 for heads [0, heads) (all if None): (out, lse).
+
+    Runs :func:`reference` on chunks of query rows, so its score matrices stay within about
+    ``budget_bytes``. A causal chunk of rows [r0, r1) gets the keys [0, r1 + Lk - Lq) of its
+    sequence: the reference's own bottom-right offset then lands each row on the keys it sees in
+    the whole sequence.
+    """
+    import torch
+
+    heads = shape.heads if heads is None else min(heads, shape.heads)
+    q, k, v, k_rope = inputs["q"][:, :heads], inputs["k"][:, :heads], inputs["v"][:, :heads], inputs["k_rope"]
+    total_q = sum(shape.q_lens)
+    out = torch.zeros((total_q, heads, D_V), dtype=torch.float32, device=q.device)
+    lse = torch.full((total_q, heads), math.inf, dtype=torch.float32, device=q.device)
+    for qs, lq, ks, lk in shape_sequences(shape):
+        rows = max(1, budget_bytes // (6 * 4 * heads * max(lk, 1)))  # ~6 live fp32 score matrices
+        for r0 in range(0, lq, rows):
+            r1 = min(lq, r0 + rows)
+            keys = max(0, min(lk, r1 + lk - lq)) if shape.causal else lk
+            kr = slice(ks, ks + keys)
+            o, l = reference(q[qs + r0:qs + r1], k[kr], v[kr], k_rope=k_rope[kr], causal=shape.causal,
+                             dtype=torch.float32)
+            out[qs + r0:qs + r1] = o
+            lse[qs + r0:qs + r1] = l
+    return out, lse
+
+
+@dataclass(frozen=True)
+class Check:
+    """How one result compares with the reference; ``problem`` is None when it passes."""
+
+    max_abs: float
+    rel_l2: float
+    lse_max_abs: float | None
+    problem: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.problem is None
+
+
+def compare(out, lse, ref_out, ref_lse) -> Check:
+    """Check ``out`` (and ``lse`` if given) everywhere for coverage, and on the reference's heads
+    for accuracy: relative L2 error of out at most REL_TOL, lse within LSE_TOL."""
+    import torch
+
+    heads = ref_out.shape[1]
+    problems = []
+    bad = int((~torch.isfinite(out)).sum())
+    if bad:
+        problems.append(f"{bad} of {out.numel()} output elements are NaN or inf")
+    diff = out[:, :heads].float() - ref_out
+    max_abs = float(diff.abs().max()) if diff.numel() else 0.0
+    rel = float(diff.double().norm() / ref_out.double().norm().clamp_min(1e-30))
+    if not rel <= REL_TOL:
+        problems.append(f"relative L2 error {rel:.2e} > {REL_TOL:.0e}")
+    lse_err = None
+    if lse is not None:
+        nan = int(torch.isnan(lse).sum())
+        if nan:
+            problems.append(f"{nan} of {lse.numel()} lse values are NaN")
+        got, seen = lse[:, :heads], torch.isfinite(ref_lse)
+        lse_err = float((got[seen] - ref_lse[seen]).abs().max()) if bool(seen.any()) else 0.0
+        if not bool((got[~seen] == math.inf).all()):
+            problems.append("rows that see no key must have lse = +inf")
+        if not lse_err <= LSE_TOL:
+            problems.append(f"lse error {lse_err:.2e} > {LSE_TOL:.0e}")
+    return Check(max_abs, rel, lse_err, "; ".join(problems) or None)

@@ -1,0 +1,134 @@
+"""mlagen check: kernels compiled on the CPU compared with committed expectations per NVRTC version."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from xml.etree import ElementTree
+
+import pytest
+from click.testing import CliRunner
+
+from mlagen import check
+from mlagen.cli import cli
+from mlagen.compiler import NvrtcCompiler
+
+NVRTC = NvrtcCompiler().version()
+SUBSET = {"specs": ["mla_prefill_sm80"], "targets": ["sm_80"]}  # a few quick compiles
+
+
+def test_expectations_are_committed_for_the_local_nvrtc_and_13_0():
+    versions = check.expectation_files()
+    assert (13, 0) in versions
+    path, note = check.choose_expectations(NVRTC)
+    assert path.name == f"nvrtc-{NVRTC}.json" and note == "", "run `mlagen check --update` and commit the file"
+
+
+def test_an_unknown_version_uses_the_nearest_older_and_says_so(tmp_path):
+    files = {(13, 0): tmp_path / "nvrtc-13.0.json", (13, 5): tmp_path / "nvrtc-13.5.json"}
+    assert check.choose_expectations("13.5", files) == (files[(13, 5)], "")
+    path, note = check.choose_expectations("13.4", files)
+    assert path == files[(13, 0)] and "no expectations for NVRTC 13.4; comparing with NVRTC 13.0" in note
+    assert check.choose_expectations("14.1", files)[0] == files[(13, 5)]
+    with pytest.raises(check.CheckError, match=r"no expectations for NVRTC 12.8 or older \(have: 13.0, 13.5\)"):
+        check.choose_expectations("12.8", files)
+
+
+def test_every_spec_default_and_shipped_record_is_an_item():
+    items = check.items()
+    whys = [w for i in items for w in i.why]
+    assert any(w.startswith("shipped:h100.json ") for w in whys) and "default" in whys
+    assert {i.target for i in items} >= {"sm_80", "sm_86", "sm_89", "sm_90a", "sm_100a"}
+    assert {(i.spec, i.variant.get("mask")) for i in items if "default" in i.why} >= {
+        ("mla_prefill_sm90", "causal"), ("mla_prefill_sm90", "none"), ("mla_prefill_sm80", "none")}
+
+
+def test_compare_reports_each_difference():
+    want = {"a@sm_80": {"status": "ok", "registers": 128, "spill_bytes": 0, "stack_bytes": 0, "smem_bytes": 1024},
+            "gone@sm_80": {"status": "ok"}}
+    got = {"a@sm_80": {**want["a@sm_80"], "registers": 130, "spill_bytes": 8}, "new@sm_80": {"status": "pruned"}}
+    out = {o.key: o for o in check.compare(got, want, {})}
+    assert out["a@sm_80"].problems == ["registers: expected 128, got 130", "spill_bytes: expected 0, got 8"]
+    assert "no expectation recorded" in out["new@sm_80"].problems[0]
+    assert "no longer built" in out["gone@sm_80"].problems[0]
+    assert check.compare(want, want, {})[0].ok
+
+
+def test_the_committed_expectations_hold_for_a_subset():
+    report = check.run(**SUBSET)
+    assert report.ok, check.format_report(report)
+    assert len(report.outcomes) >= 2
+
+
+@pytest.fixture
+def broken_expectations(tmp_path, monkeypatch):
+    """The committed file of the local NVRTC, saved as 13.0 with one register count changed."""
+    doc = json.loads(check.choose_expectations(NVRTC)[0].read_text())
+    key = next(k for k in sorted(doc["kernels"]) if k.startswith("mla_prefill_sm80_") and k.endswith("@sm_80")
+               and doc["kernels"][k]["status"] == "ok")
+    doc["kernels"][key]["registers"] += 7
+    (tmp_path / "nvrtc-13.0.json").write_text(json.dumps(doc))
+    monkeypatch.setattr(check, "EXPECTATIONS_DIR", tmp_path)
+    return key, doc["kernels"][key]["registers"]
+
+
+def test_a_violated_expectation_fails_the_cli_with_a_diff_and_junit(broken_expectations, tmp_path):
+    key, expected = broken_expectations
+    junit = tmp_path / "check.xml"
+    result = CliRunner().invoke(cli, ["check", "--spec", "mla_prefill_sm80", "--arch", "sm_80", "--junit", str(junit)])
+    assert result.exit_code == 1, result.output
+    assert f"FAIL {key}" in result.output
+    assert f"registers: expected {expected}, got {expected - 7}" in result.output
+    if NVRTC != "13.0":
+        assert f"no expectations for NVRTC {NVRTC}; comparing with NVRTC 13.0" in result.output
+    suite = ElementTree.parse(junit).getroot().find("testsuite")
+    assert suite.get("failures") == "1" and int(suite.get("tests")) >= 2
+    [failed] = [c for c in suite.iter("testcase") if c.find("failure") is not None]
+    assert failed.get("name") == key and "registers" in failed.find("failure").get("message")
+
+
+def test_update_writes_the_local_version_and_keeps_other_kernels(broken_expectations, tmp_path):
+    result = CliRunner().invoke(cli, ["check", "--update", "--spec", "mla_prefill_sm80", "--arch", "sm_80"])
+    assert result.exit_code == 0, result.output
+    written = json.loads((tmp_path / f"nvrtc-{NVRTC}.json").read_text())
+    assert written["nvrtc"] == NVRTC
+    assert all(k.endswith("@sm_80") and k.startswith("mla_prefill_sm80_") for k in written["kernels"])
+    result = CliRunner().invoke(cli, ["check", "--spec", "mla_prefill_sm80", "--arch", "sm_80"])
+    assert result.exit_code == 0, result.output
+
+
+def test_gpu_mode_logic_with_a_stand_in_kernel_and_timer(monkeypatch):
+    """measure_shipped on the CPU: the family's call is the reference, the timer says what we
+    tell it; a winner is compared with its record's TFLOP/s within the tolerance."""
+    torch = pytest.importorskip("torch")
+    from mlagen import bench, db, families
+    from mlagen.runtime import DeviceInfo
+
+    fam = families.get("mla_prefill")
+    small = fam.parse_shape("b=1,q=64,h=2,causal", id="S")
+    record = next(r for r in db.shipped_records() if r.key.spec == "mla_prefill_sm90")
+    shape_of_class = bench.Shape("X", small.q_lens, small.k_lens, small.heads, small.causal)
+    monkeypatch.setattr(fam, "problem_key", lambda s: record.key.problem if s.id == "X" else "none/h1/q1/k1")
+
+    def call(inputs, *, variant=None, kernel=None, outputs=None, check=False):
+        o, l = fam.reference(small, inputs, heads=None)
+        return o.to(torch.bfloat16), l
+
+    monkeypatch.setattr(fam, "call", call)
+    info = DeviceInfo(0, record.key.device, (9, 0), 132, "13.0", 232448, 50 << 20)
+    flops = fam.flops(shape_of_class)
+    fast = flops / (record.tflops * 1e12)  # seconds at exactly the recorded throughput
+
+    speeds = check.measure_shipped(0.1, shapes=[shape_of_class], device=torch.device("cpu"), info=info,
+                                   timer=lambda fn: fast / 0.95)
+    mine = [s for s in speeds if s.record == record]
+    assert mine and mine[0].ok and mine[0].tflops == pytest.approx(record.tflops * 0.95)
+    speeds = check.measure_shipped(0.1, shapes=[shape_of_class], device=torch.device("cpu"), info=info,
+                                   timer=lambda fn: fast / 0.8)
+    [slow] = [s for s in speeds if s.record == record]
+    assert not slow.ok and "below the recorded" in slow.problem
+    others = [s for s in speeds if s.record.key.spec == "mla_prefill_sm90" and s.record != record]
+    assert all("no benchmark shape of class" in s.problem for s in others)
+    other_device = DeviceInfo(0, "NVIDIA H200", (9, 0), 132, "13.0", 232448, 50 << 20)
+    assert check.measure_shipped(0.1, shapes=[shape_of_class], device=torch.device("cpu"), info=other_device,
+                                 timer=lambda fn: fast) == []

@@ -95,3 +95,51 @@ def test_argument_errors_name_the_argument(change, error, match):
         args[k] = f(args[k])
     with pytest.raises(error, match=match):
         mlagen.mla_sparse_prefill(**args)
+
+
+def test_the_default_call_does_not_synchronise():
+    inp = fam.make_inputs({"sq": 16, "heads": 64, "topk": 256, "s_kv": 1024}, "cuda", seed=2)
+    inp["topk_length"] = torch.full((16,), 200, dtype=torch.int32, device="cuda")
+    mlagen.mla_sparse_prefill(**inp)  # builds the kernel
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        mlagen.mla_sparse_prefill(**inp)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
+
+@pytest.mark.parametrize("preallocated", [False, True])
+def test_torch_compile_fullgraph_matches_eager(preallocated):
+    inp = fam.make_inputs({"sq": 12, "heads": 20, "topk": 150, "s_kv": 700}, "cuda", seed=4)
+
+    def layer(q, kv, indices, sink):
+        if preallocated:
+            out = torch.empty(q.shape[0], q.shape[1], 512, dtype=torch.bfloat16, device=q.device)
+            ml = torch.empty(q.shape[0], q.shape[1], dtype=torch.float32, device=q.device)
+            lse = torch.empty(q.shape[0], q.shape[1], dtype=torch.float32, device=q.device)
+            mlagen.mla_sparse_prefill(q * 0.5, kv, indices, softmax_scale=0.04, attn_sink=sink, out=out,
+                                      max_logits=ml, lse=lse)
+        else:
+            out, ml, lse = mlagen.mla_sparse_prefill(q * 0.5, kv, indices, softmax_scale=0.04, attn_sink=sink)
+        return out.float() + 1, ml * 2, lse * 2
+
+    args = (inp["q"], inp["kv"], inp["indices"], inp["attn_sink"])
+    eager = layer(*args)
+    torch._dynamo.reset()
+    got = torch.compile(layer, fullgraph=True)(*args)
+    for a, b in zip(got, eager):
+        assert torch.equal(a, b)
+
+
+def test_opcheck_on_the_gpu():
+    from mlagen.families.mla_sparse_prefill import op
+
+    inp = fam.make_inputs({"sq": 6, "heads": 8, "topk": 70, "s_kv": 300}, "cuda", seed=9)
+    args = (inp["q"], inp["kv"], inp["indices"], 0.04, None, inp["attn_sink"], None)
+    for name, result in torch.library.opcheck(op._op, args).items():
+        assert result == "SUCCESS", (name, result)
+    outs = (torch.empty(6, 8, 512, dtype=torch.bfloat16, device="cuda"),
+            torch.empty(6, 8, dtype=torch.float32, device="cuda"), torch.empty(6, 8, dtype=torch.float32, device="cuda"))
+    for name, result in torch.library.opcheck(op._op_out, args + outs).items():
+        assert result == "SUCCESS", (name, result)

@@ -16,9 +16,9 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from .. import abi
-from ..errors import LaunchError, SpecError
-from .base import Family, register
+from ... import abi
+from ...errors import LaunchError, SpecError
+from ..base import Family, register
 
 D_V = 512
 D_QK_VALUES = (576, 512)
@@ -358,7 +358,7 @@ class MlaSparsePrefillFamily(Family):
                             f"{list(D_QK_VALUES)}) and paged (false, true)")
         if spec.schedule is not None:
             _validate_schedule(spec)
-        from .. import expr, variant
+        from ... import expr, variant
 
         env = variant.make(spec, {}).env()
         for i, c in enumerate(spec.constraints):
@@ -393,7 +393,7 @@ class MlaSparsePrefillFamily(Family):
         return reasons
 
     def render_context(self, variant) -> dict:
-        from ..resources import estimate
+        from ...resources import estimate
 
         return {"params_decl": _ABIS[variant.spec.abi].c_declaration(), "smem_bytes": estimate(variant).smem_bytes}
 
@@ -442,8 +442,9 @@ class MlaSparsePrefillFamily(Family):
         return Shape(f"check:{shape.id}", 5, min(shape.heads, 20), 200, 300, shape.d_qk, True)
 
     def call(self, inputs, *, variant=None, kernel=None, outputs=None, check=False):
+        # The eager path the public call and its torch ops run (the ops module imports this one).
         out, max_logits, lse = outputs if outputs is not None else (None, None, None)
-        return mla_sparse_prefill(inputs["q"], inputs["kv"], inputs["indices"], softmax_scale=inputs["softmax_scale"],
+        return run(inputs["q"], inputs["kv"], inputs["indices"], softmax_scale=inputs["softmax_scale"],
                                   topk_length=inputs.get("topk_length"), attn_sink=inputs.get("attn_sink"), out=out,
                                   max_logits=max_logits, lse=lse, kernel=variant if variant is not None else kernel)
 
@@ -461,7 +462,7 @@ class MlaSparsePrefillFamily(Family):
 
 
 def _validate_schedule(spec) -> None:
-    from .. import expr
+    from ... import expr
 
     sched = spec.schedule
     if not isinstance(sched, dict) or set(sched) != set(_SCHEDULE_KEYS):
@@ -498,7 +499,7 @@ def _validate_schedule(spec) -> None:
 
 
 def evaluate_schedule(variant) -> dict:
-    from .. import expr
+    from ... import expr
 
     env = variant.env()
     sched = variant.spec.schedule
@@ -660,39 +661,13 @@ def compare(got, ref) -> Check:
     return Check(max_abs, rel, lse_err, "; ".join(problems) or None)
 
 
-# --- entry points (re-exported by mlagen.api) --------------------------------------------------
-# A torch.library custom op around mla_sparse_prefill should follow the dense family's op.py
-# (mutated outputs out/max_logits/lse, a fake implementation for tracing); not registered yet.
+# --- the eager path (the torch ops of .op run it; mlagen.api re-exports .op's entry points) -----
 
 
-def mla_sparse_prefill(q, kv, indices, *, softmax_scale, topk_length=None, attn_sink=None, d_v=D_V, out=None,
-                       max_logits=None, lse=None, kernel=None):
-    """Sparse MLA prefill (DeepSeek-V3.2 DSA, absorbed "MQA mode"), as in MLA.md section 2.
-
-    Args:
-        q: [Sq, H, 576] bf16 (512 latent + 64 rope) or [Sq, H, 512]; any H >= 1. Strided views
-            are fine (last dimension contiguous; 16-byte aligned strides are read in place).
-        kv: the latent cache, one head shared by all query heads: [N, d_qk], [N, 1, d_qk], or a
-            paged pool [num_blocks, page_size, d_qk] whose row ``r`` is page ``r // page_size``,
-            offset ``r % page_size`` (pages may be strided). V is the first 512 columns of a row.
-        indices: [Sq, topk] or [Sq, 1, topk] int32 row ids into kv; any topk >= 0. Entries < 0 or
-            >= N are invalid: they count for nothing and are never read. Duplicates count each time.
-        softmax_scale: scale of q . k (natural-log units).
-        topk_length: optional [Sq] int32: only the first topk_length[t] entries of row t count.
-        attn_sink: optional [H] fp32 (natural-log units): adds exp(sink - max) to the softmax
-            denominator only; lse and max_logits ignore it. +inf gives out 0.
-        d_v: must be 512.
-        out: optional preallocated [Sq, H, 512] bf16 (4-byte aligned strides).
-        max_logits, lse: optional preallocated [Sq, H] fp32 outputs.
-        kernel: optional spec name or Variant to force a kernel (default: dispatch).
-
-    Returns:
-        (out, max_logits, lse): out [Sq, H, 512] bf16; max_logits and lse [Sq, H] fp32, natural
-        log. A row with no valid entry gives out 0, max_logits -inf and lse +inf.
-
-    Never synchronises the host (after the first call of a shape class, which may compile), so
-    it can be captured in a CUDA graph.
-    """
+def run(q, kv, indices, *, softmax_scale, topk_length=None, attn_sink=None, d_v=D_V, out=None, max_logits=None,
+        lse=None, kernel=None):
+    """The eager path of one call (what the torch ops run): check, select, launch on the current
+    stream; returns (out, max_logits, lse). See :func:`mlagen.mla_sparse_prefill`."""
     import torch
 
     call = prepare(q, kv, indices, softmax_scale=softmax_scale, topk_length=topk_length, attn_sink=attn_sink,
@@ -711,8 +686,8 @@ def select(call: Call, kernel=None):
     """(device index, dispatch Selection) for a validated call; ``kernel`` is a spec name or a Variant."""
     import torch
 
-    from .. import dispatch
-    from ..variant import Variant
+    from ... import dispatch
+    from ...variant import Variant
 
     device = call.q.device.index if call.q.device.index is not None else torch.cuda.current_device()
     selection = dispatch.dispatcher().select(
@@ -722,11 +697,3 @@ def select(call: Call, kernel=None):
         only=kernel if isinstance(kernel, str) else None,
     )
     return device, selection
-
-
-def flash_mla_sparse_fwd(q, kv, indices, sm_scale, d_v=512, attn_sink=None, topk_length=None):
-    """FlashMLA's ``flash_mla_sparse_fwd`` signature and return order, so serving code can swap
-    the import: returns (out, max_logits, lse). Unlike FlashMLA's SM90 kernel, any head count and
-    any topk are accepted. See :func:`mla_sparse_prefill`."""
-    return mla_sparse_prefill(q, kv, indices, softmax_scale=sm_scale, topk_length=topk_length, attn_sink=attn_sink,
-                              d_v=d_v)

@@ -90,15 +90,20 @@ def cli():
 @cli.command("specs")
 @_friendly
 def specs_cmd():
-    """List the packaged kernel specs."""
+    """List the packaged kernel specs, and which of their targets were executed or only compiled."""
+    from . import arch
     from . import spec as spec_mod
     from .variant import space_size
 
     rows = []
     for p in spec_mod.available():
         s = spec_mod.load(p)
-        rows.append([s.name, s.family, s.abi, s.priority, ",".join(s.targets), space_size(s), p.name])
-    click.echo(table(["spec", "family", "abi", "priority", "targets", "variants", "file"], rows))
+        ran = [t for t in s.targets if arch.TARGETS[t].executed]
+        rows.append([s.name, s.family, s.abi, s.priority, ",".join(s.targets), space_size(s), p.name,
+                     ",".join(ran) or "none (compiled only)"])
+    click.echo(table(["spec", "family", "abi", "priority", "targets", "variants", "file", "executed"], rows))
+    click.echo("\nexecuted: kernels for the target ran (GPU tests, benchmarks); other targets are compiled and "
+               "checked only (no AMD GPU has run the gfx942/gfx950 kernels).")
 
 
 @cli.command("build")
@@ -116,34 +121,33 @@ def specs_cmd():
               help="Where CUBINs go (default: <out>/build).")
 @_friendly
 def build_cmd(spec, archs, assignments, all_variants, max_variants, jobs, out_dir):
-    """Render and compile SPEC (default: the dispatcher's first choice) into out/; needs no GPU.
+    """Render and compile SPEC (default: the dispatcher's first choice; with --arch, every spec
+    that targets it) into out/; needs no GPU.
 
     Without --all, builds the default variant (with --variant overrides) for every
     specialisation (e.g. causal and non-causal), and prints the resource table.
     """
     from . import spec as spec_mod
-    from . import variant as variant_mod
     from .build import build_many
 
-    s = spec_mod.load(spec or default_spec_name(archs[0] if archs else None))
-    targets = list(archs) or [s.targets[0]]
-    for t in targets:
-        if t not in s.targets:
-            raise click.ClickException(f"--arch {t}: {s.name} targets {', '.join(s.targets)}")
-    fixed = variant_mod.parse_assignments(s, list(assignments))
-    if all_variants:
-        size = variant_mod.space_size(s, fixed)
-        if size > max_variants:
-            raise click.ClickException(f"--all would build {size} variants of {s.name} (more than --max-variants "
-                                       f"{max_variants}); fix some tunables with --variant NAME=VALUE")
-        variants = list(variant_mod.enumerate_space(s, fixed))
+    if spec is None and archs:
+        # No spec but targets: every packaged spec that targets them (for gfx950, the bf16 and the
+        # FP8 kernels), highest priority first.
+        for t in archs:
+            default_spec_name(t)  # a target no spec has is an error naming the known ones
+        specs = sorted((x for x in (spec_mod.load(p) for p in spec_mod.available())
+                        if all(t in x.targets for t in archs)), key=lambda x: (-x.priority, x.name))
+        if not specs:
+            raise click.ClickException(f"--arch {', '.join(archs)}: no spec targets all of them")
     else:
-        axes = dict(s.specialize)
-        base = variant_mod.make(s, fixed)
-        variants = [base.with_values(**dict(zip(axes, combo)))
-                    for combo in _product([[fixed[k]] if k in fixed else list(vals) for k, vals in axes.items()])]
+        specs = [spec_mod.load(spec or default_spec_name(None))]
+    targets = list(archs) or [specs[0].targets[0]]
+    variants = []
+    for s in specs:
+        variants += _build_variants(s, targets, assignments, all_variants, max_variants)
     out = Path(out_dir) if out_dir else knobs.out_dir() / "build"
-    click.echo(f"building {len(variants)} variant(s) of {s.name} for {', '.join(targets)} -> {out}", err=True)
+    click.echo(f"building {len(variants)} variant(s) of {', '.join(x.name for x in specs)} for {', '.join(targets)} "
+               f"-> {out}", err=True)
 
     def progress(r, done, total):
         # A kernel rejected after compiling (it spills) says why at once; model prunes are in the table.
@@ -151,6 +155,10 @@ def build_cmd(spec, archs, assignments, all_variants, max_variants, jobs, out_di
         click.echo(f"[{done}/{total}] {r.status:13s} {r.variant.symbol} ({r.target}, {r.seconds:.1f}s){why}", err=True)
 
     results = build_many(variants, targets, jobs=jobs, out_dir=out, progress=progress)
+    from . import arch
+
+    if any(arch.target(t).vendor == "hip" for t in targets):
+        _amd_report(results)
     rows = []
     for r in results:
         rep, est = r.report, r.estimate
@@ -160,11 +168,62 @@ def build_cmd(spec, archs, assignments, all_variants, max_variants, jobs, out_di
                      rep.stack_bytes if rep else "", _note(r.reasons)])
     click.echo(table(["variant", "target", "status", "threads", "smem KB", "regs est", "regs", "spill B",
                       "stack B", "note"], rows))
+    click.echo(arch.describe_coverage(targets))
     failed = [r for r in results if r.status == "compile_error"]
     for r in failed:
         click.echo(f"\n{r.variant.symbol} ({r.target}):\n{r.reasons[0]}", err=True)
-    if failed or not any(r.ok for r in results):
+    if failed or not any(r.ok for r in results) or _amd_problems:
         sys.exit(1)
+
+
+_amd_problems: list[str] = []
+
+
+def _amd_report(results) -> None:
+    """AMD code objects: VGPR/AGPR/SGPR, LDS, scratch and occupancy from their metadata, the MFMA
+    forms in their disassembly, and the checks (MFMA present, no scratch, within budget)."""
+    from . import arch
+    from .backends import hip
+
+    rows = []
+    for r in results:
+        if not r.ok or arch.target(r.target).vendor != "hip":
+            continue
+        rep = r.report
+        try:
+            dis = hip.disassemble(r.binary.data)
+            mfma = hip.mfma_instructions(dis)
+            problems = hip.check_code_object(r.binary.data, r.binary.symbol, r.target, ("v_mfma",), dis)
+        except MlagenError as exc:
+            mfma, problems = {}, [f"not checked: {exc}"]
+        _amd_problems.extend(f"{r.variant.symbol} ({r.target}): {p}" for p in problems if not p.startswith("not checked"))
+        rows.append([r.variant.symbol, r.target, rep.registers, rep.agprs, rep.sgprs, f"{rep.smem_static / 1024:.1f}",
+                     rep.stack_bytes, rep.occupancy,
+                     ", ".join(f"{k} x{v}" for k, v in sorted(mfma.items())) or "-", "; ".join(problems) or "ok"])
+    if rows:
+        click.echo(table(["variant", "target", "vgpr", "agpr", "sgpr", "lds KB", "scratch B", "waves/SIMD",
+                          "mfma", "check"], rows))
+        click.echo()
+
+
+def _build_variants(s, targets, assignments, all_variants, max_variants) -> list:
+    """The variants of spec ``s`` that ``mlagen build`` compiles (see its help)."""
+    from . import variant as variant_mod
+
+    for t in targets:
+        if t not in s.targets:
+            raise click.ClickException(f"--arch {t}: {s.name} targets {', '.join(s.targets)}")
+    fixed = variant_mod.parse_assignments(s, list(assignments))
+    if all_variants:
+        size = variant_mod.space_size(s, fixed)
+        if size > max_variants:
+            raise click.ClickException(f"--all would build {size} variants of {s.name} (more than --max-variants "
+                                       f"{max_variants}); fix some tunables with --variant NAME=VALUE")
+        return list(variant_mod.enumerate_space(s, fixed))
+    axes = dict(s.specialize)
+    base = variant_mod.make(s, fixed)
+    return [base.with_values(**dict(zip(axes, combo)))
+            for combo in _product([[fixed[k]] if k in fixed else list(vals) for k, vals in axes.items()])]
 
 
 def _note(reasons) -> str:
@@ -430,6 +489,18 @@ def info_cmd():
         rows.append(["nvrtc", f"{c.version()} (targets {', '.join(c.supported_targets())}) from {c.library_path()}"])
     except MlagenError as exc:
         rows.append(["nvrtc", f"unavailable: {exc}"])
+    from .backends import hip
+
+    try:
+        clang = hip.find_clang()
+        rows.append(["amd offline clang", f"{clang.name} {clang.version} ({' '.join(clang.argv)})" if clang else
+                     "none (apt-get install clang-22 lld-22 llvm-22, or pip install ziglang)"])
+    except ValueError as exc:
+        rows.append(["amd offline clang", f"unavailable: {exc}"])
+    try:
+        rows.append(["hiprtc", hip.hiprtc_version()])
+    except MlagenError as exc:
+        rows.append(["hiprtc", f"unavailable: {str(exc).splitlines()[0]}"])
     try:
         from .runtime import device_info
 

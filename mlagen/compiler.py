@@ -3,7 +3,8 @@
 A compiler is a small class with one job. Caching lives in ``Compiler.compile`` alone, keyed by
 a hash of everything that changes the output: the source, the options, the target, the
 compiler's name and version, and every header under the include directories. NVRTC is the CUDA
-compiler; a hipRTC sibling implements the same two methods.
+compiler; its AMD siblings (hipRTC, an offline clang) implement the same methods on top of
+``backends/hip.py``, with their own resource report (AMDGPU metadata instead of ptxas -v).
 """
 
 from __future__ import annotations
@@ -39,6 +40,11 @@ class KernelResources:
     smem_static: int = 0
     barriers: int = 0
     warnings: tuple[str, ...] = ()
+    # AMD only (from the code object's metadata): registers is the unified VGPR count (AGPRs
+    # included), stack_bytes the scratch per lane, smem_static the LDS; occupancy is waves per SIMD.
+    agprs: int = 0
+    sgprs: int = 0
+    occupancy: int = 0
 
     @property
     def spills(self) -> bool:
@@ -142,6 +148,10 @@ class Compiler(ABC):
     def _compile(self, source: Source, target: str, options: list[str], source_path: str) -> tuple[bytes, str]:
         """Compile once, no cache: return (binary, log) or raise CompileError."""
 
+    def parse_resources(self, data: bytes, log: str, symbol: str, target: str) -> KernelResources:
+        """The resource report of ``symbol`` (ptxas -v for NVIDIA; AMD compilers override)."""
+        return parse_ptxas_report(log, symbol)
+
     def key(self, source: Source, target: str) -> str:
         h = hashlib.sha256()
         for part in (CACHE_FORMAT, self.name, self.version(), target, json.dumps(self.options(target)), source.text,
@@ -173,7 +183,7 @@ class Compiler(ABC):
     def _build(self, key: str, source: Source, target: str, source_path: str, publish: bool) -> Binary:
         options = self.options(target) + [f"-I{d}" for d in source.include_dirs]
         data, log = self._compile(source, target, options, source_path)
-        resources = parse_ptxas_report(log, source.symbol)
+        resources = self.parse_resources(data, log, source.symbol, target)
         binary = Binary(data, target, source.symbol, key, resources, f"{self.name} {self.version()}", log, source_path)
         if publish:
             meta = {"symbol": source.symbol, "target": target, "compiler": binary.compiler,
@@ -293,6 +303,76 @@ def _check(nvrtc, err, what: str) -> None:
         raise CompileError(f"{what} failed: {msg.decode() if isinstance(msg, bytes) else msg}")
 
 
+class _AmdCompiler(Compiler):
+    """What the AMD compilers share: the code object's metadata is their resource report."""
+
+    def parse_resources(self, data: bytes, log: str, symbol: str, target: str) -> KernelResources:
+        from .backends import hip
+
+        warnings = tuple(line.strip() for line in log.splitlines() if "warning:" in line)
+        return KernelResources(**hip.code_object_resources(data, symbol, target), warnings=warnings)
+
+
+class OfflineClangCompiler(_AmdCompiler):
+    """HIP source to an AMDGPU code object with an offline clang (>= 20); no ROCm needed."""
+
+    def __init__(self, *args, clang=None, **kwargs):
+        from .backends import hip
+
+        super().__init__(*args, **kwargs)
+        self.clang = clang or hip.find_clang()
+        if self.clang is None:
+            raise NoDeviceError(
+                f"no clang >= {hip.MIN_CLANG_MAJOR} with the AMDGPU backend was found to compile for AMD targets: "
+                "apt-get install clang-22 lld-22 llvm-22, or pip install ziglang, or set MLAGEN_HIP_CLANG")
+        self.name = self.clang.name
+
+    def version(self) -> str:
+        return self.clang.version
+
+    def options(self, target: str) -> list[str]:
+        from .backends import hip
+
+        return hip.clang_options(target)
+
+    def _compile(self, source: Source, target: str, options: list[str], source_path: str) -> tuple[bytes, str]:
+        from .backends import hip
+
+        return hip.clang_compile(self.clang, source.text, source.name, target, options, source_path)
+
+
+class HiprtcCompiler(_AmdCompiler):
+    """HIP source to an AMDGPU code object through hipRTC (ROCm's runtime compiler, hip-python)."""
+
+    name = "hiprtc"
+
+    def version(self) -> str:
+        from .backends import hip
+
+        return hip.hiprtc_version()
+
+    def options(self, target: str) -> list[str]:
+        from .backends import hip
+
+        return hip.hiprtc_options(target)
+
+    def _compile(self, source: Source, target: str, options: list[str], source_path: str) -> tuple[bytes, str]:
+        from .backends import hip
+
+        return hip.hiprtc_compile(source.text, source.name, target, options, source_path)
+
+
+def hip_compiler(**kwargs) -> Compiler:
+    """The AMD compiler for this machine: hipRTC where ROCm loads (MLAGEN_HIP_COMPILER=auto), else
+    the offline clang; ``hiprtc`` / ``clang`` force one."""
+    from .backends import hip
+
+    choice = knobs.hip_compiler()
+    if choice == "hiprtc" or (choice == "auto" and hip.rocm_available()):
+        return HiprtcCompiler(**kwargs)
+    return OfflineClangCompiler(**kwargs)
+
+
 def for_target(target: str, **kwargs) -> Compiler:
     """The compiler for a target's vendor."""
     from . import arch
@@ -300,13 +380,18 @@ def for_target(target: str, **kwargs) -> Compiler:
     vendor = arch.target(target).vendor
     if vendor == "cuda":
         return NvrtcCompiler(**kwargs)
+    if vendor == "hip":
+        return hip_compiler(**kwargs)
     raise NoDeviceError(f"no compiler for vendor {vendor!r}")  # pragma: no cover
 
 
 def save_binary(binary: Binary, directory: Path | str) -> Path:
-    """Write the binary as ``<symbol>.<target>.cubin`` (with its report beside it)."""
+    """Write the binary as ``<symbol>.<target>.cubin`` (``.hsaco`` for AMD), its report beside it."""
+    from . import arch
+
     directory = Path(directory)
-    path = directory / f"{binary.symbol}.{binary.target}.cubin"
+    suffix = arch.TARGETS[binary.target].binary_suffix if binary.target in arch.TARGETS else "cubin"
+    path = directory / f"{binary.symbol}.{binary.target}.{suffix}"
     atomic_write(path, binary.data)
     atomic_write(path.with_suffix(".json"), json.dumps(
         {"symbol": binary.symbol, "target": binary.target, "compiler": binary.compiler, "key": binary.key,

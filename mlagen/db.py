@@ -16,6 +16,7 @@ import functools
 import hashlib
 import json
 import logging
+import re
 import sqlite3
 import time
 from dataclasses import asdict, dataclass, field, fields
@@ -28,11 +29,11 @@ from .errors import DatabaseError
 
 log = logging.getLogger("mlagen")
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: the "nvrtc" column became "compiler" ("nvrtc 13.0", "clang 22.1.8", "hiprtc 6.4")
 EXPORT_FORMAT = "mlagen-tuning"
 OUTCOMES = ("ok", "pruned", "compile_error", "wrong_result", "crash", "hang", "launch_error")
 
-_KEY_COLUMNS = ("family", "spec", "problem", "dtypes", "device", "sm_count", "driver", "nvrtc", "source_hash")
+_KEY_COLUMNS = ("family", "spec", "problem", "dtypes", "device", "sm_count", "driver", "compiler", "source_hash")
 
 _SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -41,7 +42,7 @@ CREATE TABLE IF NOT EXISTS trials (
     run_id TEXT NOT NULL,
     created REAL NOT NULL,
     family TEXT NOT NULL, spec TEXT NOT NULL, problem TEXT NOT NULL, dtypes TEXT NOT NULL,
-    device TEXT NOT NULL, sm_count INTEGER NOT NULL, driver TEXT NOT NULL, nvrtc TEXT NOT NULL,
+    device TEXT NOT NULL, sm_count INTEGER NOT NULL, driver TEXT NOT NULL, compiler TEXT NOT NULL,
     source_hash TEXT NOT NULL,
     variant TEXT NOT NULL,
     symbol TEXT NOT NULL,
@@ -56,7 +57,7 @@ CREATE TABLE IF NOT EXISTS trials (
 CREATE INDEX IF NOT EXISTS trials_key ON trials ({", ".join(_KEY_COLUMNS)});
 CREATE TABLE IF NOT EXISTS best (
     family TEXT NOT NULL, spec TEXT NOT NULL, problem TEXT NOT NULL, dtypes TEXT NOT NULL,
-    device TEXT NOT NULL, sm_count INTEGER NOT NULL, driver TEXT NOT NULL, nvrtc TEXT NOT NULL,
+    device TEXT NOT NULL, sm_count INTEGER NOT NULL, driver TEXT NOT NULL, compiler TEXT NOT NULL,
     source_hash TEXT NOT NULL,
     variant TEXT NOT NULL,
     symbol TEXT NOT NULL,
@@ -80,7 +81,7 @@ class RecordKey:
     device: str       # device name as the driver reports it
     sm_count: int
     driver: str
-    nvrtc: str
+    compiler: str     # device compiler and its version, e.g. "nvrtc 13.0", "hiprtc 6.4", "clang 22.1.8"
     source_hash: str  # spec + template + headers
 
     def as_dict(self) -> dict:
@@ -115,18 +116,34 @@ class Best:
     origin: str = "user"  # "user" (the database) or "shipped" (package defaults)
 
 
+_INCLUDE = re.compile(r'^\s*#\s*include\s*"([^"]+)"', re.MULTILINE)
+
+
+def _included_headers(text: str, seen: set[Path]) -> None:
+    """Every header under include/ that ``text`` includes, transitively (both sides of an #if)."""
+    for name in _INCLUDE.findall(text):
+        p = paths.include_dir() / name
+        if p.is_file() and p not in seen:
+            seen.add(p)
+            _included_headers(p.read_text(), seen)
+
+
 def source_hash(spec) -> str:
-    """Hash of what a spec's kernels are built from: the spec, its template, every header."""
+    """Hash of what a spec's kernels are built from: the spec, its template and the headers the
+    template includes (transitively), so headers of other targets or families do not retire its
+    tuning records."""
     h = hashlib.sha256()
     h.update(Path(spec.path).read_bytes())
     h.update(b"\0")
     from .spec import template_path
 
-    h.update(template_path(spec.template, spec.path).read_bytes())
-    for p in sorted(paths.include_dir().rglob("*")):
-        if p.is_file():
-            h.update(str(p.relative_to(paths.include_dir())).encode())
-            h.update(p.read_bytes())
+    template = template_path(spec.template, spec.path).read_text()
+    h.update(template.encode())
+    headers: set[Path] = set()
+    _included_headers(template, headers)
+    for p in sorted(headers):
+        h.update(str(p.relative_to(paths.include_dir())).encode())
+        h.update(p.read_bytes())
     return h.hexdigest()[:16]
 
 
@@ -159,6 +176,7 @@ class TuningDB:
         self._use_wal(conn)
         conn.execute("BEGIN IMMEDIATE")
         try:
+            _migrate(conn)
             # One statement at a time: executescript() would commit the open transaction first.
             for statement in _SCHEMA.split(";"):
                 if statement.strip():
@@ -373,7 +391,7 @@ def candidates(key: RecordKey, distance, db: TuningDB | None = None, include_shi
     device is of the same architecture, records of other devices with the same SM count, then
     with another SM count. Within a tier the nearest problem bucket wins (``distance(a, b)``
     between bucket strings; inf means unusable), then the user's database over the shipped
-    records, then an exact driver and NVRTC match, then the newest. So an exact shipped record
+    records, then an exact driver and compiler match, then the newest. So an exact shipped record
     beats a near user record, and a user record beats a shipped one at the same distance.
 
     A record's ``origin`` is "user" or "shipped:<file>", followed by " (other device: <name>)"
@@ -401,7 +419,7 @@ def candidates(key: RecordKey, distance, db: TuningDB | None = None, include_shi
                 continue
             if d == float("inf"):
                 continue
-            toolchain_miss = (b.key.driver != key.driver) + (b.key.nvrtc != key.nvrtc)
+            toolchain_miss = (b.key.driver != key.driver) + (b.key.compiler != key.compiler)
             scored.append(((tier, d, rank, toolchain_miss, -b.updated), b))
     scored.sort(key=lambda s: s[0])
     return [_with_origin(b, f"{b.origin} (other device: {b.key.device})") if score[0] else b for score, b in scored]
@@ -459,6 +477,31 @@ def _where(where: dict) -> tuple[str, list]:
     if not where:
         return "", []
     return " WHERE " + " AND ".join(f"{k} = ?" for k in where), list(where.values())
+
+
+def _migrate(conn: sqlite3.Connection) -> None:
+    """Bring an older database to SCHEMA_VERSION in place (inside the caller's transaction).
+
+    Version 1 named the compiler column ``nvrtc`` and held NVRTC's bare version; version 2 names
+    the compiler generically, so its values become ``"nvrtc <version>"``."""
+    if conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'meta'").fetchone() is None:
+        return
+    row = conn.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone()
+    if row is None or int(row[0]) != 1:
+        return
+    for table in ("trials", "best"):
+        conn.execute(f"ALTER TABLE {table} RENAME COLUMN nvrtc TO compiler")
+        conn.execute(f"UPDATE {table} SET compiler = 'nvrtc ' || compiler")
+    conn.execute("UPDATE meta SET value = ? WHERE key = 'schema'", (str(SCHEMA_VERSION),))
+
+
+def _upgrade_record(d):
+    """A version-1 export record (``"nvrtc": "13.0"``) in version-2 form (``"compiler": "nvrtc 13.0"``)."""
+    if isinstance(d, dict) and "nvrtc" in d and "compiler" not in d:
+        old = d["nvrtc"]
+        d = {k: v for k, v in d.items() if k != "nvrtc"}
+        d["compiler"] = f"nvrtc {old}" if isinstance(old, str) else old
+    return d
 
 
 def _key_from(d: dict) -> RecordKey:
@@ -565,6 +608,7 @@ def _check_variant(key: RecordKey, values: dict, where: str, specs: dict) -> Non
 
 
 def _best_from_json(d, i) -> Best:
+    d = _upgrade_record(d)
     _require(d, i, "best", _KEY_COLUMNS + ("variant", "symbol", "time_ms"), _KEY_TYPES + (dict, str, _NUM))
     _optional(d, i, "best", ("tflops", "run_id", "updated"), (_NUM, str, _NUM))
     _check_key(d, i, "best")
@@ -574,6 +618,7 @@ def _best_from_json(d, i) -> Best:
 
 
 def _trial_from_json(d, i) -> Trial:
+    d = _upgrade_record(d)
     _require(d, i, "trials", _KEY_COLUMNS + ("variant", "symbol", "outcome"), _KEY_TYPES + (dict, str, str))
     _optional(d, i, "trials", ("time_ms", "tflops", "max_error", "registers", "spills", "detail", "run_id", "created"),
               (_NUM, _NUM, _NUM, int, int, str, str, _NUM))
@@ -605,6 +650,6 @@ def _read_export(path: Path) -> dict:
         raise DatabaseError(f"{path}: not JSON ({exc})") from None
     if not isinstance(doc, dict) or doc.get("format") != EXPORT_FORMAT:
         raise DatabaseError(f"{path}: not an mlagen tuning export (expected \"format\": \"{EXPORT_FORMAT}\")")
-    if doc.get("version") != SCHEMA_VERSION:
-        raise DatabaseError(f"{path}: export version {doc.get('version')!r}, this mlagen reads {SCHEMA_VERSION}")
+    if doc.get("version") not in (1, SCHEMA_VERSION):  # version 1 records are upgraded as they are read
+        raise DatabaseError(f"{path}: export version {doc.get('version')!r}, this mlagen reads 1 to {SCHEMA_VERSION}")
     return doc

@@ -50,8 +50,10 @@ def cached_source_hash(spec: spec_mod.KernelSpec) -> str:
 
 
 @functools.lru_cache(maxsize=None)
-def _nvrtc_version(target: str) -> str:
-    return for_target(target).version()
+def _compiler_id(target: str) -> str:
+    """The compiler that builds for ``target``, with its version ("nvrtc 13.0", "hiprtc 6.4")."""
+    c = for_target(target)
+    return f"{c.name} {c.version()}"
 
 
 def record_key(spec: spec_mod.KernelSpec, problem: str, *, device: str, sm_count: int, driver: str,
@@ -59,7 +61,7 @@ def record_key(spec: spec_mod.KernelSpec, problem: str, *, device: str, sm_count
     """The tuning-database key of ``spec`` on a device; the tuner writes and dispatch reads with it."""
     return db.RecordKey(
         family=spec.family, spec=spec.name, problem=problem, dtypes=dtypes, device=device, sm_count=sm_count,
-        driver=driver, nvrtc=_nvrtc_version(target.name), source_hash=cached_source_hash(spec),
+        driver=driver, compiler=_compiler_id(target.name), source_hash=cached_source_hash(spec),
     )
 
 

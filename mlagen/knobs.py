@@ -37,8 +37,13 @@ CHECK_SEQLENS = Knob("MLAGEN_CHECK_SEQLENS", "0",
 RECORD_SHAPES = Knob("MLAGEN_RECORD_SHAPES", None,
                      "File to count the shape classes of kernel calls in (YAML; for mlagen tune --workload).")
 
+HIP_CLANG = Knob("MLAGEN_HIP_CLANG", None,
+                 "Offline clang for AMD targets (a path, or 'ziglang'); default: clang-22 on PATH, then the ziglang wheel.")
+HIP_COMPILER = Knob("MLAGEN_HIP_COMPILER", "auto",
+                    "AMD compiler: auto (hipRTC when a ROCm runtime is found, else offline clang), hiprtc or clang.")
+
 ALL = (OUT_DIR, CACHE_DIR, TUNING_DB, NO_TUNED, NO_SHIPPED, FAMILY, COMPILE_WORKERS, LOG, NVRTC_LIBRARY, CHECK_SEQLENS,
-       RECORD_SHAPES)
+       RECORD_SHAPES, HIP_CLANG, HIP_COMPILER)
 
 
 def _flag(knob: Knob) -> bool:
@@ -112,3 +117,14 @@ def log_level() -> str:
     if value not in ("debug", "info", "warning", "error", "critical"):
         raise ValueError(f"{LOG.name}={value!r}: expected debug, info, warning, error or critical")
     return value.upper()
+
+
+def hip_clang() -> str | None:
+    return HIP_CLANG.raw()
+
+
+def hip_compiler() -> str:
+    value = (HIP_COMPILER.raw() or "auto").strip().lower()
+    if value not in ("auto", "hiprtc", "clang"):
+        raise ValueError(f"{HIP_COMPILER.name}={value!r}: expected auto, hiprtc or clang")
+    return value

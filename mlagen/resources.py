@@ -65,9 +65,10 @@ def check(variant: Variant, target: arch.Target) -> Verdict:
     except expr.ExprError as exc:
         return Verdict(variant, target, None, tuple(reasons + [f"resource model failed: {exc}"]))
 
-    if res.threads % 32 or not 32 <= res.threads <= target.max_threads_per_block:
+    wave = target.wave_size
+    if res.threads % wave or not wave <= res.threads <= target.max_threads_per_block:
         reasons.append(
-            f"{res.threads} threads per block: must be a multiple of 32 up to {target.max_threads_per_block}"
+            f"{res.threads} threads per block: must be a multiple of {wave} up to {target.max_threads_per_block}"
         )
     if res.smem_bytes > target.smem_per_block:
         over = res.smem_bytes - target.smem_per_block
@@ -83,7 +84,7 @@ def check(variant: Variant, target: arch.Target) -> Verdict:
     elif res.registers * res.threads > target.regs_per_sm:
         reasons.append(
             f"estimated {res.registers} registers x {res.threads} threads = {res.registers * res.threads} "
-            f"exceeds the {target.regs_per_sm} registers of an SM"
+            f"exceeds the {target.regs_per_sm} registers of {'a CU' if target.vendor == 'hip' else 'an SM'}"
         )
     reasons.extend(families.get(spec.family).check_variant(variant, target, res))
     return Verdict(variant, target, res, tuple(reasons))

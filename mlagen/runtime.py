@@ -2,7 +2,8 @@
 
 Every driver call goes through ``check``, which raises DriverError naming the call and the
 driver's error. Launching does no host synchronisation, so launches can be captured in CUDA
-graphs. A HIP sibling of ``CudaRuntime`` implements the same ``load``/``launch``.
+graphs. On ROCm torch (``torch.version.hip``) the HIP siblings (``HipRuntime``, ``HipKernel``)
+implement the same ``device_info``/``load``/``launch`` on ``backends/hip.py`` (hip-python).
 """
 
 from __future__ import annotations
@@ -52,12 +53,33 @@ class DeviceInfo:
     driver_version: str
     smem_per_block_optin: int
     l2_bytes: int
+    arch_name: str = ""  # AMD: gcnArchName without feature flags ("gfx942"); empty on NVIDIA
 
     @property
     def target(self):
         from . import arch
 
+        if self.arch_name:
+            return arch.for_gcn_arch(self.arch_name)
         return arch.for_compute_capability(*self.compute)
+
+
+def _hip_device_info(index: int) -> DeviceInfo:
+    from .backends import hip
+
+    p = hip.device_properties(index)
+    return DeviceInfo(index=index, name=p["name"], compute=p["compute"], sm_count=p["sm_count"],
+                      driver_version=p["driver_version"], smem_per_block_optin=p["smem_per_block"],
+                      l2_bytes=p["l2_bytes"], arch_name=p["arch_name"])
+
+
+def vendor() -> str:
+    """``"hip"`` under a ROCm build of torch (its ``torch.cuda`` drives HIP devices), else ``"cuda"``."""
+    try:
+        import torch
+    except ImportError:  # pragma: no cover - torch is a dependency
+        return "cuda"
+    return "hip" if getattr(torch.version, "hip", None) else "cuda"
 
 
 _init_lock = threading.Lock()
@@ -79,6 +101,8 @@ def _init() -> None:
 
 @functools.lru_cache(maxsize=None)
 def device_info(index: int = 0) -> DeviceInfo:
+    if vendor() == "hip":
+        return _hip_device_info(index)
     _init()
     d = _driver()
     dev = check(d.cuDeviceGet(index), "cuDeviceGet")
@@ -181,8 +205,61 @@ class CudaRuntime:
         return kernel
 
 
+class HipKernel:
+    """A loaded AMD kernel; ``launch`` has the same signature as CudaKernel's."""
+
+    def __init__(self, module, function, binary: Binary):
+        self.module = module
+        self.function = function
+        self.binary = binary
+
+    def launch(self, grid: tuple[int, int, int], block: tuple[int, int, int], smem: int, stream: int,
+               params: PackedParams) -> None:
+        """Launch on ``stream`` (ROCm torch's ``torch.cuda`` stream handles are HIP streams). The
+        gfx9 kernels declare their LDS statically, so only what a launch asks beyond that is
+        passed as dynamic LDS."""
+        from .backends import hip
+
+        dynamic = max(0, smem - self.binary.resources.smem_static)
+        hip.launch(self.function, self.binary.symbol, grid, block, dynamic, stream, params.kernel_params)
+
+
+class HipRuntime:
+    """Loads AMDGPU code objects on the current HIP device (the one ROCm torch uses)."""
+
+    vendor = "hip"
+
+    def __init__(self):
+        self._kernels: dict[tuple[int, str], HipKernel] = {}
+        self._lock = threading.Lock()
+
+    def current_device(self) -> int:
+        import torch
+
+        return torch.cuda.current_device()
+
+    def load(self, binary: Binary, device: int | None = None) -> HipKernel:
+        """Load (once per device) and return the kernel; later calls are a dictionary lookup."""
+        from .backends import hip
+
+        index = self.current_device() if device is None else device
+        key = (index, binary.key)
+        kernel = self._kernels.get(key)
+        if kernel is not None:
+            return kernel
+        with self._lock:
+            kernel = self._kernels.get(key)
+            if kernel is None:
+                module, function = hip.module_load(binary.data, binary.symbol, index)
+                kernel = self._kernels[key] = HipKernel(module, function, binary)
+        return kernel
+
+
 @functools.lru_cache(maxsize=None)
-def runtime() -> CudaRuntime:
+def runtime():
+    """The runtime of this torch build's devices: CudaRuntime, or HipRuntime on ROCm."""
+    if vendor() == "hip":
+        return HipRuntime()
     return CudaRuntime()
 
 

@@ -35,13 +35,28 @@ def _gpu_skip_reason() -> str | None:
 GPU_SKIP_REASON = _gpu_skip_reason()
 
 
+def _amd_skip_reason() -> str | None:
+    try:
+        import torch
+    except ImportError:
+        return "needs torch built for ROCm (torch is not installed)"
+    if not getattr(torch.version, "hip", None) or not torch.cuda.is_available():
+        return ("needs an AMD GPU with ROCm and a ROCm build of torch; none here "
+                "(gfx942/gfx950 kernels are compiled and checked only)")
+    return None
+
+
+AMD_SKIP_REASON = _amd_skip_reason()
+
+
 def pytest_collection_modifyitems(config, items):
-    if GPU_SKIP_REASON is None:
-        return
-    skip = pytest.mark.skip(reason=GPU_SKIP_REASON)
-    for item in items:
-        if "gpu" in item.keywords:
-            item.add_marker(skip)
+    for marker, reason in (("gpu", GPU_SKIP_REASON), ("amd", AMD_SKIP_REASON)):
+        if reason is None:
+            continue
+        skip = pytest.mark.skip(reason=reason)
+        for item in items:
+            if marker in item.keywords:
+                item.add_marker(skip)
 
 
 def _toolchain() -> str:

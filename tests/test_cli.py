@@ -60,9 +60,11 @@ def test_version(run):
 def test_specs(run):
     out = ok(run("specs"))
     lines = out.splitlines()
-    assert lines[0].split() == ["spec", "family", "abi", "priority", "targets", "variants", "file"]
-    rows = {line.split()[0]: line.split() for line in lines[2:]}
-    assert set(rows) == {"mla_prefill_sm80", "mla_prefill_sm90", "mla_sparse_prefill_sm80", "mla_sparse_prefill_sm90"}
+    assert lines[0].split() == ["spec", "family", "abi", "priority", "targets", "variants", "file", "executed"]
+    rows = {line.split()[0]: line.split() for line in lines[2:] if line.startswith("mla_")}
+    assert set(rows) == {"mla_prefill_sm80", "mla_prefill_sm90", "mla_prefill_gfx942", "mla_prefill_gfx950",
+                         "mla_prefill_gfx950_fp8", "mla_sparse_prefill_sm80", "mla_sparse_prefill_sm90"}
+    assert rows["mla_prefill_sm90"][7] == "sm_90a" and rows["mla_prefill_gfx950"][7:] == ["none", "(compiled", "only)"]
     assert rows["mla_sparse_prefill_sm90"][1:5] == ["mla_sparse_prefill", "gather", "20", "sm_90a"]
     assert rows["mla_prefill_sm80"][1:6] == ["mla_prefill", "simt", "10", "sm_80,sm_86,sm_89,sm_90a,sm_100a", "256"]
     sizes = math.prod(len(t.values) for t in S90.tunables) * 2
@@ -160,7 +162,7 @@ def test_broken_spec_file_is_one_line(run, tmp_path):
 def _fill(path):
     d = db.TuningDB(path)
     key = db.RecordKey("mla_prefill", "mla_prefill_sm90", "causal/h128/q8192/k8192", "bf16", "NVIDIA H100", 132,
-                       "13.0", "13.0", "0123456789abcdef")
+                       "13.0", "nvrtc 13.0", "0123456789abcdef")
     d.add_trials([db.Trial(key, {"block_n": 128}, "sym_ok", "ok", 1.25, 612.0, 1e-3, 168, 0, "", "run-a", 1.0),
                   db.Trial(key, {"block_n": 176}, "sym_bad", "compile_error", detail="ptxas error\nmore", run_id="run-a",
                            created=2.0)])

@@ -16,7 +16,7 @@ from mlagen.errors import DatabaseError
 from mlagen.families.mla_prefill import ProblemKey
 
 KEY = db.RecordKey(family="mla_prefill", spec="mla_prefill_sm90", problem="causal/h128/q8192/k8192", dtypes="bf16",
-                   device="NVIDIA H100 80GB HBM3", sm_count=132, driver="13.0", nvrtc="13.0",
+                   device="NVIDIA H100 80GB HBM3", sm_count=132, driver="13.0", compiler="nvrtc 13.0",
                    source_hash="0123456789abcdef")
 
 
@@ -219,7 +219,7 @@ def _with(path, value):
 BAD_DOCS = [
     ("not json", None, "not JSON"),
     ("wrong format", _with(["format"], "other"), 'expected "format": "mlagen-tuning"'),
-    ("wrong version", _with(["version"], 99), "export version 99, this mlagen reads 1"),
+    ("wrong version", _with(["version"], 99), "export version 99, this mlagen reads 1 to 2"),
     ("best not a list", _with(["best"], 5), "best: expected a list, got int"),
     ("trial not an object", _with(["trials"], [1]), "trials[0]: expected an object"),
     ("missing key column", _with(["trials", 0, "device"], KeyError), "trials[0]: missing 'device'"),
@@ -272,11 +272,61 @@ def test_schema_version_mismatch(tmp_path):
     path = tmp_path / "old.sqlite"
     db.TuningDB(path).add_trial(trial())
     conn = sqlite3.connect(path)
-    conn.execute("UPDATE meta SET value = '2' WHERE key = 'schema'")
+    conn.execute("UPDATE meta SET value = '3' WHERE key = 'schema'")
     conn.commit()
     conn.close()
-    with pytest.raises(DatabaseError, match="schema version 2, this mlagen reads 1; export it with the mlagen"):
+    with pytest.raises(DatabaseError, match="schema version 3, this mlagen reads 2; export it with the mlagen"):
         db.TuningDB(path).trials()
+
+
+_V1_TABLES = """
+CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+INSERT INTO meta VALUES ('schema', '1');
+CREATE TABLE trials (id INTEGER PRIMARY KEY AUTOINCREMENT, run_id TEXT NOT NULL, created REAL NOT NULL,
+    family TEXT NOT NULL, spec TEXT NOT NULL, problem TEXT NOT NULL, dtypes TEXT NOT NULL,
+    device TEXT NOT NULL, sm_count INTEGER NOT NULL, driver TEXT NOT NULL, nvrtc TEXT NOT NULL,
+    source_hash TEXT NOT NULL, variant TEXT NOT NULL, symbol TEXT NOT NULL, outcome TEXT NOT NULL,
+    time_ms REAL, tflops REAL, max_error REAL, registers INTEGER, spills INTEGER, detail TEXT NOT NULL DEFAULT '');
+CREATE INDEX trials_key ON trials (family, spec, problem, dtypes, device, sm_count, driver, nvrtc, source_hash);
+CREATE TABLE best (family TEXT NOT NULL, spec TEXT NOT NULL, problem TEXT NOT NULL, dtypes TEXT NOT NULL,
+    device TEXT NOT NULL, sm_count INTEGER NOT NULL, driver TEXT NOT NULL, nvrtc TEXT NOT NULL,
+    source_hash TEXT NOT NULL, variant TEXT NOT NULL, symbol TEXT NOT NULL, time_ms REAL NOT NULL, tflops REAL,
+    run_id TEXT NOT NULL, updated REAL NOT NULL,
+    PRIMARY KEY (family, spec, problem, dtypes, device, sm_count, driver, nvrtc, source_hash));
+INSERT INTO best VALUES ('mla_prefill', 'mla_prefill_sm80', 'causal/h128/q8192/k8192', 'bf16', 'NVIDIA H100 80GB HBM3',
+    132, '13.0', '13.0', 'abc', '{"block_n": 64}', 'sym', 1.5, 300.0, 'run', 1.0);
+INSERT INTO trials (run_id, created, family, spec, problem, dtypes, device, sm_count, driver, nvrtc, source_hash,
+    variant, symbol, outcome) VALUES ('run', 1.0, 'mla_prefill', 'mla_prefill_sm80', 'causal/h128/q8192/k8192',
+    'bf16', 'NVIDIA H100 80GB HBM3', 132, '13.0', '13.0', 'abc', '{}', 'sym', 'ok');
+"""
+
+
+def test_version_1_database_is_migrated(tmp_path):
+    path = tmp_path / "v1.sqlite"
+    conn = sqlite3.connect(path)
+    conn.executescript(_V1_TABLES)
+    conn.close()
+    tdb = db.TuningDB(path)
+    (b,) = tdb.bests()
+    (t,) = tdb.trials()
+    assert b.key.compiler == t.key.compiler == "nvrtc 13.0" and b.time_ms == 1.5
+    conn = sqlite3.connect(path)
+    assert conn.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone()[0] == str(db.SCHEMA_VERSION)
+    conn.close()
+    tdb.add_trial(trial())  # the migrated tables take new rows
+    assert len(db.TuningDB(path).trials()) == 2
+
+
+def test_version_1_export_is_upgraded(tmp_path):
+    doc = {"format": "mlagen-tuning", "version": 1,
+           "best": [{**{k: v for k, v in db._best_to_json(best()).items() if k != "compiler"}, "nvrtc": "12.8"}],
+           "trials": []}
+    path = tmp_path / "v1.json"
+    path.write_text(json.dumps(doc))
+    tdb = db.TuningDB(tmp_path / "t.sqlite")
+    report = tdb.import_(path)
+    assert len(report.added) == 1 and report.added[0].key.compiler == "nvrtc 12.8"
+    assert tdb.bests()[0].key.compiler == "nvrtc 12.8"
 
 
 def test_not_a_database(tmp_path):
@@ -341,11 +391,11 @@ def test_lookup_never_uses_records_of_another_kernel_or_device(tdb, no_shipped, 
 
 
 def test_toolchain_mismatch_only_breaks_ties(tdb, no_shipped):
-    tdb.set_best(best(symbol="old toolchain", driver="12.4", nvrtc="12.4"))
+    tdb.set_best(best(symbol="old toolchain", driver="12.4", compiler="nvrtc 12.4"))
     tdb.set_best(best(symbol="near same toolchain", problem="causal/h128/q4096/k8192"))
     assert db.lookup(KEY, distance, tdb).symbol == "old toolchain"  # an exact problem beats a toolchain match
     tdb.set_best(best(symbol="exact same toolchain", problem="causal/h128/q8192/k8192", driver=KEY.driver,
-                      nvrtc=KEY.nvrtc, updated=1.0))
+                      compiler=KEY.compiler, updated=1.0))
     assert db.lookup(KEY, distance, tdb).symbol == "exact same toolchain"  # the tie goes to the toolchain match
 
 

@@ -21,6 +21,8 @@ PROBLEM = "causal/h128/q8192/k8192"
 class FakeCompiler:
     """Compiles nothing; kernels whose symbol is in ``spilling`` come back with spills."""
 
+    name = "nvrtc"
+
     def __init__(self, spilling):
         self.spilling = spilling
 
@@ -35,7 +37,7 @@ class FakeCompiler:
 
 def record(values) -> db.Best:
     v = variant.make(S80, {"mask": "causal", **values})
-    key = db.RecordKey("mla_prefill", S80.name, PROBLEM, "bf16", H100.name, 132, "13.0", "13.0", "x")
+    key = db.RecordKey("mla_prefill", S80.name, PROBLEM, "bf16", H100.name, 132, "13.0", "nvrtc 13.0", "x")
     return db.Best(key, dict(v.tunables), v.symbol, 1.0, 600.0, "run", 0.0, "shipped:h100.json")
 
 
@@ -47,11 +49,11 @@ def dispatch_with(monkeypatch):
     def setup(records, spilling):
         monkeypatch.setattr(dispatch, "for_target", lambda target: FakeCompiler(spilling))
         monkeypatch.setattr(dispatch.db, "candidates", lambda *a, **k: list(records))
-        dispatch._nvrtc_version.cache_clear()
+        dispatch._compiler_id.cache_clear()
         return dispatch.Dispatcher()
 
     yield setup
-    dispatch._nvrtc_version.cache_clear()
+    dispatch._compiler_id.cache_clear()
 
 
 def test_a_spilling_record_gives_way_to_the_next(dispatch_with, caplog):

@@ -11,7 +11,7 @@ from mlagen import knobs
 
 NAMES = ("MLAGEN_OUT_DIR", "MLAGEN_CACHE_DIR", "MLAGEN_TUNING_DB", "MLAGEN_NO_TUNED", "MLAGEN_NO_SHIPPED",
          "MLAGEN_FAMILY", "MLAGEN_COMPILE_WORKERS", "MLAGEN_LOG", "MLAGEN_NVRTC_LIBRARY", "MLAGEN_CHECK_SEQLENS",
-         "MLAGEN_RECORD_SHAPES")
+         "MLAGEN_RECORD_SHAPES", "MLAGEN_HIP_CLANG", "MLAGEN_HIP_COMPILER")
 
 
 @pytest.fixture
@@ -44,6 +44,15 @@ def test_defaults(clean_env):
     assert knobs.forced_family() is None
     assert knobs.compile_workers() == max(1, os.cpu_count() or 1)
     assert knobs.log_level() == "WARNING"
+    assert knobs.hip_clang() is None and knobs.hip_compiler() == "auto"
+
+
+def test_hip_compiler_choice(clean_env):
+    clean_env.setenv("MLAGEN_HIP_COMPILER", "Clang")
+    assert knobs.hip_compiler() == "clang"
+    clean_env.setenv("MLAGEN_HIP_COMPILER", "nvcc")
+    with pytest.raises(ValueError, match="MLAGEN_HIP_COMPILER='nvcc': expected auto, hiprtc or clang"):
+        knobs.hip_compiler()
 
 
 def test_out_dir_moves_cache_and_db(clean_env, tmp_path):

@@ -43,8 +43,10 @@ def fails(data, path, key, *fragments):
 
 
 def test_packaged_specs_are_available():
-    assert [p.name for p in spec.available()] == ["mla_prefill_sm80.yaml", "mla_prefill_sm90.yaml",
-                                                   "mla_sparse_prefill_sm80.yaml", "mla_sparse_prefill_sm90.yaml"]
+    assert [p.name for p in spec.available()] == ["mla_prefill_gfx942.yaml", "mla_prefill_gfx950.yaml",
+                                                  "mla_prefill_gfx950_fp8.yaml", "mla_prefill_sm80.yaml",
+                                                  "mla_prefill_sm90.yaml", "mla_sparse_prefill_sm80.yaml",
+                                                  "mla_sparse_prefill_sm90.yaml"]
 
 
 def test_sm80_spec_loads():
@@ -98,7 +100,8 @@ def test_text_hash_follows_the_text(tmp_path):
 
 
 def test_unknown_spec_name_lists_the_known_ones():
-    with pytest.raises(SpecError, match="no spec of that name; known: mla_prefill_sm80, mla_prefill_sm90"):
+    with pytest.raises(SpecError, match="no spec of that name; known: mla_prefill_gfx942, mla_prefill_gfx950, mla_prefill_gfx950_fp8, "
+                       "mla_prefill_sm80, mla_prefill_sm90"):
         spec.load("mla_prefill_sm70")
 
 
@@ -219,7 +222,7 @@ CASES_80 = [
     ("template is a directory", _set(["template"], "include"), "template", ["'include' is not a file"]),
     ("empty template", _set(["template"], ""), "template", ["expected a non-empty string"]),
     ("bad target", _set(["targets"], ["sm_80", "sm_75"]), "targets[1]",
-     ["'sm_75' is not one of ['sm_80', 'sm_86', 'sm_89', 'sm_90a', 'sm_100a']"]),
+     ["'sm_75' is not one of ['sm_80', 'sm_86', 'sm_89', 'sm_90a', 'sm_100a', 'gfx942', 'gfx950']"]),
     ("unhashable target", _set(["targets"], [["sm_80"]]), "targets[0]", ["is not one of"]),
     ("targets not a list", _set(["targets"], "sm_80"), "targets", ["expected a list, got str"]),
     ("no targets", _set(["targets"], []), "targets", ["must not be empty"]),

@@ -24,46 +24,47 @@ __device__ __forceinline__ SeqInfo load_seq(const int* cu_q, const int* cu_k, in
     s.q_start = 0;
     s.len_q = total_q;
   } else {
-    s.q_start = min(max(__ldg(cu_q + b), 0), total_q);
-    s.len_q = min(max(__ldg(cu_q + b + 1), s.q_start), total_q) - s.q_start;
+    s.q_start = min(max(ldg(cu_q + b), 0), total_q);
+    s.len_q = min(max(ldg(cu_q + b + 1), s.q_start), total_q) - s.q_start;
   }
   if (cu_k == nullptr) {
     s.k_start = 0;
     s.len_k = total_k;
   } else {
-    s.k_start = min(max(__ldg(cu_k + b), 0), total_k);
-    s.len_k = min(max(__ldg(cu_k + b + 1), s.k_start), total_k) - s.k_start;
+    s.k_start = min(max(ldg(cu_k + b), 0), total_k);
+    s.len_k = min(max(ldg(cu_k + b + 1), s.k_start), total_k) - s.k_start;
   }
   return s;
 }
 
 template <int BLOCK_M>
 __device__ __forceinline__ int virtual_tile_start(const int* cu_q, int b) {
-  return __ldg(cu_q + b) / BLOCK_M + b;
+  return ldg(cu_q + b) / BLOCK_M + b;
 }
 
 // The sequence that owns virtual tile v: the last b in [0, batch) with start(b) <= v.
 // Called by a whole warp (all lanes get the answer): each step samples 32 candidates, so a batch
 // of up to 32^k sequences costs k dependent loads. Offsets that were never checked may break the
 // invariant below (cu_q[0] != 0, decreasing entries); the answer still stays in [0, batch), so
-// every cu_q / cu_k read stays inside their batch + 1 entries.
+// every cu_q / cu_k read stays inside their batch + 1 entries. On a 64-lane wave the upper 32
+// lanes repeat the lower ones' candidates, and ballot32 returns the lower half: the same answer.
 template <int BLOCK_M>
 __device__ __forceinline__ int find_sequence(const int* cu_q, int batch, int v) {
   if (cu_q == nullptr) return 0;
-  const int lane = threadIdx.x & 31;
+  const int lane = lane32();
   int lo = 0, hi = batch;  // invariant: start(lo) <= v, answer in [lo, hi)
   while (hi - lo > 32) {
     const int step = (hi - lo + 31) / 32;
     const int idx = lo + lane * step;
     const bool le = idx < hi && virtual_tile_start<BLOCK_M>(cu_q, idx) <= v;
-    const unsigned mask = __ballot_sync(0xffffffffu, le);
-    const int k = max(31 - __clz(mask), 0);  // mask == 0 only for unchecked, invalid offsets
+    const unsigned mask = ballot32(le);
+    const int k = max(31 - clz32(mask), 0);  // mask == 0 only for unchecked, invalid offsets
     lo = lo + k * step;
     hi = min(hi, lo + step);
   }
   const int idx = lo + lane;
   const bool le = idx < hi && virtual_tile_start<BLOCK_M>(cu_q, idx) <= v;
-  return lo + max(__popc(__ballot_sync(0xffffffffu, le)) - 1, 0);
+  return lo + max(popc32(ballot32(le)) - 1, 0);
 }
 
 // One query tile: which sequence, which rows, and the keys it attends to.

@@ -5,7 +5,7 @@
 // STAGES-deep cp.async ring. Key tiles are visited from the last to the first, so the tiles that
 // need a causal or length mask come first and the rest run unmasked.
 #pragma once
-#include "mlagen/common/online_softmax.cuh"
+#include "mlagen/cuda/online_softmax.cuh"
 #include "mlagen/common/tile_index.cuh"
 #include "mlagen/common/types.cuh"
 #include "mlagen/sm80/mma.cuh"

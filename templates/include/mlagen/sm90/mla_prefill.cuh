@@ -17,7 +17,7 @@
 // barrier). When causal, the lower half needs fewer key tiles than the cluster streams; its
 // consumers release those stages without computing.
 #pragma once
-#include "mlagen/common/online_softmax.cuh"
+#include "mlagen/cuda/online_softmax.cuh"
 #include "mlagen/common/tile_index.cuh"
 #include "mlagen/common/types.cuh"
 #include "mlagen/sm90/barrier.cuh"

@@ -3,6 +3,7 @@
 // Fragments follow the mma/wgmma accumulator layout: a thread holds, for each 8-column group j,
 // values (row g, cols 2c, 2c+1) in [4j], [4j+1] and (row g+8, same cols) in [4j+2], [4j+3], where
 // the four lanes of a quad share the rows. Row statistics are therefore reduced over quads.
+// NVIDIA-only (warp shuffles, mma layouts); the gfx9 kernels keep one query per lane instead.
 #pragma once
 #include "mlagen/common/types.cuh"
 

@@ -1,0 +1,43 @@
+// Fragment layouts of the 32x32 MFMA atoms: which (row, col) of A, B and C/D a lane's element holds.
+//
+// Plain constexpr integer functions with no device code, so the same text is compiled into the
+// kernels and into a host program that tests/test_hip_mfma_layout.py checks against the ISA's
+// documented layouts (CDNA3 / CDNA4 ISA guides, chapter 7 "Matrix Arithmetic Instructions").
+// For the 32x32xK atoms with one block, a lane holds K/2 elements of A and of B, in runs of RUN
+// consecutive k (RUN = 4 for bf16 K = 8, 8 for bf16 K = 16, 16 for the f8f6f4 K = 64 with fp8):
+//   A (32 x K): lane l holds row l % 32; its element i is column
+//               (i / RUN) * 2 * RUN + (l / 32) * RUN + i % RUN;
+//   B (K x 32): lane l holds column l % 32; element i is the row of that same formula;
+//   C/D (32 x 32 fp32, 16 registers): lane l, register r holds column l % 32, row
+//               8 * (r / 4) + 4 * (l / 32) + r % 4.
+#pragma once
+
+#ifndef MLAGEN_HD
+#define MLAGEN_HD __device__
+#endif
+
+namespace mlagen {
+namespace gfx9 {
+
+constexpr int kWave = 64;
+constexpr int kAtomMN = 32;  // rows and columns of the 32x32xK atoms
+constexpr int kAccRegs = 16; // fp32 accumulator registers of a 32x32 tile per lane
+
+MLAGEN_HD constexpr int half_of(int lane) { return lane / 32; }
+MLAGEN_HD constexpr int a_row(int lane) { return lane % 32; }
+MLAGEN_HD constexpr int a_col(int run, int lane, int i) { return (i / run) * 2 * run + half_of(lane) * run + i % run; }
+MLAGEN_HD constexpr int b_col(int lane) { return lane % 32; }
+MLAGEN_HD constexpr int b_row(int run, int lane, int i) { return a_col(run, lane, i); }
+MLAGEN_HD constexpr int c_col(int lane) { return lane % 32; }
+MLAGEN_HD constexpr int c_row(int lane, int r) { return 8 * (r / 4) + 4 * half_of(lane) + r % 4; }
+
+// The attention kernel computes S^T = K Q^T, so a lane's accumulator holds one query (its
+// column) and 16 keys; then O^T = V^T P^T takes P^T straight from those registers as the B
+// operand: k-step s of the second product uses accumulator registers [s*K/2, (s+1)*K/2), so B's
+// element i in lane l is the key c_row(l, s*K/2 + i) of the 32-key tile. The A operand (V^T) must
+// pair the same keys: A's element i in lane l is key pv_key(K, l, s, i). For K = 8 this is the
+// natural order; for K = 16 the keys of a lane come in two runs of four.
+MLAGEN_HD constexpr int pv_key(int k_atom, int lane, int s, int i) { return c_row(lane, s * (k_atom / 2) + i); }
+
+}  // namespace gfx9
+}  // namespace mlagen

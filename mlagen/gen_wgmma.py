@@ -30,13 +30,15 @@ def _ss(n: int) -> str:
     a, b, sc = regs, regs + 1, regs + 2
     return f"""template <>
 struct Wgmma<{n}> {{
-  // D (+)= A * B with A and B in shared memory (both K-major), bf16 in, fp32 accumulate.
+  // D (+)= A * B with A and B in shared memory, bf16 in, fp32 accumulate. A is K-major; B is
+  // K-major, or MN-major when TRANS_B (e.g. V read from a key-major tile).
+  template <int TRANS_B = 0>
   __device__ __forceinline__ static void ss(float* d, u64 desc_a, u64 desc_b, int accumulate) {{
     asm volatile(
         "{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{sc}, 0;\\n"
-        "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.bf16.bf16 {{{_acc_list(regs)}}}, %{a}, %{b}, p, 1, 1, 0, 0;\\n}}\\n"
+        "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.bf16.bf16 {{{_acc_list(regs)}}}, %{a}, %{b}, p, 1, 1, 0, %{sc + 1};\\n}}\\n"
         : {_acc_operands(regs)}
-        : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+        : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(TRANS_B));
   }}
   // D (+)= A * B with A (4 registers of bf16x2) in registers and B in shared memory (MN-major when
   // TRANS_B, e.g. V with its head dimension contiguous).

@@ -1,0 +1,396 @@
+"""Sparse MLA prefill on the device: the correctness matrix, a sanitizer case, and the benchmark
+against FlashMLA's SM90 kernel and a PyTorch gather + matmul peer (BENCHMARKS.md protocol).
+
+    python -m mlagen.bench_sparse verify                 # the correctness matrix (exit 1 on a failure)
+    python -m mlagen.bench_sparse sanitize               # one small fuzzed case, for compute-sanitizer
+    python -m mlagen.bench_sparse bench [--flashmla DIR] [--shapes S1,S2] [--rounds 3] [--iters 50]
+
+Kept apart from ``mlagen.bench`` (the dense family's); ``mlagen bench --family sparse`` can call
+:func:`main` with its arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import sys
+import time
+
+from .families import mla_sparse_prefill as fam
+
+# BENCHMARKS.md sparse shapes (d_qk 576 / d_v 512, sink on).
+SHAPES = {
+    "S1": {"sq": 4096, "heads": 128, "topk": 2048, "s_kv": 8192},
+    "S2": {"sq": 4096, "heads": 128, "topk": 2048, "s_kv": 32768},
+    "S3": {"sq": 4096, "heads": 128, "topk": 2048, "s_kv": 131072},
+    "S4": {"sq": 4096, "heads": 64, "topk": 2048, "s_kv": 32768},
+    "S5": {"sq": 4096, "heads": 16, "topk": 2048, "s_kv": 32768},
+    "S6": {"sq": 4096, "heads": 128, "topk": 1024, "s_kv": 65536},
+}
+
+
+# --- correctness ------------------------------------------------------------------------------
+
+
+def fuzzed_indices(torch, sq, topk, n, gen, device, invalid=0.2, empty_rows=(0,)):
+    """Indices with duplicates (drawn with replacement), -1, other negatives and >= N mixed in,
+    and the rows in ``empty_rows`` all invalid."""
+    idx = torch.randint(0, max(n, 1), (sq, topk), generator=gen, device=device, dtype=torch.int32)
+    r = torch.rand((sq, topk), generator=gen, device=device)
+    idx = torch.where(r < invalid * 0.5, torch.full_like(idx, -1), idx)
+    idx = torch.where((r >= invalid * 0.5) & (r < invalid * 0.75), -idx - 2, idx)
+    idx = torch.where((r >= invalid * 0.75) & (r < invalid), idx + n, idx)
+    big = torch.rand((sq, topk), generator=gen, device=device) < 0.01
+    idx = torch.where(big, torch.full_like(idx, 2**31 - 1), idx)
+    for row in empty_rows:
+        if row < sq:
+            idx[row] = torch.where(torch.arange(topk, device=device) % 2 == 0, -1, n + 7).to(torch.int32)
+    return idx
+
+
+def make_kv(torch, layout, n, d_qk, gen, device):
+    if layout == "flat":
+        return torch.randn((n, d_qk), generator=gen, device=device).to(torch.bfloat16)
+    if layout == "n1d":
+        return torch.randn((n, 1, d_qk), generator=gen, device=device).to(torch.bfloat16)
+    if layout == "paged":  # pages of 64 rows, strided (each page sits in a slot twice its size)
+        pages = -(-n // 64)
+        pool = torch.randn((pages, 128, d_qk), generator=gen, device=device).to(torch.bfloat16)
+        return pool[:, :64]
+    raise ValueError(layout)
+
+
+def sink_for(torch, mode, heads, gen, device):
+    if mode == "none":
+        return None
+    if mode == "finite":
+        return torch.randn((heads,), generator=gen, device=device)
+    if mode == "+inf":
+        return torch.full((heads,), math.inf, device=device)
+    if mode == "-inf":
+        return torch.full((heads,), -math.inf, device=device)
+    if mode == "mixed":
+        s = torch.randn((heads,), generator=gen, device=device)
+        s[0::3] = math.inf
+        s[1::3] = -math.inf
+        return s
+    raise ValueError(mode)
+
+
+def check_case(torch, case: dict, seed: int, kernel=None) -> tuple[bool, str]:
+    """Run one case through mlagen.mla_sparse_prefill and the float32 reference; (ok, summary)."""
+    import mlagen
+
+    device = torch.device("cuda")
+    gen = torch.Generator(device=device)
+    gen.manual_seed(seed)
+    sq, heads, topk, n, d_qk = case["sq"], case["heads"], case["topk"], case["n"], case.get("d_qk", 576)
+    # q as a strided view (heads padded in memory) to exercise in-place strided reads.
+    q_big = torch.randn((sq, heads + 3, d_qk + 64), generator=gen, device=device).to(torch.bfloat16)
+    q = q_big[:, 1:heads + 1, :d_qk]
+    kv = make_kv(torch, case.get("kv", "flat"), n, d_qk, gen, device)
+    n_rows = kv.shape[0] * (kv.shape[1] if kv.dim() == 3 else 1)
+    idx = fuzzed_indices(torch, sq, topk, n_rows, gen, device, invalid=case.get("invalid", 0.2))
+    if case.get("idx3"):
+        idx = idx.view(sq, 1, topk)
+    length = None
+    if case.get("topk_length"):
+        length = torch.randint(0, topk + 1, (sq,), generator=gen, device=device, dtype=torch.int32)
+        length[sq // 2] = 0
+        length[-1] = topk
+        if case["topk_length"] == "long":
+            length[1] = topk + 100  # past topk: clamped
+    sink = sink_for(torch, case.get("sink", "none"), heads, gen, device)
+    scale = d_qk ** -0.5
+    out = torch.full((sq, heads, 512), math.nan, dtype=torch.bfloat16, device=device)
+    o, ml, lse = mlagen.mla_sparse_prefill(q, kv, idx, softmax_scale=scale, topk_length=length, attn_sink=sink,
+                                           out=out, kernel=kernel)
+    ro, rml, rlse = fam.reference(q, kv, idx, softmax_scale=scale, topk_length=length, attn_sink=sink)
+    torch.cuda.synchronize()
+    problems = []
+    if torch.isnan(o).any():
+        problems.append("NaN in out (unwritten or computed)")
+    of = o.float()
+    err = ((of - ro).norm() / ro.norm().clamp_min(1e-30)).item() if ro.norm() > 0 else of.abs().max().item()
+    if err > 1e-2:
+        problems.append(f"out rel err {err:.2e}")
+    zero_rows = ro.abs().amax(-1) == 0
+    if (of[zero_rows] != 0).any():
+        problems.append("nonzero out where the reference is exactly 0")
+    for name, a, b, tol in (("lse", lse, rlse, 2e-3), ("max_logits", ml, rml, 2e-3)):
+        inf_a, inf_b = torch.isinf(a), torch.isinf(b)
+        if not torch.equal(inf_a, inf_b) or not torch.equal(a[inf_a], b[inf_b]):
+            problems.append(f"{name}: inf pattern differs")
+            continue
+        fin = ~inf_b
+        if fin.any():
+            d = ((a[fin] - b[fin]).abs() / (1 + b[fin].abs())).max().item()
+            if d > tol:
+                problems.append(f"{name} err {d:.2e}")
+    ok = not problems
+    return ok, f"out_err={err:.2e} " + ("ok" if ok else "; ".join(problems))
+
+
+def verify_cases() -> list[dict]:
+    """The correctness matrix of issue 9 part 2: H x topk, every index/length/sink/layout mode."""
+    cases = []
+    sinks = ["none", "finite", "+inf", "-inf", "mixed"]
+    layouts = ["flat", "n1d", "paged"]
+    i = 0
+    for heads in (1, 5, 16, 64, 128):
+        for topk in (1, 33, 640, 2048):
+            cases.append({
+                "sq": 9 if topk >= 640 else 13, "heads": heads, "topk": topk, "n": 3000 if topk < 2048 else 5000,
+                "d_qk": 576 if i % 3 else 512, "kv": layouts[i % 3], "sink": sinks[i % 5],
+                "topk_length": [None, "short", "long"][i % 3 if i % 4 else 0], "idx3": i % 2 == 1,
+            })
+            i += 1
+    # All-valid (no invalid entries), and all invalid.
+    cases.append({"sq": 7, "heads": 128, "topk": 2048, "n": 8192, "invalid": 0.0, "sink": "finite"})
+    cases.append({"sq": 5, "heads": 64, "topk": 128, "n": 100, "invalid": 1.0, "sink": "finite"})
+    cases.append({"sq": 5, "heads": 16, "topk": 256, "n": 64, "d_qk": 512, "topk_length": "short", "sink": "mixed",
+                  "kv": "paged"})
+    return cases
+
+
+def verify(kernel=None) -> int:
+    import torch
+
+    failures = 0
+    t0 = time.time()
+    for i, case in enumerate(verify_cases()):
+        ok, msg = check_case(torch, case, seed=1000 + i, kernel=kernel)
+        failures += not ok
+        desc = " ".join(f"{k}={v}" for k, v in case.items())
+        print(f"{'PASS' if ok else 'FAIL'} [{i:2d}] {desc}: {msg}", flush=True)
+    extra = check_graph(torch)
+    failures += not extra[0]
+    print(f"{'PASS' if extra[0] else 'FAIL'} cuda graph capture + replay: {extra[1]}")
+    print(f"verify ({kernel or 'dispatched kernel'}): {failures} failure(s), {time.time() - t0:.1f}s")
+    return 1 if failures else 0
+
+
+def check_graph(torch) -> tuple[bool, str]:
+    """The call captured in a CUDA graph and replayed on new inputs matches a direct call."""
+    import mlagen
+
+    inp = fam.make_inputs({"sq": 64, "heads": 64, "topk": 256, "s_kv": 4096}, "cuda", seed=5)
+    mlagen.mla_sparse_prefill(**inp)  # builds the kernel outside capture
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        o, ml, lse = mlagen.mla_sparse_prefill(**inp)
+    new = fam.make_inputs({"sq": 64, "heads": 64, "topk": 256, "s_kv": 4096}, "cuda", seed=6)
+    for k in ("q", "kv", "indices", "attn_sink"):
+        inp[k].copy_(new[k])
+    g.replay()
+    ro, rml, rlse = mlagen.mla_sparse_prefill(**new)
+    torch.cuda.synchronize()
+    same = torch.equal(o, ro) and torch.equal(lse, rlse) and torch.equal(ml, rml)
+    return same, "identical to a direct call" if same else "differs from a direct call"
+
+
+def sanitize() -> int:
+    """A small case with fuzzed indices (huge, negative, -1, past N) for compute-sanitizer."""
+    import torch
+
+    ok1, m1 = check_case(torch, {"sq": 6, "heads": 20, "topk": 200, "n": 300, "invalid": 0.5, "sink": "mixed",
+                                 "topk_length": "long", "kv": "paged"}, seed=7)
+    ok2, m2 = check_case(torch, {"sq": 4, "heads": 64, "topk": 130, "n": 1, "invalid": 0.5, "d_qk": 512}, seed=8)
+    print("sanitize case 1:", m1)
+    print("sanitize case 2:", m2)
+    return 0 if ok1 and ok2 else 1
+
+
+# --- benchmark --------------------------------------------------------------------------------
+
+
+def naive(torch, q, kv, indices, scale, sink, chunk=128):
+    """PyTorch gather + matmul (bf16 matmuls, fp32 softmax), chunked over tokens."""
+    rows = kv.reshape(-1, kv.shape[-1])
+    idx = indices.reshape(indices.shape[0], -1).long()
+    out = torch.empty((q.shape[0], q.shape[1], 512), dtype=torch.bfloat16, device=q.device)
+    for t0 in range(0, q.shape[0], chunk):
+        g = rows[idx[t0:t0 + chunk]]                                    # [c, k, d]
+        s = torch.matmul(q[t0:t0 + chunk], g.transpose(1, 2)).float() * scale
+        m = s.amax(-1, keepdim=True)
+        p = torch.exp(s - m)
+        den = p.sum(-1, keepdim=True) + torch.exp(sink.view(1, -1, 1) - m)
+        out[t0:t0 + chunk] = torch.matmul((p / den).to(torch.bfloat16), g[..., :512])
+    return out
+
+
+def _time(torch, fn, iters, flush):
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+    for i in range(iters):
+        flush.zero_()
+        starts[i].record()
+        fn()
+        ends[i].record()
+    torch.cuda.synchronize()
+    return [s.elapsed_time(e) for s, e in zip(starts, ends)]
+
+
+def _q(xs, f):
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(f * len(xs)))]
+
+
+def _variants(texts):
+    """Variants of the sm90 spec from 'name=value,...' texts (None: the dispatched kernel)."""
+    from . import spec as spec_mod
+    from . import variant as variant_mod
+
+    out = {"dispatch": None}
+    s = spec_mod.load("mla_sparse_prefill_sm90")
+    for text in texts or ():
+        values = {}
+        for item in text.split(","):
+            k, v = item.split("=")
+            t = s.tunable(k)
+            values[k] = next(x for x in t.values if str(x).lower() == v.lower())
+        out[text] = values
+    return out
+
+
+def bench(shapes, rounds, iters, flashmla_dir, naive_iters, variant_texts=()) -> None:
+    import torch
+
+    import mlagen
+    from . import spec as spec_mod
+    from . import variant as variant_mod
+
+    peer = None
+    if flashmla_dir:
+        sys.path.insert(0, flashmla_dir)
+        try:
+            from flashmla_sparse_peer import sparse_fwd as peer
+        except Exception as exc:  # the peer is optional; say why it is missing
+            print(f"flashmla peer unavailable: {exc}")
+    dev = torch.cuda.get_device_properties(0)
+    print(f"device: {dev.name}, torch {torch.__version__}, cuda {torch.version.cuda}, {time.strftime('%Y-%m-%d %H:%M')}")
+    flush = torch.empty(256 * 2**20, dtype=torch.uint8, device="cuda")
+    rows = []
+    for name in shapes:
+        # A named shape, or sq:heads:topk:s_kv.
+        shape = SHAPES[name] if name in SHAPES else dict(zip(("sq", "heads", "topk", "s_kv"), map(int, name.split(":"))))
+        inp = fam.make_inputs(shape, "cuda", seed=0)
+        fl = fam.flops(shape["sq"], shape["heads"], shape["topk"])
+        ours = lambda: mlagen.mla_sparse_prefill(**inp)  # noqa: E731
+        sp = spec_mod.load("mla_sparse_prefill_sm90")
+        alts = {}
+        for name_v, values in _variants(variant_texts).items():
+            if values is not None:
+                var = variant_mod.make(sp, {**values, "d_qk": 576, "paged": False})
+                alts[name_v] = (lambda var=var: mlagen.mla_sparse_prefill(**inp, kernel=var))
+        for fn in alts.values():
+            fn()
+        o, ml, lse = ours()
+        torch.cuda.synchronize()
+        theirs = None
+        agree = ""
+        if peer is not None:
+            h = shape["heads"]
+            if h % 64:  # FlashMLA needs 64 or 128 heads: pad, as serving stacks do
+                hp = -(-h // 64) * 64
+                qp = torch.zeros((shape["sq"], hp, 576), dtype=torch.bfloat16, device="cuda")
+                qp[:, :h] = inp["q"]
+                sp = torch.zeros((hp,), device="cuda")
+                sp[:h] = inp["attn_sink"]
+            else:
+                qp, sp = inp["q"], inp["attn_sink"]
+            theirs = lambda: peer(qp, inp["kv"], inp["indices"], inp["softmax_scale"], 512, sp, None)  # noqa: E731
+            po, pml, plse = theirs()
+            torch.cuda.synchronize()
+            d = ((o.float() - po[:, :h].float()).norm() / po[:, :h].float().norm()).item()
+            dl = (lse - plse[:, :h]).abs().max().item()
+            agree = f"vs flashmla: out rel {d:.1e}, lse max {dl:.1e}"
+        t_ours, t_peer = [], []
+        t_alt = {k: [] for k in alts}
+        for _ in range(rounds):
+            if theirs is not None:
+                t_peer.append(statistics.median(_time(torch, theirs, iters, flush)))
+            t_ours.append(statistics.median(_time(torch, ours, iters, flush)))
+            for k, fn in alts.items():
+                t_alt[k].append(statistics.median(_time(torch, fn, iters, flush)))
+        all_ours = _time(torch, ours, iters, flush)
+        t_naive = None
+        if naive_iters:
+            naive(torch, inp["q"], inp["kv"], inp["indices"], inp["softmax_scale"], inp["attn_sink"])
+            t_naive = statistics.median(_time(torch, lambda: naive(torch, inp["q"], inp["kv"], inp["indices"],
+                                                                   inp["softmax_scale"], inp["attn_sink"]),
+                                              naive_iters, flush))
+        mo = statistics.median(t_ours)
+        mp = statistics.median(t_peer) if t_peer else None
+        row = {
+            "shape": name, "ours_ms": mo, "ours_tflops": fl / mo / 1e9,
+            "ours_p20_p80": (_q(all_ours, 0.2), _q(all_ours, 0.8)),
+            "rounds_ours": t_ours, "rounds_peer": t_peer,
+            "peer_ms": mp, "peer_tflops": fl / mp / 1e9 if mp else None,
+            "ratio": mp / mo if mp else None,
+            "naive_tflops": fl / t_naive / 1e9 if t_naive else None, "agree": agree,
+            "variants_tflops": {k: fl / statistics.median(v) / 1e9 for k, v in t_alt.items()},
+        }
+        rows.append(row)
+        print(row, flush=True)
+        del inp
+        torch.cuda.empty_cache()
+    print()
+    print("| shape | ours ms | ours TFLOP/s | FlashMLA TFLOP/s | ratio | naive TFLOP/s |")
+    print("|---|---|---|---|---|---|")
+    for r in rows:
+        pt = f"{r['peer_tflops']:.0f}" if r["peer_tflops"] else "-"
+        ra = f"{r['ratio']:.3f}" if r["ratio"] else "-"
+        nt = f"{r['naive_tflops']:.0f}" if r["naive_tflops"] else "-"
+        print(f"| {r['shape']} | {r['ours_ms']:.3f} | {r['ours_tflops']:.0f} | {pt} | {ra} | {nt} |")
+
+
+def profile(flashmla_dir, shape_text) -> int:
+    """One call of ours and one of FlashMLA's on the same inputs (run under ncu)."""
+    import torch
+
+    import mlagen
+
+    shape = dict(zip(("sq", "heads", "topk", "s_kv"), map(int, shape_text.split(":"))))
+    inp = fam.make_inputs(shape, "cuda", seed=0)
+    mlagen.mla_sparse_prefill(**inp)
+    if flashmla_dir:
+        sys.path.insert(0, flashmla_dir)
+        from flashmla_sparse_peer import sparse_fwd
+
+        sparse_fwd(inp["q"], inp["kv"], inp["indices"], inp["softmax_scale"], 512, inp["attn_sink"], None)
+    torch.cuda.synchronize()
+    return 0
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="mlagen.bench_sparse")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    v = sub.add_parser("verify")
+    v.add_argument("--kernel", default=None, help="force a spec, e.g. mla_sparse_prefill_sm80")
+    sub.add_parser("sanitize")
+    pr = sub.add_parser("profile")
+    pr.add_argument("--flashmla", default=None)
+    pr.add_argument("--shape", default="1024:128:2048:8192")
+    b = sub.add_parser("bench")
+    b.add_argument("--shapes", default="S1,S2,S3,S4,S5,S6")
+    b.add_argument("--rounds", type=int, default=3)
+    b.add_argument("--iters", type=int, default=50)
+    b.add_argument("--naive-iters", type=int, default=3)
+    b.add_argument("--flashmla", default=None, help="folder of flashmla_sparse_peer.py (built)")
+    b.add_argument("--variant", action="append", default=[], help="also time this sm90 variant: name=value,...")
+    args = ap.parse_args(argv)
+    if args.cmd == "verify":
+        return verify(args.kernel)
+    if args.cmd == "sanitize":
+        return sanitize()
+    if args.cmd == "profile":
+        return profile(args.flashmla, args.shape)
+    bench(args.shapes.split(","), args.rounds, args.iters, args.flashmla, args.naive_iters, args.variant)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,699 @@
+"""Sparse MLA prefill (``../shared/MLA.md`` section 2, DeepSeek-V3.2 DSA): validation, launch,
+reference, FLOPs and benchmark inputs.
+
+Compile side: :class:`MlaSparsePrefillFamily` checks specs of the family (the ``gather`` ABI: raw
+pointers and strides, since gathered rows cannot be described to TMA), adds the register-pool and
+schedule checks to the resource model, and supplies the render context.
+
+Run side, as functions that map onto a family protocol: :func:`prepare` (arguments -> :class:`Call`,
+no host synchronisation), :func:`problem_key` (the tuning shape class), :func:`launch`,
+:func:`reference`, :func:`flops` and :func:`make_inputs`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from ... import abi
+from ...errors import LaunchError, SpecError
+from ..base import Family, register
+
+D_V = 512
+D_QK_VALUES = (576, 512)
+BLOCK_H = 64      # heads per CTA of the sm90 kernel (fewer are zero-padded)
+MAX_ROWS = 2**31 - 1
+
+PARAMS = abi.ParamStruct("Params", (
+    abi.Field("q", "const bf16*"),
+    abi.Field("kv", "const bf16*"),
+    abi.Field("indices", "const int*"),
+    abi.Field("topk_length", "const int*"),
+    abi.Field("attn_sink", "float*"),
+    abi.Field("out", "bf16*"),
+    abi.Field("max_logits", "float*"),
+    abi.Field("lse", "float*"),
+    abi.Field("q_row_stride", "i64"),
+    abi.Field("q_head_stride", "i64"),
+    abi.Field("kv_row_stride", "i64"),
+    abi.Field("kv_page_stride", "i64"),
+    abi.Field("idx_row_stride", "i64"),
+    abi.Field("o_row_stride", "i64"),
+    abi.Field("o_head_stride", "i64"),
+    abi.Field("ml_row_stride", "i64"),
+    abi.Field("lse_row_stride", "i64"),
+    abi.Field("sq", "int"),
+    abi.Field("heads", "int"),
+    abi.Field("topk", "int"),
+    abi.Field("num_kv", "int"),
+    abi.Field("page_size", "int"),
+    abi.Field("scale_log2", "float"),
+))
+
+_ABIS = {"gather": PARAMS}
+_SCHEDULE_KEYS = ("roles", "gather", "consumer_split")
+
+
+class ArgumentError(LaunchError, ValueError):
+    """A bad argument to the sparse prefill call (names the argument and what is allowed)."""
+
+
+def _fail(arg: str, message: str, kind=ArgumentError):
+    raise kind(f"mla_sparse_prefill: {arg}: {message}")
+
+
+def _pow2_ceil(x: float) -> int:
+    return 1 if x <= 1 else 1 << math.ceil(math.log2(x))
+
+
+@dataclass(frozen=True)
+class ProblemKey:
+    """Shape class of a call for tuning records: d_qk, heads and topk rounded up to powers of
+    two, and the KV layout (a flat table or a pool of strided pages: compiled separately)."""
+
+    d_qk: int
+    heads: int
+    topk: int
+    layout: str = "flat"
+
+    def __str__(self) -> str:
+        return f"d{self.d_qk}/h{self.heads}/k{self.topk}/{self.layout}"
+
+    @classmethod
+    def parse(cls, text: str) -> "ProblemKey":
+        try:
+            d, h, k, layout = text.split("/")
+            if d[0] != "d" or h[0] != "h" or k[0] != "k" or layout not in ("flat", "paged"):
+                raise ValueError
+            key = cls(int(d[1:]), int(h[1:]), int(k[1:]), layout)
+            if key.d_qk not in D_QK_VALUES or min(key.heads, key.topk) < 1:
+                raise ValueError
+            return key
+        except (ValueError, IndexError):
+            raise ValueError(f"{text!r} is not a sparse problem key like 'd576/h128/k2048/flat'") from None
+
+    def distance(self, other: "ProblemKey") -> float:
+        if self.d_qk != other.d_qk or self.layout != other.layout:
+            return math.inf
+        return abs(math.log2(self.heads) - math.log2(other.heads)) + abs(math.log2(self.topk) - math.log2(other.topk))
+
+
+def problem_key(call) -> ProblemKey:
+    """The shape class of a Call or a Shape."""
+    paged = getattr(call, "page_size", 0) > 0
+    return ProblemKey(call.d_qk, _pow2_ceil(call.heads), _pow2_ceil(max(call.topk, 1)), "paged" if paged else "flat")
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A benchmark / tuning problem: Sq query tokens, H heads, topk indices per token drawn
+    without repetition from s_kv rows (BENCHMARKS.md), d_qk, and whether the sink is on.
+    Text form: ``sq=4096,h=128,topk=2048,skv=8192[,d=576][,sink=1]``."""
+
+    id: str
+    sq: int
+    heads: int
+    topk: int
+    s_kv: int
+    d_qk: int = 576
+    sink: bool = True
+
+
+_SHAPE_KEYS = {"sq": "sq", "h": "heads", "topk": "topk", "skv": "s_kv", "d": "d_qk", "sink": "sink"}
+
+
+def parse_shape(text: str, id: str | None = None) -> Shape:
+    values: dict = {}
+    for item in text.replace(" ", "").split(","):
+        if "=" not in item:
+            raise ValueError(f"{text!r}: expected name=value items like sq=4096,h=128,topk=2048,skv=8192")
+        k, v = item.split("=", 1)
+        if k not in _SHAPE_KEYS:
+            raise ValueError(f"{text!r}: unknown item {k!r}; known: {', '.join(_SHAPE_KEYS)}")
+        try:
+            values[_SHAPE_KEYS[k]] = int(v)
+        except ValueError:
+            raise ValueError(f"{text!r}: {k} must be an integer, got {v!r}") from None
+    missing = [k for k, f in _SHAPE_KEYS.items() if f not in values and k not in ("d", "sink")]
+    if missing:
+        raise ValueError(f"{text!r}: missing {', '.join(missing)}")
+    values["sink"] = bool(values.get("sink", 1))
+    shape = Shape(id or text, **values)
+    if shape.d_qk not in D_QK_VALUES or min(shape.sq, shape.heads, shape.topk, shape.s_kv) < 1 or shape.topk > shape.s_kv:
+        raise ValueError(f"{text!r}: needs d in {list(D_QK_VALUES)}, positive sizes and topk <= skv")
+    return shape
+
+
+def describe_shape(shape: Shape) -> str:
+    return (f"sq={shape.sq},h={shape.heads},topk={shape.topk},skv={shape.s_kv},d={shape.d_qk},"
+            f"sink={int(shape.sink)}")
+
+
+@dataclass
+class Call:
+    """One validated invocation: tensors checked, outputs allocated, nothing launched yet."""
+
+    q: Any            # [Sq, H, d_qk]
+    kv: Any           # the caller's tensor (2-D or 3-D)
+    indices: Any      # [Sq, topk] view
+    topk_length: Any  # [Sq] int32 or None
+    attn_sink: Any    # [H] fp32 or None
+    out: Any
+    max_logits: Any
+    lse: Any
+    sq: int
+    heads: int
+    topk: int
+    d_qk: int
+    num_kv: int
+    kv_row_stride: int
+    kv_page_stride: int
+    page_size: int    # 0: rows are kv_row_stride apart; else row r is (r // ps, r % ps) of a paged pool
+    scale: float
+
+    @property
+    def key(self) -> ProblemKey:
+        return problem_key(self)
+
+    @property
+    def empty(self) -> bool:
+        """Nothing to launch: no rows, or no row can see a key."""
+        return self.sq == 0 or self.topk == 0 or self.num_kv == 0
+
+
+def _check_tensor(torch, t, arg: str, dtype, ndims: tuple, device=None):
+    if not isinstance(t, torch.Tensor):
+        _fail(arg, f"expected a torch.Tensor, got {type(t).__name__}", TypeError)
+    if t.dtype != dtype:
+        _fail(arg, f"dtype must be {dtype}, got {t.dtype}", TypeError)
+    if t.dim() not in ndims:
+        _fail(arg, f"expected {' or '.join(map(str, ndims))} dimensions, got shape {tuple(t.shape)}")
+    if device is not None and t.device != device:
+        _fail(arg, f"must be on {device} (like q), got {t.device}")
+    if t.numel() > 0 and t.stride(-1) != 1:
+        _fail(arg, f"last dimension must be contiguous (stride 1), got stride {t.stride(-1)}")
+
+
+def _aligned_or_copy(t):
+    """cp.async reads 16-byte chunks: a view whose base or strides break that is copied."""
+    ok = t.data_ptr() % 16 == 0 and all(
+        (t.stride(d) * t.element_size()) % 16 == 0 for d in range(t.dim() - 1) if t.size(d) > 1)
+    return t if ok else t.contiguous()
+
+
+def prepare(q, kv, indices, *, softmax_scale, topk_length=None, attn_sink=None, d_v=D_V, out=None,
+            max_logits=None, lse=None) -> Call:
+    """Validate the arguments (errors name the argument) and allocate the outputs. Reads no
+    device values, so it never synchronises the host and can run inside CUDA graph capture."""
+    import torch
+
+    if not isinstance(q, torch.Tensor):
+        _fail("q", f"expected a torch.Tensor, got {type(q).__name__}", TypeError)
+    if q.device.type != "cuda":
+        _fail("q", f"must be a CUDA tensor, got device {q.device}")
+    device = q.device
+    _check_tensor(torch, q, "q", torch.bfloat16, (3,))
+    sq, heads, d_qk = q.shape
+    if d_qk not in D_QK_VALUES:
+        _fail("q", f"last dimension (d_qk) must be 576 (512 latent + 64 rope) or 512, got {d_qk}")
+    if heads < 1:
+        _fail("q", "needs at least one head")
+    if d_v != D_V:
+        _fail("d_v", f"must be {D_V} (V is the first 512 columns of each KV row), got {d_v!r}")
+
+    _check_tensor(torch, kv, "kv", torch.bfloat16, (2, 3), device)
+    if kv.shape[-1] != d_qk:
+        _fail("kv", f"last dimension must match q's d_qk {d_qk}, got {kv.shape[-1]}")
+    if kv.dim() == 2:
+        num_kv, page_size, row_stride, page_stride = kv.shape[0], 0, kv.stride(0), 0
+    else:
+        blocks, ps = kv.shape[0], kv.shape[1]
+        num_kv = blocks * ps
+        if ps == 1:
+            page_size, row_stride, page_stride = 0, kv.stride(0), 0
+        elif blocks <= 1 or kv.stride(0) == ps * kv.stride(1):
+            page_size, row_stride, page_stride = 0, kv.stride(1), 0   # pages back to back: a flat table
+        else:
+            page_size, row_stride, page_stride = ps, kv.stride(1), kv.stride(0)
+
+    _check_tensor(torch, indices, "indices", torch.int32, (2, 3), device)
+    if indices.dim() == 3:
+        if indices.shape[1] != 1:
+            _fail("indices", f"expected [Sq, topk] or [Sq, 1, topk], got {tuple(indices.shape)}")
+        indices = indices[:, 0, :]
+    if indices.shape[0] != sq:
+        _fail("indices", f"has {indices.shape[0]} rows, q has {sq} query tokens")
+    topk = indices.shape[1]
+
+    if topk_length is not None:
+        _check_tensor(torch, topk_length, "topk_length", torch.int32, (1,), device)
+        if topk_length.shape[0] != sq:
+            _fail("topk_length", f"expected shape ({sq},), got {tuple(topk_length.shape)}")
+    if attn_sink is not None:
+        _check_tensor(torch, attn_sink, "attn_sink", torch.float32, (1,), device)
+        if attn_sink.shape[0] != heads:
+            _fail("attn_sink", f"expected shape ({heads},) (one per head), got {tuple(attn_sink.shape)}")
+
+    if isinstance(softmax_scale, bool):
+        _fail("softmax_scale", f"expected a float, got {softmax_scale!r}", TypeError)
+    try:
+        scale = float(softmax_scale)
+    except (TypeError, ValueError):
+        _fail("softmax_scale", f"expected a float, got {softmax_scale!r}", TypeError)
+    if not (math.isfinite(scale) and scale > 0):
+        _fail("softmax_scale", f"must be a finite positive number, got {softmax_scale!r}")
+    if sq * max(1, -(-heads // BLOCK_H)) > MAX_ROWS:
+        _fail("q", "more than 2**31 - 1 (token, head group) blocks is not supported")
+
+    if out is None:
+        out = torch.empty((sq, heads, D_V), dtype=torch.bfloat16, device=device)
+    else:
+        _check_tensor(torch, out, "out", torch.bfloat16, (3,), device)
+        if tuple(out.shape) != (sq, heads, D_V):
+            _fail("out", f"expected shape ({sq}, {heads}, {D_V}), got {tuple(out.shape)}")
+        if out.data_ptr() % 4 or any(out.stride(d) % 2 for d in range(2) if out.size(d) > 1):
+            _fail("out", "base address and row/head strides must be multiples of 4 bytes")
+    for name, t in (("max_logits", max_logits), ("lse", lse)):
+        if t is not None:
+            _check_tensor(torch, t, name, torch.float32, (2,), device)
+            if tuple(t.shape) != (sq, heads):
+                _fail(name, f"expected shape ({sq}, {heads}), got {tuple(t.shape)}")
+    if max_logits is None:
+        max_logits = torch.empty((sq, heads), dtype=torch.float32, device=device)
+    if lse is None:
+        lse = torch.empty((sq, heads), dtype=torch.float32, device=device)
+
+    q = _aligned_or_copy(q)
+    if kv.numel() and not (kv.data_ptr() % 16 == 0 and all((s * 2) % 16 == 0 for s in (row_stride, page_stride))):
+        kv = kv.contiguous()
+        page_size, page_stride, row_stride = 0, 0, d_qk
+    return Call(q, kv, indices, topk_length, attn_sink, out, max_logits, lse, sq, heads, topk, d_qk,
+                min(num_kv, MAX_ROWS), row_stride, page_stride, page_size, scale)
+
+
+def fill_empty(call: Call) -> None:
+    """Outputs of a call in which no row sees a key: out 0, max_logits -inf, lse +inf."""
+    call.out.zero_()
+    call.max_logits.fill_(-math.inf)
+    call.lse.fill_(math.inf)
+
+
+def pack(call: Call):
+    values = {
+        "q": call.q.data_ptr(), "kv": call.kv.data_ptr(), "indices": call.indices.data_ptr(),
+        "topk_length": call.topk_length.data_ptr() if call.topk_length is not None else 0,
+        "attn_sink": call.attn_sink.data_ptr() if call.attn_sink is not None else 0,
+        "out": call.out.data_ptr(), "max_logits": call.max_logits.data_ptr(), "lse": call.lse.data_ptr(),
+        "q_row_stride": call.q.stride(0), "q_head_stride": call.q.stride(1),
+        "kv_row_stride": call.kv_row_stride, "kv_page_stride": call.kv_page_stride,
+        "idx_row_stride": call.indices.stride(0),
+        "o_row_stride": call.out.stride(0), "o_head_stride": call.out.stride(1),
+        "ml_row_stride": call.max_logits.stride(0), "lse_row_stride": call.lse.stride(0),
+        "sq": call.sq, "heads": call.heads, "topk": call.topk, "num_kv": call.num_kv,
+        "page_size": call.page_size, "scale_log2": call.scale * math.log2(math.e),
+    }
+    return PARAMS.pack(values)
+
+
+def grid(selection, call: Call) -> tuple[int, int, int]:
+    rows = selection.env["block_h"]
+    return (call.sq * -(-call.heads // rows), 1, 1)
+
+
+def launch(selection, call: Call, stream: int) -> None:
+    """Launch the selected kernel on ``stream``; no host synchronisation."""
+    res = selection.resources
+    selection.kernel.launch(grid(selection, call), (res.threads, 1, 1), res.smem_bytes, stream, pack(call))
+
+
+def specialization(call) -> dict:
+    """The compile-time values a call (or Shape) needs: d_qk, and whether kv is a pool of strided pages."""
+    return {"d_qk": call.d_qk, "paged": getattr(call, "page_size", 0) > 0}
+
+
+def accepts(spec, call: Call) -> bool:
+    axes = dict(spec.specialize)
+    return spec.abi == "gather" and all(v in axes.get(k, ()) for k, v in specialization(call).items())
+
+
+# --- the family (compile side) --------------------------------------------------------------
+
+
+class MlaSparsePrefillFamily(Family):
+    name = "mla_sparse_prefill"
+
+    def validate_spec(self, spec) -> None:
+        problem = dict(spec.problem)
+        for key, value in {"d_v": D_V, "dtype": "bf16"}.items():
+            if problem.get(key) != value:
+                raise SpecError(spec.path, f"problem.{key}",
+                                f"{problem.get(key)!r}: this family implements {key} = {value!r}")
+        if spec.abi not in _ABIS:
+            raise SpecError(spec.path, "abi", f"{spec.abi!r} is not one of {sorted(_ABIS)}")
+        axes = dict(spec.specialize)
+        if set(axes) != {"d_qk", "paged"} or not set(axes["d_qk"]) <= set(D_QK_VALUES) \
+                or not set(axes["paged"]) <= {False, True}:
+            raise SpecError(spec.path, "specialize", f"this family specialises on d_qk (values from "
+                            f"{list(D_QK_VALUES)}) and paged (false, true)")
+        if spec.schedule is not None:
+            _validate_schedule(spec)
+        from ... import expr, variant
+
+        env = variant.make(spec, {}).env()
+        for i, c in enumerate(spec.constraints):
+            try:
+                ok = c.require(env)
+            except expr.ExprError as exc:
+                raise SpecError(spec.path, f"constraints[{i}].require", str(exc)) from None
+            if not ok:
+                raise SpecError(spec.path, "tune", f"the default variant breaks constraint {i}: {c.message} "
+                                f"(requires {c.require.text})")
+
+    def check_variant(self, variant, target, resources) -> list[str]:
+        if variant.spec.schedule is None:
+            return []
+        if not target.has("wgmma") or not target.has("setmaxnreg"):
+            return [f"{target.name} has no wgmma/setmaxnreg; this schedule needs sm_90a"]
+        s = evaluate_schedule(variant)
+        reasons = []
+        pool = resources.threads * min(255, 65536 // resources.threads // 8 * 8)
+        total = sum(128 * wgs * regs for wgs, regs in s["roles"].values())
+        if total > pool:
+            reasons.append(f"register budget: roles need {total} registers, the CTA holds {pool} at launch "
+                           f"({resources.threads} threads); setmaxnreg would wait forever")
+        for name, (wgs, regs) in s["roles"].items():
+            if not (24 <= regs <= 256 and regs % 8 == 0):
+                reasons.append(f"{name} registers {regs}: setmaxnreg takes a multiple of 8 in [24, 256]")
+        if s["roles"]["consumer"][0] != 2 or s["roles"]["producer"][0] != 1:
+            reasons.append("this kernel has one gathering warpgroup and two consumer warpgroups")
+        if s["gather"]["rows"] != 64 or s["gather"]["buffers"] != 2 or s["gather"]["halves"] != 2 \
+                or s["gather"]["threads_per_row"] != 8:
+            reasons.append("the gather is 64 rows into 2 buffers of 2 halves, 8 threads per 128-byte row")
+        return reasons
+
+    def render_context(self, variant) -> dict:
+        from ...resources import estimate
+
+        return {"params_decl": _ABIS[variant.spec.abi].c_declaration(), "smem_bytes": estimate(variant).smem_bytes}
+
+    # --- shape classes ----------------------------------------------------------------------
+
+    def problem_key(self, shape) -> str:
+        return str(problem_key(shape))
+
+    def problem_distance(self, a: str, b: str) -> float:
+        return ProblemKey.parse(a).distance(ProblemKey.parse(b))
+
+    def specialization(self, shape) -> dict:
+        return specialization(shape)
+
+    def problem_specialization(self, problem: str) -> dict:
+        key = ProblemKey.parse(problem)
+        return {"d_qk": key.d_qk, "paged": key.layout == "paged"}
+
+    def parse_shape(self, text: str, id: str | None = None) -> Shape:
+        return parse_shape(text, id)
+
+    def describe_shape(self, shape) -> str:
+        return describe_shape(shape)
+
+    # --- run time ---------------------------------------------------------------------------
+
+    def accepts(self, spec, call) -> bool:
+        return accepts(spec, call)
+
+    def launch(self, selection, call, stream: int) -> None:
+        launch(selection, call, stream)
+
+    def make_inputs(self, shape, device, seed: int = 0) -> dict:
+        return make_inputs(shape, device, seed)
+
+    def make_outputs(self, shape, device, fill: float = float("nan")):
+        import torch
+
+        return (torch.full((shape.sq, shape.heads, D_V), fill, dtype=torch.bfloat16, device=device),
+                torch.full((shape.sq, shape.heads), fill, dtype=torch.float32, device=device),
+                torch.full((shape.sq, shape.heads), fill, dtype=torch.float32, device=device))
+
+    def check_shape(self, shape) -> Shape:
+        """5 tokens, up to 20 heads (a partial 64-row group), topk 200 (not a multiple of the
+        64-row block, so the last pair is part-invalid) over 300 rows, the shape's d_qk."""
+        return Shape(f"check:{shape.id}", 5, min(shape.heads, 20), 200, 300, shape.d_qk, True)
+
+    def call(self, inputs, *, variant=None, kernel=None, outputs=None, check=False):
+        # The eager path the public call and its torch ops run (the ops module imports this one).
+        out, max_logits, lse = outputs if outputs is not None else (None, None, None)
+        return run(inputs["q"], inputs["kv"], inputs["indices"], softmax_scale=inputs["softmax_scale"],
+                                  topk_length=inputs.get("topk_length"), attn_sink=inputs.get("attn_sink"), out=out,
+                                  max_logits=max_logits, lse=lse, kernel=variant if variant is not None else kernel)
+
+    def reference(self, shape, inputs, heads: int | None = None):
+        h = inputs["q"].shape[1] if heads is None else min(heads, inputs["q"].shape[1])
+        sink = inputs.get("attn_sink")
+        return reference(inputs["q"][:, :h], inputs["kv"], inputs["indices"], softmax_scale=inputs["softmax_scale"],
+                         topk_length=inputs.get("topk_length"), attn_sink=None if sink is None else sink[:h])
+
+    def compare(self, got, ref):
+        return compare(got, ref)
+
+    def flops(self, shape) -> int:
+        return flops(shape.sq, shape.heads, shape.topk, shape.d_qk)
+
+
+def _validate_schedule(spec) -> None:
+    from ... import expr
+
+    sched = spec.schedule
+    if not isinstance(sched, dict) or set(sched) != set(_SCHEDULE_KEYS):
+        raise SpecError(spec.path, "schedule", f"expected the keys {list(_SCHEDULE_KEYS)}")
+    known = ({k for k, _ in spec.problem} | {k for k, _ in spec.derived} | {k for k, _ in spec.specialize}
+             | {t.name for t in spec.tunables})
+
+    def check(value, where):
+        try:
+            e = expr.parse(value)
+        except expr.ExprError as exc:
+            raise SpecError(spec.path, where, str(exc)) from None
+        if e.names - known:
+            raise SpecError(spec.path, where, f"unknown name(s) {sorted(e.names - known)}")
+
+    roles = sched["roles"]
+    if not isinstance(roles, dict) or list(roles) != ["producer", "consumer"]:
+        raise SpecError(spec.path, "schedule.roles", "expected the roles producer and consumer, in that order")
+    for name, body in roles.items():
+        if not isinstance(body, dict) or set(body) != {"warpgroups", "registers", "tasks"}:
+            raise SpecError(spec.path, f"schedule.roles.{name}", "expected keys warpgroups, registers, tasks")
+        check(body["warpgroups"], f"schedule.roles.{name}.warpgroups")
+        check(body["registers"], f"schedule.roles.{name}.registers")
+    gather = sched["gather"]
+    keys = {"rows", "buffers", "halves", "threads_per_row", "l2_evict_last"}
+    if not isinstance(gather, dict) or set(gather) != keys:
+        raise SpecError(spec.path, "schedule.gather", f"expected keys {sorted(keys)}")
+    for k, value in gather.items():
+        check(value, f"schedule.gather.{k}")
+    split = sched["consumer_split"]
+    if split != {"scores": "alternate_blocks", "output_columns": "halves"}:
+        raise SpecError(spec.path, "schedule.consumer_split",
+                        "this kernel splits scores by alternate blocks and the output columns in halves")
+
+
+def evaluate_schedule(variant) -> dict:
+    from ... import expr
+
+    env = variant.env()
+    sched = variant.spec.schedule
+    roles = {name: (int(expr.parse(b["warpgroups"])(env)), int(expr.parse(b["registers"])(env)))
+             for name, b in sched["roles"].items()}
+    gather = {k: expr.parse(v)(env) for k, v in sched["gather"].items()}
+    return {"roles": roles, "gather": gather}
+
+
+FAMILY = register(MlaSparsePrefillFamily())
+
+
+# --- reference, FLOPs, inputs -----------------------------------------------------------------
+
+
+def flops(sq: int, heads: int, topk: int, d_qk: int = 576, d_v: int = D_V) -> int:
+    """BENCHMARKS.md convention: 2 * Sq * H * topk * (d_qk + d_v), invalid entries counted."""
+    return 2 * sq * heads * topk * (d_qk + d_v)
+
+
+def kv_rows(kv):
+    """The KV table as [N, d] rows (a paged pool's row is block * page_size + offset)."""
+    return kv.reshape(-1, kv.shape[-1])
+
+
+def reference(q, kv, indices, *, softmax_scale, topk_length=None, attn_sink=None, d_v=D_V, dtype=None,
+              chunk: int = 64):
+    """MLA.md section 2 in ``dtype`` (float64 on CPU, float32 on GPU by default).
+
+    Returns (out [Sq, H, d_v], max_logits [Sq, H], lse [Sq, H]) in that dtype, natural log. Invalid
+    entries (index < 0 or >= N, or position >= topk_length) count for nothing; duplicates count
+    each time; the sink enters the denominator only; a row with no valid entry gives out 0,
+    max_logits -inf and lse +inf.
+    """
+    import torch
+
+    if dtype is None:
+        dtype = torch.float64 if q.device.type == "cpu" else torch.float32
+    rows = kv_rows(kv)
+    n = rows.shape[0]
+    if indices.dim() == 3:
+        indices = indices[:, 0, :]
+    sq, heads, _ = q.shape
+    topk = indices.shape[1]
+    out = torch.zeros((sq, heads, d_v), dtype=dtype, device=q.device)
+    max_logits = torch.full((sq, heads), -math.inf, dtype=dtype, device=q.device)
+    lse = torch.full((sq, heads), math.inf, dtype=dtype, device=q.device)
+    if sq == 0 or topk == 0 or n == 0:
+        return out, max_logits, lse
+    pos = torch.arange(topk, device=q.device)
+    for t0 in range(0, sq, chunk):
+        t1 = min(sq, t0 + chunk)
+        idx = indices[t0:t1].long()
+        valid = (idx >= 0) & (idx < n)
+        if topk_length is not None:
+            valid &= pos.unsqueeze(0) < topk_length[t0:t1].long().unsqueeze(1)
+        g = rows[idx.clamp(0, n - 1)].to(dtype)                               # [c, topk, d_qk]
+        s = torch.einsum("chd,ckd->chk", q[t0:t1].to(dtype), g) * softmax_scale
+        s = s.masked_fill(~valid.unsqueeze(1), -math.inf)
+        m = s.amax(dim=-1)                                                    # -inf where empty
+        seen = torch.isfinite(m)
+        m_safe = torch.where(seen, m, torch.zeros_like(m))
+        p = torch.exp(s - m_safe.unsqueeze(-1))
+        total = p.sum(-1)
+        denom = total.clone()
+        if attn_sink is not None:
+            denom = denom + torch.exp(attn_sink.to(dtype).unsqueeze(0) - m_safe)
+        o = torch.einsum("chk,ckd->chd", p, g[..., :d_v]) / denom.unsqueeze(-1)
+        out[t0:t1] = torch.where(seen.unsqueeze(-1), o, torch.zeros_like(o))
+        max_logits[t0:t1] = m
+        lse[t0:t1] = torch.where(seen, m_safe + torch.log(total), torch.full_like(m, math.inf))
+    return out, max_logits, lse
+
+
+def random_indices(sq: int, topk: int, s_kv: int, device, generator=None, chunk: int = 256):
+    """[Sq, topk] int32, each row a uniform random choice without repetition over [0, s_kv)."""
+    import torch
+
+    if topk > s_kv:
+        raise ValueError(f"topk {topk} > s_kv {s_kv}: a choice without repetition is impossible")
+    rows = []
+    for t0 in range(0, sq, chunk):
+        r = torch.rand((min(chunk, sq - t0), s_kv), device=device, generator=generator)
+        rows.append(r.topk(topk, dim=-1).indices.to(torch.int32))
+    return torch.cat(rows) if rows else torch.empty((0, topk), dtype=torch.int32, device=device)
+
+
+def make_inputs(shape: dict, device, seed: int = 0) -> dict:
+    """Benchmark / verification inputs for a shape {sq, heads, topk, s_kv[, d_qk][, sink]}: fresh
+    randn data, indices a uniform choice without repetition (BENCHMARKS.md), the sink on unless
+    ``sink`` is False. Returns keyword arguments of :func:`mlagen.mla_sparse_prefill`."""
+    import torch
+
+    if isinstance(shape, Shape):
+        shape = {"sq": shape.sq, "heads": shape.heads, "topk": shape.topk, "s_kv": shape.s_kv, "d_qk": shape.d_qk,
+                 "sink": shape.sink}
+    gen = torch.Generator(device=device)
+    gen.manual_seed(seed)
+    sq, heads, topk, s_kv = shape["sq"], shape["heads"], shape["topk"], shape["s_kv"]
+    d_qk = shape.get("d_qk", 576)
+    q = torch.randn((sq, heads, d_qk), device=device, generator=gen).to(torch.bfloat16)
+    kv = torch.randn((s_kv, 1, d_qk), device=device, generator=gen).to(torch.bfloat16)
+    indices = random_indices(sq, topk, s_kv, device, gen).view(sq, 1, topk)
+    sink = torch.randn((heads,), device=device, generator=gen) if shape.get("sink", True) else None
+    return {"q": q, "kv": kv, "indices": indices, "softmax_scale": d_qk ** -0.5, "attn_sink": sink}
+
+
+REL_TOL = 1e-2    # bf16 P and output; fp32 accumulation
+STAT_TOL = 2e-3   # lse and max_logits, relative to 1 + |value|
+
+
+@dataclass(frozen=True)
+class Check:
+    """How one result compares with the reference; ``problem`` is None when it passes."""
+
+    max_abs: float
+    rel_l2: float
+    lse_max_abs: float | None
+    problem: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.problem is None
+
+
+def compare(got, ref) -> Check:
+    """(out, max_logits, lse) against the reference's: coverage (no NaN) everywhere, accuracy on
+    the reference's heads; rows with no valid entry must be exactly 0 / -inf / +inf."""
+    import torch
+
+    out, ml, lse = got
+    r_out, r_ml, r_lse = ref
+    heads = r_out.shape[1]
+    problems = []
+    bad = int(torch.isnan(out).sum()) + int(torch.isnan(ml).sum()) + int(torch.isnan(lse).sum())
+    if bad:
+        problems.append(f"{bad} output values are NaN (unwritten or computed)")
+    diff = out[:, :heads].double() - r_out.double()
+    max_abs = float(diff.abs().max()) if diff.numel() else 0.0
+    rel = float(diff.norm() / r_out.double().norm().clamp_min(1e-30)) if r_out.numel() else 0.0
+    if float(r_out.double().norm()) == 0.0:
+        rel = max_abs
+    if not rel <= REL_TOL:
+        problems.append(f"relative L2 error {rel:.2e} > {REL_TOL:.0e}")
+    lse_err = 0.0
+    for name, a, b in (("lse", lse[:, :heads], r_lse), ("max_logits", ml[:, :heads], r_ml)):
+        a = a.double()
+        b = b.double()
+        inf_b = torch.isinf(b)
+        if not torch.equal(a[inf_b], b[inf_b]):
+            problems.append(f"{name} of rows with no valid entry must be {'+inf' if name == 'lse' else '-inf'}")
+        fin = ~inf_b
+        if bool(fin.any()):
+            err = float(((a[fin] - b[fin]).abs() / (1 + b[fin].abs())).max())
+            if name == "lse":
+                lse_err = err
+            if not err <= STAT_TOL:
+                problems.append(f"{name} error {err:.2e} > {STAT_TOL:.0e}")
+    return Check(max_abs, rel, lse_err, "; ".join(problems) or None)
+
+
+# --- the eager path (the torch ops of .op run it; mlagen.api re-exports .op's entry points) -----
+
+
+def run(q, kv, indices, *, softmax_scale, topk_length=None, attn_sink=None, d_v=D_V, out=None, max_logits=None,
+        lse=None, kernel=None):
+    """The eager path of one call (what the torch ops run): check, select, launch on the current
+    stream; returns (out, max_logits, lse). See :func:`mlagen.mla_sparse_prefill`."""
+    import torch
+
+    call = prepare(q, kv, indices, softmax_scale=softmax_scale, topk_length=topk_length, attn_sink=attn_sink,
+                   d_v=d_v, out=out, max_logits=max_logits, lse=lse)
+    if call.empty:
+        if call.sq:
+            fill_empty(call)
+        return call.out, call.max_logits, call.lse
+    device, selection = select(call, kernel)
+    with torch.cuda.device(device):
+        launch(selection, call, torch.cuda.current_stream(device).cuda_stream)
+    return call.out, call.max_logits, call.lse
+
+
+def select(call: Call, kernel=None):
+    """(device index, dispatch Selection) for a validated call; ``kernel`` is a spec name or a Variant."""
+    import torch
+
+    from ... import dispatch
+    from ...variant import Variant
+
+    device = call.q.device.index if call.q.device.index is not None else torch.cuda.current_device()
+    selection = dispatch.dispatcher().select(
+        FAMILY.name, str(call.key), specialization(call), device,
+        accepts=lambda spec: accepts(spec, call),
+        variant=kernel if isinstance(kernel, Variant) else None,
+        only=kernel if isinstance(kernel, str) else None,
+    )
+    return device, selection

@@ -1,0 +1,117 @@
+"""``mla_sparse_prefill`` as PyTorch operators (the dense family's op.py pattern), so
+``torch.compile(fullgraph=True)`` traces a model that calls it without a graph break, and CUDA
+graphs capture it.
+
+* ``mlagen::mla_sparse_prefill(q, kv, indices, softmax_scale, topk_length?, attn_sink?, kernel?)
+  -> (out, max_logits, lse)``: allocates its outputs;
+* ``mlagen::mla_sparse_prefill_out(..., out!, max_logits!, lse!) -> ()``: writes preallocated outputs.
+
+Importing this module imports torch and registers the ops.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch.utils._python_dispatch import _get_current_dispatch_mode as _current_dispatch_mode
+
+from . import D_V, ArgumentError, run
+
+Tensor = torch.Tensor
+
+
+def _shapes(q, kv, indices):
+    """Output shapes from the inputs' shapes alone (the fake implementations see no data)."""
+    if q.dim() != 3 or indices.dim() not in (2, 3) or kv.dim() not in (2, 3):
+        raise ArgumentError("mla_sparse_prefill: q must be [Sq, H, d_qk], kv [N, d] / [N, 1, d] / [blocks, page, d], "
+                            "indices [Sq, topk] / [Sq, 1, topk]")
+    return (q.shape[0], q.shape[1], D_V), (q.shape[0], q.shape[1])
+
+
+@torch.library.custom_op("mlagen::mla_sparse_prefill", mutates_args=())
+def _op(q: Tensor, kv: Tensor, indices: Tensor, softmax_scale: float, topk_length: Optional[Tensor],
+        attn_sink: Optional[Tensor], kernel: Optional[str]) -> tuple[Tensor, Tensor, Tensor]:
+    return run(q, kv, indices, softmax_scale=softmax_scale, topk_length=topk_length, attn_sink=attn_sink,
+               kernel=kernel)
+
+
+@_op.register_fake
+def _op_fake(q, kv, indices, softmax_scale, topk_length, attn_sink, kernel):
+    o, s = _shapes(q, kv, indices)
+    return q.new_empty(o), q.new_empty(s, dtype=torch.float32), q.new_empty(s, dtype=torch.float32)
+
+
+@torch.library.custom_op("mlagen::mla_sparse_prefill_out", mutates_args=("out", "max_logits", "lse"))
+def _op_out(q: Tensor, kv: Tensor, indices: Tensor, softmax_scale: float, topk_length: Optional[Tensor],
+            attn_sink: Optional[Tensor], kernel: Optional[str], out: Tensor, max_logits: Tensor, lse: Tensor) -> None:
+    run(q, kv, indices, softmax_scale=softmax_scale, topk_length=topk_length, attn_sink=attn_sink, out=out,
+        max_logits=max_logits, lse=lse, kernel=kernel)
+
+
+@_op_out.register_fake
+def _op_out_fake(q, kv, indices, softmax_scale, topk_length, attn_sink, kernel, out, max_logits, lse):
+    _shapes(q, kv, indices)
+
+
+def _tracing(q) -> bool:
+    if torch.compiler.is_compiling():
+        return True
+    return type(q) is not torch.Tensor or _current_dispatch_mode() is not None
+
+
+def mla_sparse_prefill(q, kv, indices, *, softmax_scale, topk_length=None, attn_sink=None, d_v=D_V, out=None,
+                       max_logits=None, lse=None, kernel=None):
+    """Sparse MLA prefill (DeepSeek-V3.2 DSA, absorbed "MQA mode"), as in MLA.md section 2.
+
+    Args:
+        q: [Sq, H, 576] bf16 (512 latent + 64 rope) or [Sq, H, 512]; any H >= 1. Strided views
+            are fine (last dimension contiguous; 16-byte aligned strides are read in place).
+        kv: the latent cache, one head shared by all query heads: [N, d_qk], [N, 1, d_qk], or a
+            paged pool [num_blocks, page_size, d_qk] whose row ``r`` is page ``r // page_size``,
+            offset ``r % page_size`` (pages may be strided). V is the first 512 columns of a row.
+        indices: [Sq, topk] or [Sq, 1, topk] int32 row ids into kv; any topk >= 0. Entries < 0 or
+            >= N are invalid: they count for nothing and are never read. Duplicates count each time.
+        softmax_scale: scale of q . k (natural-log units).
+        topk_length: optional [Sq] int32: only the first topk_length[t] entries of row t count.
+        attn_sink: optional [H] fp32 (natural-log units): adds exp(sink - max) to the softmax
+            denominator only; lse and max_logits ignore it. +inf gives out 0.
+        d_v: must be 512.
+        out: optional preallocated [Sq, H, 512] bf16 (4-byte aligned strides).
+        max_logits, lse: optional preallocated [Sq, H] fp32 outputs.
+        kernel: optional spec name or Variant to force a kernel (default: dispatch).
+
+    Returns:
+        (out, max_logits, lse): out [Sq, H, 512] bf16; max_logits and lse [Sq, H] fp32, natural
+        log. A row with no valid entry gives out 0, max_logits -inf and lse +inf.
+
+    Never synchronises the host (after the first call of a shape class, which may compile), so
+    it can be captured in a CUDA graph. Traced (torch.compile, FakeTensors, make_fx), the call is
+    the ``mlagen::mla_sparse_prefill`` / ``mlagen::mla_sparse_prefill_out`` operator, so
+    ``torch.compile(fullgraph=True)`` has no graph break; eager calls run the same implementation
+    without the dispatcher, and so does a Variant ``kernel`` (a tuning aid).
+    """
+    if kernel is not None and not isinstance(kernel, str) or not _tracing(q):
+        return run(q, kv, indices, softmax_scale=softmax_scale, topk_length=topk_length, attn_sink=attn_sink, d_v=d_v,
+                   out=out, max_logits=max_logits, lse=lse, kernel=kernel)
+    if d_v != D_V:
+        raise ArgumentError(f"mla_sparse_prefill: d_v: must be {D_V}, got {d_v!r}")
+    if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float)):
+        raise TypeError(f"mla_sparse_prefill: softmax_scale: expected a float, got {softmax_scale!r}")
+    args = (q, kv, indices, float(softmax_scale), topk_length, attn_sink, kernel)
+    if out is None and max_logits is None and lse is None:
+        return torch.ops.mlagen.mla_sparse_prefill(*args)
+    o, s = _shapes(q, kv, indices)
+    out = q.new_empty(o) if out is None else out
+    max_logits = q.new_empty(s, dtype=torch.float32) if max_logits is None else max_logits
+    lse = q.new_empty(s, dtype=torch.float32) if lse is None else lse
+    torch.ops.mlagen.mla_sparse_prefill_out(*args, out, max_logits, lse)
+    return out, max_logits, lse
+
+
+def flash_mla_sparse_fwd(q, kv, indices, sm_scale, d_v=512, attn_sink=None, topk_length=None):
+    """FlashMLA's ``flash_mla_sparse_fwd`` signature and return order, so serving code can swap
+    the import: returns (out, max_logits, lse). Unlike FlashMLA's SM90 kernel, any head count and
+    any topk are accepted. See :func:`mla_sparse_prefill`."""
+    return mla_sparse_prefill(q, kv, indices, softmax_scale=sm_scale, topk_length=topk_length, attn_sink=attn_sink,
+                              d_v=d_v)

@@ -1,0 +1,627 @@
+// Sparse MLA prefill for Hopper (sm_90a), DeepSeek-V3.2 DSA (../../../../../shared/MLA.md section 2).
+//
+// One CTA per (query token, group of 64 heads); three warpgroups. The producer warpgroup gathers
+// the token's selected KV rows, 64 at a time, into two shared-memory buffers with 16-byte
+// cp.async (8 threads per 128-byte row, rows zero-filled and never read when invalid), each
+// buffer in two halves (columns 0-255 and 256-575) with their own mbarriers so that Q K^T can
+// start on the first half. Consumer 0 computes the scores of even blocks (buffer 0), consumer 1
+// of odd blocks (buffer 1), both as S = Q K^T over 64 heads x 64 keys (wgmma, Q and K in shared
+// memory). V is the K buffer read transposed (columns 0-511 of each row), so nothing is loaded
+// twice. Consumer 0 owns output columns 0-255 and consumer 1 columns 256-511: each multiplies its
+// own P from registers and the other's P from shared memory. Their softmax shares one running
+// max per row: consumer 0 publishes its block's max, consumer 1 folds its block into it, and
+// consumer 0 rescales to the result before publishing P. The rope tile of buffer 0 is not needed
+// after Q K^T, so it holds consumer 0's P (d_qk 576).
+//
+// Rows (heads) past H are zero-filled Q rows whose outputs are not written; blocks past the
+// valid length are skipped whole (the block count is rounded up to pairs; the extra block is all
+// invalid). Softmax runs in the exp2 domain with the scale folded in.
+#pragma once
+#include "mlagen/common/types.cuh"
+#include "mlagen/sm90/barrier.cuh"
+#include "mlagen/sm90/sparse_gather.cuh"
+#include "mlagen/sm90/wgmma.cuh"
+
+namespace mlagen::sm90::sparse {
+
+constexpr int kRows = 64;        // heads per CTA (wgmma M)
+constexpr int kBlockK = 64;      // gathered keys per block (wgmma N of Q K^T)
+constexpr int kTileCols = 64;    // bf16 columns of one 128-byte swizzled tile
+constexpr int kTileBytes = 64 * 128;
+constexpr int kHalfTiles = 4;    // tiles of the first half of a buffer (columns 0-255)
+
+template <class Cfg>
+struct Layout {
+  static constexpr int kDTiles = Cfg::kDQk / kTileCols;       // 9 (576) or 8 (512)
+  static constexpr int kOperandBytes = kDTiles * kTileBytes;  // 64 rows x d_qk
+  static constexpr int kQ = 0;
+  static constexpr int kK0 = kQ + kOperandBytes;
+  static constexpr int kK1 = kK0 + kOperandBytes;
+  static constexpr int kP1 = kK1 + kOperandBytes;
+  // Consumer 0's P: in buffer 0's rope tile when there is one (free once Q K^T has read it).
+  static constexpr bool kP0InRope = kDTiles > 8;
+  static constexpr int kP0 = kP0InRope ? kK0 + 8 * kTileBytes : kP1 + kTileBytes;
+  static constexpr int kSmall = kP1 + (kP0InRope ? 1 : 2) * kTileBytes;
+  static constexpr int kValid = kSmall;              // u8 [2][64]: gathered row is a key
+  static constexpr int kMax = kValid + 128;          // float [64]: running max, exchanged
+  static constexpr int kSum = kMax + 256;            // float [2][64]: row sums, exchanged at the end
+  static constexpr int kBarriers = kSum + 512;       // q_full, ready[2][2], free[2][2]
+  static constexpr int kEnd = kBarriers + 8 * 9;
+  static constexpr int kReserved = 1024;
+  static constexpr int kSmemBytes = kSmall + kReserved + 1024;  // + slack to align the base to 1024
+  static_assert(kEnd - kSmall <= kReserved, "small area overflows its reservation");
+};
+
+struct Barriers {
+  u32 base;
+  __device__ __forceinline__ u32 q_full() const { return base; }
+  __device__ __forceinline__ u32 ready(int buf, int half) const { return base + 8 * (1 + 2 * buf + half); }
+  __device__ __forceinline__ u32 free(int buf, int half) const { return base + 8 * (5 + 2 * buf + half); }
+};
+
+// Named barriers between the consumers (id 0 is __syncthreads).
+enum NamedBarrier : int {
+  kMax0Ready = 1,  // consumer 0 published its block's running max
+  kMax1Ready = 2,  // consumer 1 folded its block in: the pair's max
+  kP0Ready = 3,    // consumer 0's P (rescaled to the pair's max) is in shared memory
+  kP1Ready = 4,    // consumer 1's P is in shared memory
+  kSumReady = 5,   // row sums exchanged
+  kEpilogue0 = 6,  // (+ consumer) the consumer's output rows are staged
+};
+
+template <class Params>
+__device__ __forceinline__ int valid_length(const Params& p, int t) {
+  int len = p.topk;
+  if (p.topk_length != nullptr) len = min(len, max(0, __ldg(p.topk_length + t)));
+  return len;
+}
+
+// Blocks are processed in pairs (one per consumer); the count is rounded up.
+__device__ __forceinline__ int num_pairs(int len) { return (len + 2 * kBlockK - 1) / (2 * kBlockK); }
+
+// Byte offset of (row, 16-byte chunk) in a 128-byte-swizzled tile (the wgmma/TMA 128B pattern).
+__device__ __forceinline__ u32 swizzled(int row, int chunk) { return row * 128 + ((chunk ^ (row % 8)) << 4); }
+
+// ------------------------------------------------------------------------------------------------
+// Producer warpgroup: thread = (row group g of 16, chunk c of 8); it copies chunk c of every tile
+// of rows g, g + 16, g + 32, g + 48 of each block.
+
+template <class Cfg, class Params>
+__device__ void producer(const Params& p, u32 smem, const Barriers& bar, int t, int head0) {
+  using L = Layout<Cfg>;
+  const int tid = threadIdx.x % 128;
+  const int g = tid / 8, c = tid % 8;
+  const u64 policy = Cfg::kEvictLast ? l2_policy_evict_last() : 0;
+
+  const int len = valid_length(p, t);
+  const int pairs = num_pairs(len);
+  const int* idx_row = p.indices + (i64)t * p.idx_row_stride;
+  const u16* kv = p.kv + c * 8;
+  for (int pair = 0; pair < pairs; ++pair) {
+    const u32 phase = (pair & 1) ^ 1;
+    // Where each of this pair's rows starts (element offset), -1 where the entry is invalid; read
+    // early so the index latency hides behind the waits below. A flat table (PAGED false) folds
+    // the stride in here, as 64-bit offsets (row * stride overflows 32 bits past 2**31 elements),
+    // keeping the copy loop free of branches; a paged pool keeps 32-bit row ids (the 72-register
+    // producer cannot hold eight 64-bit offsets beside its division temporaries) and splits
+    // them into page and offset at copy time.
+    using Slot = typename Cfg::GatherSlot;
+    Slot rows[2][4];
+#pragma unroll
+    for (int b = 0; b < 2; ++b) {
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const int pos = (2 * pair + b) * kBlockK + g + 16 * r;
+        int row = -1;
+        if (pos < len) row = __ldg(idx_row + pos);
+        const bool ok = row >= 0 && row < p.num_kv;
+        if constexpr (Cfg::kPaged) rows[b][r] = ok ? row : -1;
+        else rows[b][r] = ok ? (i64)row * p.kv_row_stride : (i64)-1;
+      }
+    }
+    auto copy = [&](int b, int half) {
+      const u32 buf = smem + (b == 0 ? L::kK0 : L::kK1);
+      const int first = half == 0 ? 0 : kHalfTiles;
+      const int last = half == 0 ? kHalfTiles : L::kDTiles;
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const bool ok = rows[b][r] >= 0;
+        i64 off;
+        if constexpr (Cfg::kPaged) {
+          const int row = ok ? (int)rows[b][r] : 0;
+          off = (i64)(row / p.page_size) * p.kv_page_stride + (i64)(row % p.page_size) * p.kv_row_stride;
+        } else {
+          off = ok ? rows[b][r] : 0;
+        }
+        const u16* src = kv + off;
+#pragma unroll
+        for (int tile = first; tile < last; ++tile)
+          cp_async_16<Cfg::kEvictLast>(buf + tile * kTileBytes + swizzled(g + 16 * r, c), src + tile * kTileCols, ok,
+                                       policy);
+      }
+    };
+    auto publish_valid = [&](int b) {
+      // Plain stores then a plain (release) arrival on the same barrier as the rows.
+      if (c == 0) {
+#pragma unroll
+        for (int r = 0; r < 4; ++r)
+          asm volatile("st.shared.u8 [%0], %1;\n" ::"r"(smem + L::kValid + b * 64 + g + 16 * r),
+                       "h"((u16)(rows[b][r] >= 0))
+                       : "memory");
+        mbar_arrive(bar.ready(b, 1));
+      }
+    };
+    // The order follows when each part is released: buffer 0's first half by consumer 0's own
+    // P V, buffer 1's second half by consumer 1's own P V, the others after the exchanged P V.
+    mbar_wait(bar.free(0, 0), phase);
+    copy(0, 0);
+    cp_async_arrive_noinc(bar.ready(0, 0));
+    mbar_wait(bar.free(1, 1), phase);
+    copy(1, 1);
+    cp_async_arrive_noinc(bar.ready(1, 1));
+    publish_valid(1);
+    mbar_wait(bar.free(0, 1), phase);
+    copy(0, 1);
+    cp_async_arrive_noinc(bar.ready(0, 1));
+    publish_valid(0);
+    mbar_wait(bar.free(1, 0), phase);
+    copy(1, 0);
+    cp_async_arrive_noinc(bar.ready(1, 0));
+  }
+}
+
+// Q, gathered by the two consumer warpgroups (idle until it lands) so that the producer starts
+// on the indices and the first KV rows at once; heads past H become zero rows.
+template <class Cfg, class Params>
+__device__ __forceinline__ void load_q(const Params& p, u32 smem, const Barriers& bar, int t, int head0) {
+  using L = Layout<Cfg>;
+  const int tid = threadIdx.x;  // 0..255 over both consumers
+  const int g = tid / 8, c = tid % 8;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = g + 32 * r;
+    const bool ok = head0 + row < p.heads;
+    const u16* src = p.q + (i64)t * p.q_row_stride + (i64)(ok ? head0 + row : 0) * p.q_head_stride + c * 8;
+#pragma unroll
+    for (int tile = 0; tile < L::kDTiles; ++tile)
+      cp_async_16<false>(smem + L::kQ + tile * kTileBytes + swizzled(row, c), src + tile * kTileCols, ok, 0);
+  }
+  cp_async_arrive_noinc(bar.q_full());
+  mbar_wait(bar.q_full(), 0);
+  fence_async_shared();  // Q written by cp.async, read by wgmma
+}
+
+// ------------------------------------------------------------------------------------------------
+// Consumers.
+
+struct ConsumerRegs {
+  float o[128];   // 64 rows x 256 output columns
+  float s[32];    // 64 rows x 64 keys: scores, then probabilities (fp32)
+  u32 pb[4][4];   // probabilities as bf16 A fragments (4 k-steps of 16 keys)
+  float m[2];     // running max (log2 domain, scale folded in) of rows lane/4 and lane/4 + 8
+  float l[2];     // running sum of this consumer's probabilities
+};
+
+// A descriptor's start address is its low 14 bits (address / 16): moving it by a byte offset
+// inside shared memory is an add that never carries out of the field.
+__device__ __forceinline__ u64 desc_offset(u32 bytes) { return bytes >> 4; }
+
+// Hide a value from the optimiser so that per-MMA descriptors are formed at their use (one add
+// each) instead of being hoisted out of the loop into dozens of live 64-bit registers.
+__device__ __forceinline__ u64 opaque(u64 x) {
+  asm volatile("" : "+l"(x));
+  return x;
+}
+
+// Wait for gathered data. The rows were written by cp.async and are read by wgmma (the async
+// proxy); the memory model asks for a proxy fence in each reading thread after the barrier
+// (GATHER_FENCE). In SASS that fence is MEMBAR.ALL.CTA + FENCE.VIEW.ASYNC.S, which also waits for
+// the thread's in-flight wgmma, so it serialises the next Q K^T behind the exchanged P V; FlashMLA
+// runs without it (cp.async data is complete in shared memory when the mbarrier phase flips).
+template <class Cfg>
+__device__ __forceinline__ void wait_gathered(u32 bar, u32 phase) {
+  mbar_wait(bar, phase);
+  if constexpr (Cfg::kGatherFence) fence_async_shared();
+}
+
+template <class Cfg>
+__device__ __forceinline__ void issue_qk(ConsumerRegs& r, u32 smem, int buf, int first_tile, int last_tile,
+                                         bool clear) {
+  using L = Layout<Cfg>;
+  const u64 q = opaque(desc_k_major<128>(smem + L::kQ));
+  const u64 k = opaque(desc_k_major<128>(smem + (buf == 0 ? L::kK0 : L::kK1)));
+#pragma unroll
+  for (int tile = first_tile; tile < last_tile; ++tile) {
+#pragma unroll
+    for (int ks = 0; ks < kTileCols / 16; ++ks) {
+      const u64 off = desc_offset(tile * kTileBytes + ks * 32);
+      Wgmma<kBlockK>::ss(r.s, q + off, k + off, (clear && tile == first_tile && ks == 0) ? 0 : 1);
+    }
+  }
+}
+
+// O[:, 256 wg ...] += P V with P from registers; V = columns [256 wg, 256 wg + 256) of buffer `buf`.
+template <class Cfg>
+__device__ __forceinline__ void issue_pv_local(ConsumerRegs& r, u32 smem, int buf, int wg) {
+  using L = Layout<Cfg>;
+  const u64 v = opaque(desc_mn_major<128>(smem + (buf == 0 ? L::kK0 : L::kK1) + wg * kHalfTiles * kTileBytes, kTileBytes));
+#pragma unroll
+  for (int kt = 0; kt < kBlockK / 16; ++kt) Wgmma<256>::rs<1>(r.o, r.pb[kt], v + desc_offset(kt * 16 * 128), 1);
+}
+
+// O[:, 256 wg ...] += P' V' with the other consumer's P' from shared memory.
+template <class Cfg>
+__device__ __forceinline__ void issue_pv_remote(ConsumerRegs& r, u32 smem, u32 p_tile, int buf, int wg) {
+  using L = Layout<Cfg>;
+  const u64 v = opaque(desc_mn_major<128>(smem + (buf == 0 ? L::kK0 : L::kK1) + wg * kHalfTiles * kTileBytes, kTileBytes));
+  const u64 a = opaque(desc_k_major<128>(p_tile));
+#pragma unroll
+  for (int kt = 0; kt < kBlockK / 16; ++kt)
+    Wgmma<256>::ss<1>(r.o, a + desc_offset(kt * 32), v + desc_offset(kt * 16 * 128), 1);
+}
+
+// Scores of invalid keys become -inf.
+template <class Cfg>
+__device__ __forceinline__ void mask(ConsumerRegs& r, u32 smem, int buf) {
+  using L = Layout<Cfg>;
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const int col = 8 * j + 2 * (lane % 4);
+    u16 pair;
+    asm volatile("ld.shared.u16 %0, [%1];\n" : "=h"(pair) : "r"(smem + L::kValid + buf * 64 + col));
+    if (!(pair & 0xff)) r.s[4 * j + 0] = r.s[4 * j + 2] = neg_inf();
+    if (!(pair >> 8)) r.s[4 * j + 1] = r.s[4 * j + 3] = neg_inf();
+  }
+}
+
+// The value subtracted before exp2: the max, or 0 while a row has seen no key (avoids inf - inf).
+__device__ __forceinline__ float max_or_zero(float m) { return m == neg_inf() ? 0.f : m; }
+
+// This block's row max of the scores (log2 domain, scale folded in), over the row's quad.
+__device__ __forceinline__ void block_max(const ConsumerRegs& r, float scale_log2, float (&mx)[2]) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float m = neg_inf();
+#pragma unroll
+    for (int j = 0; j < 8; ++j) m = fmaxf(m, fmaxf(r.s[4 * j + 2 * h], r.s[4 * j + 2 * h + 1]));
+    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+    mx[h] = m * scale_log2;
+  }
+}
+
+// With the new running max published, rescale O and the sum from r.m to it and turn the scores
+// into probabilities. Split from block_max so that the max reaches the other consumer before
+// this consumer spends time on exponentials and the O rescale.
+__device__ __forceinline__ void exponentiate(ConsumerRegs& r, const float (&m_new)[2], float scale_log2) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const float sub = max_or_zero(m_new[h]);
+    const float corr = fast_exp2(r.m[h] - sub);  // r.m is what O and l are relative to
+#pragma unroll
+    for (int j = 0; j < 32; ++j) {
+      r.o[4 * j + 2 * h] *= corr;
+      r.o[4 * j + 2 * h + 1] *= corr;
+    }
+    float sum = 0.f;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      r.s[4 * j + 2 * h] = fast_exp2(fmaf(r.s[4 * j + 2 * h], scale_log2, -sub));
+      r.s[4 * j + 2 * h + 1] = fast_exp2(fmaf(r.s[4 * j + 2 * h + 1], scale_log2, -sub));
+      sum += r.s[4 * j + 2 * h] + r.s[4 * j + 2 * h + 1];
+    }
+    r.l[h] = r.l[h] * corr + sum;
+    r.m[h] = m_new[h];
+  }
+}
+
+// Probabilities (times `scale` per row half) as bf16 A fragments.
+__device__ __forceinline__ void pack_p(const ConsumerRegs& r, const float (&scale)[2], u32 (&pb)[4][4]) {
+#pragma unroll
+  for (int kt = 0; kt < 4; ++kt) {
+    pb[kt][0] = pack_bf16x2(r.s[8 * kt + 0] * scale[0], r.s[8 * kt + 1] * scale[0]);
+    pb[kt][1] = pack_bf16x2(r.s[8 * kt + 2] * scale[1], r.s[8 * kt + 3] * scale[1]);
+    pb[kt][2] = pack_bf16x2(r.s[8 * kt + 4] * scale[0], r.s[8 * kt + 5] * scale[0]);
+    pb[kt][3] = pack_bf16x2(r.s[8 * kt + 6] * scale[1], r.s[8 * kt + 7] * scale[1]);
+  }
+}
+
+// Store the packed P into a 64 x 64 tile (K-major, 128-byte swizzle: the wgmma A layout) with
+// stmatrix: per 16 keys, the four 8x8 matrices (rows 0-7 | 8-15) x (keys 0-7 | 8-15) of the warp's
+// rows are exactly pb[kt][0..3].
+__device__ __forceinline__ void store_p(const u32 (&pb)[4][4], u32 tile) {
+  const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
+  const int mat = lane / 8;
+  const int row = warp * 16 + 8 * (mat % 2) + lane % 8;
+#pragma unroll
+  for (int kt = 0; kt < 4; ++kt) {
+    const u32 addr = tile + swizzled(row, 2 * kt + mat / 2);
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(pb[kt][0]),
+                 "r"(pb[kt][1]), "r"(pb[kt][2]), "r"(pb[kt][3])
+                 : "memory");
+  }
+}
+
+__device__ __forceinline__ void load_max(u32 smem_max, float (&m)[2]) {
+  const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
+#pragma unroll
+  for (int h = 0; h < 2; ++h)
+    asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(m[h]) : "r"(smem_max + 4 * (warp * 16 + lane / 4 + 8 * h)) : "memory");
+}
+
+__device__ __forceinline__ void store_max(u32 smem_max, const float (&m)[2]) {
+  const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
+  __syncwarp();  // every lane of the quad has read the previous value
+  if (lane % 4 == 0) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+      asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(smem_max + 4 * (warp * 16 + lane / 4 + 8 * h)), "f"(m[h])
+                   : "memory");
+  }
+}
+
+template <class Cfg, class Params>
+__device__ __forceinline__ void epilogue(const Params& p, ConsumerRegs& r, u32 smem, int wg, int t, int head0) {
+  using L = Layout<Cfg>;
+  const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
+  // Total row sums: this consumer's probabilities plus the other's.
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    r.l[h] += __shfl_xor_sync(0xffffffffu, r.l[h], 1);
+    r.l[h] += __shfl_xor_sync(0xffffffffu, r.l[h], 2);
+  }
+  if (lane % 4 == 0) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+      asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(smem + L::kSum + 4 * (wg * 64 + warp * 16 + lane / 4 + 8 * h)),
+                   "f"(r.l[h])
+                   : "memory");
+  }
+  named_sync(kSumReady, 256);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float other;
+    asm volatile("ld.shared.f32 %0, [%1];\n"
+                 : "=f"(other)
+                 : "r"(smem + L::kSum + 4 * ((wg ^ 1) * 64 + warp * 16 + lane / 4 + 8 * h))
+                 : "memory");
+    r.l[h] += other;
+  }
+  float inv[2];
+  int heads[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    heads[h] = head0 + warp * 16 + lane / 4 + 8 * h;
+    // The sink adds exp(sink - max) to the denominator only (natural-log units, log2 domain here).
+    float sink = neg_inf();
+    if (p.attn_sink != nullptr && heads[h] < p.heads) sink = __ldg(p.attn_sink + heads[h]) * 1.4426950408889634f;
+    const float denom = r.l[h] + fast_exp2(sink - max_or_zero(r.m[h]));
+    inv[h] = r.l[h] == 0.f ? 0.f : 1.f / denom;  // a row with no key gives 0 whatever the sink
+  }
+  if constexpr (Cfg::kStagedEpilogue) {
+    // Through shared memory (the Q tile: every Q K^T of both consumers completed before the sum
+    // exchange above), then 16-byte stores of whole 512-byte row halves.
+    constexpr int kStride = 2 * Cfg::kDV + 16;  // bytes per staged row; the pad spreads the banks
+    const u32 stage = smem + L::kQ + wg * 512;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const u32 row = stage + (warp * 16 + lane / 4 + 8 * h) * kStride + 4 * (lane % 4);
+#pragma unroll
+      for (int j = 0; j < 32; ++j)
+        asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(row + 16 * j),
+                     "r"(pack_bf16x2(r.o[4 * j + 2 * h] * inv[h], r.o[4 * j + 2 * h + 1] * inv[h]))
+                     : "memory");
+    }
+    named_sync(kEpilogue0 + wg, 128);
+#pragma unroll 4
+    for (int i = tid; i < 64 * 32; i += 128) {
+      const int row = i / 32, chunk = i % 32;
+      if (head0 + row < p.heads) {
+        uint4 v;
+        asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                     : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                     : "r"(stage + row * kStride + 16 * chunk));
+        *reinterpret_cast<uint4*>(p.out + (i64)t * p.o_row_stride + (i64)(head0 + row) * p.o_head_stride + wg * 256 +
+                                  8 * chunk) = v;
+      }
+    }
+  }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    if (heads[h] < p.heads) {
+      if constexpr (!Cfg::kStagedEpilogue) {
+        u16* dst = p.out + (i64)t * p.o_row_stride + (i64)heads[h] * p.o_head_stride + wg * 256 + 2 * (lane % 4);
+#pragma unroll
+        for (int j = 0; j < 32; ++j)
+          *reinterpret_cast<u32*>(dst + 8 * j) =
+              pack_bf16x2(r.o[4 * j + 2 * h] * inv[h], r.o[4 * j + 2 * h + 1] * inv[h]);
+      }
+      if (wg == 1 && lane % 4 == 0) {
+        const bool empty = r.l[h] == 0.f;
+        p.max_logits[(i64)t * p.ml_row_stride + heads[h]] = empty ? neg_inf() : r.m[h] * kLn2;
+        p.lse[(i64)t * p.lse_row_stride + heads[h]] = empty ? pos_inf() : (r.m[h] + __log2f(r.l[h])) * kLn2;
+      }
+    }
+  }
+}
+
+template <class Cfg, class Params>
+__device__ void consumer0(const Params& p, u32 smem, const Barriers& bar, int t, int head0) {
+  using L = Layout<Cfg>;
+  ConsumerRegs r;
+#pragma unroll
+  for (int i = 0; i < 128; ++i) r.o[i] = 0.f;
+  r.m[0] = r.m[1] = neg_inf();
+  r.l[0] = r.l[1] = 0.f;
+  const int pairs = num_pairs(valid_length(p, t));
+  load_q<Cfg>(p, smem, bar, t, head0);
+  for (int pair = 0; pair < pairs; ++pair) {
+    const u32 phase = pair & 1;
+    if (pair == 0) {
+      pin_registers(r.s);
+      wgmma_fence();
+      wait_gathered<Cfg>(bar.ready(0, 0), phase);
+      issue_qk<Cfg>(r, smem, 0, 0, kHalfTiles, true);
+      wgmma_commit();
+      wait_gathered<Cfg>(bar.ready(0, 1), phase);
+      issue_qk<Cfg>(r, smem, 0, kHalfTiles, L::kDTiles, false);
+      wgmma_commit();
+      wgmma_wait<0>();
+      pin_registers(r.s);
+    }
+    mask<Cfg>(r, smem, 0);
+    float m0[2];
+    block_max(r, p.scale_log2, m0);
+    m0[0] = fmaxf(m0[0], r.m[0]);
+    m0[1] = fmaxf(m0[1], r.m[1]);
+    store_max(smem + L::kMax, m0);
+    named_arrive(kMax0Ready, 256);
+    exponentiate(r, m0, p.scale_log2);
+    const float one[2] = {1.f, 1.f};
+    pack_p(r, one, r.pb);
+    pin_registers(r.o);
+    pin_registers(r.pb);
+    wgmma_fence();
+    issue_pv_local<Cfg>(r, smem, 0, 0);
+    wgmma_commit();
+    // The pair's max from consumer 1; P, rescaled to it, goes to consumer 1 while this
+    // consumer's own P V still runs (a second register set: the first is the MMA's operand).
+    named_sync(kMax1Ready, 256);
+    float m1[2], f[2];
+    load_max(smem + L::kMax, m1);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      f[h] = fast_exp2(r.m[h] - max_or_zero(m1[h]));
+      r.m[h] = m1[h];
+    }
+    {
+      u32 pb2[4][4];
+      pack_p(r, f, pb2);
+      store_p(pb2, smem + L::kP0);
+    }
+    fence_async_shared();
+    named_arrive(kP0Ready, 256);
+    wgmma_wait<0>();
+    pin_registers(r.o);
+    mbar_arrive(bar.free(0, 0));
+#pragma unroll
+    for (int i = 0; i < 64; ++i) {
+      r.o[2 * i] *= f[(i % 2)];
+      r.o[2 * i + 1] *= f[(i % 2)];
+    }
+    r.l[0] *= f[0];
+    r.l[1] *= f[1];
+    named_sync(kP1Ready, 256);
+    pin_registers(r.o);
+    wgmma_fence();
+    issue_pv_remote<Cfg>(r, smem, smem + L::kP1, 1, 0);
+    wgmma_commit();
+    if (pair + 1 < pairs) {
+      // Next pair's scores while the exchanged P V runs.
+      pin_registers(r.s);
+      wgmma_fence();
+      wait_gathered<Cfg>(bar.ready(0, 0), phase ^ 1);
+      issue_qk<Cfg>(r, smem, 0, 0, kHalfTiles, true);
+      wgmma_commit();
+      wgmma_wait<1>();
+      mbar_arrive(bar.free(1, 0));
+      wait_gathered<Cfg>(bar.ready(0, 1), phase ^ 1);
+      issue_qk<Cfg>(r, smem, 0, kHalfTiles, L::kDTiles, false);
+      wgmma_commit();
+      wgmma_wait<0>();
+      pin_registers(r.s);
+      pin_registers(r.o);
+    } else {
+      wgmma_wait<0>();
+      pin_registers(r.o);
+      mbar_arrive(bar.free(1, 0));
+    }
+  }
+  epilogue<Cfg>(p, r, smem, 0, t, head0);
+}
+
+template <class Cfg, class Params>
+__device__ void consumer1(const Params& p, u32 smem, const Barriers& bar, int t, int head0) {
+  using L = Layout<Cfg>;
+  ConsumerRegs r;
+#pragma unroll
+  for (int i = 0; i < 128; ++i) r.o[i] = 0.f;
+  r.m[0] = r.m[1] = neg_inf();
+  r.l[0] = r.l[1] = 0.f;
+  const int pairs = num_pairs(valid_length(p, t));
+  load_q<Cfg>(p, smem, bar, t, head0);
+  for (int pair = 0; pair < pairs; ++pair) {
+    const u32 phase = pair & 1;
+    // The second half first: consumer 1 itself releases it, so it is refilled earlier.
+    pin_registers(r.s);
+    wgmma_fence();
+    wait_gathered<Cfg>(bar.ready(1, 1), phase);
+    issue_qk<Cfg>(r, smem, 1, kHalfTiles, L::kDTiles, true);
+    wgmma_commit();
+    wait_gathered<Cfg>(bar.ready(1, 0), phase);
+    issue_qk<Cfg>(r, smem, 1, 0, kHalfTiles, false);
+    wgmma_commit();
+    wgmma_wait<0>();
+    pin_registers(r.s);
+    mask<Cfg>(r, smem, 1);
+    float m1[2];
+    block_max(r, p.scale_log2, m1);
+    named_sync(kMax0Ready, 256);
+    {
+      float prior[2];
+      load_max(smem + L::kMax, prior);
+      m1[0] = fmaxf(m1[0], prior[0]);
+      m1[1] = fmaxf(m1[1], prior[1]);
+    }
+    store_max(smem + L::kMax, m1);
+    named_arrive(kMax1Ready, 256);
+    exponentiate(r, m1, p.scale_log2);
+    const float one[2] = {1.f, 1.f};
+    pack_p(r, one, r.pb);
+    pin_registers(r.o);
+    pin_registers(r.pb);
+    wgmma_fence();
+    issue_pv_local<Cfg>(r, smem, 1, 1);
+    wgmma_commit();
+    store_p(r.pb, smem + L::kP1);
+    if constexpr (!Cfg::kLateFence) fence_async_shared();
+    named_sync(kP0Ready, 256);
+    issue_pv_remote<Cfg>(r, smem, smem + L::kP0, 0, 1);
+    wgmma_commit();
+    // LATE_FENCE: fence after the exchanged P V is queued, so the tensor pipe never drains
+    // while this warpgroup's P stores are being ordered for consumer 0's wgmma.
+    if constexpr (Cfg::kLateFence) fence_async_shared();
+    named_arrive(kP1Ready, 256);
+    wgmma_wait<1>();
+    mbar_arrive(bar.free(1, 1));
+    wgmma_wait<0>();
+    pin_registers(r.o);
+    mbar_arrive(bar.free(0, 1));
+  }
+  epilogue<Cfg>(p, r, smem, 1, t, head0);
+}
+
+template <class Cfg>
+__device__ __forceinline__ Barriers init_barriers(u32 smem) {
+  using L = Layout<Cfg>;
+  Barriers bar{smem + L::kBarriers};
+  if (threadIdx.x == 0) {
+    mbar_init(bar.q_full(), 256);  // every consumer thread copies part of Q
+    for (int b = 0; b < 2; ++b) {
+      mbar_init(bar.ready(b, 0), 128);
+      mbar_init(bar.ready(b, 1), 128 + 16);  // + the 16 threads publishing the validity flags
+      mbar_init(bar.free(b, 0), 128);        // one consumer warpgroup releases each part
+      mbar_init(bar.free(b, 1), 128);
+    }
+    fence_barrier_init();
+  }
+  return bar;
+}
+
+__device__ __forceinline__ u32 aligned_smem_base() {
+  extern __shared__ __align__(1024) u8 smem_raw[];
+  return (smem_u32(smem_raw) + 1023) & ~1023u;
+}
+
+}  // namespace mlagen::sm90::sparse

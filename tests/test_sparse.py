@@ -1,0 +1,201 @@
+"""Sparse MLA prefill without a GPU: the spec, rendering, NVRTC compilation of every default
+variant, argument errors, and the reference semantics of MLA.md section 2 in float64."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from mlagen import render, spec, variant
+from mlagen.errors import SpecError
+
+torch = pytest.importorskip("torch")
+
+from mlagen.families import mla_sparse_prefill as fam  # noqa: E402
+
+SPECS = ["mla_sparse_prefill_sm90", "mla_sparse_prefill_sm80"]
+
+
+def test_spec_loads_with_its_family():
+    s = spec.load("mla_sparse_prefill_sm90")
+    assert (s.family, s.abi, s.targets) == ("mla_sparse_prefill", "gather", ("sm_90a",))
+    assert dict(s.specialize) == {"d_qk": (576, 512), "paged": (False, True)}
+    assert set(s.schedule) == {"roles", "gather", "consumer_split"}
+
+
+def test_schedule_is_validated(tmp_path):
+    text = spec.resolve("mla_sparse_prefill_sm90").read_text()
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(text.replace("output_columns: halves", "output_columns: quarters"))
+    with pytest.raises(SpecError, match="consumer_split"):
+        spec.load(bad)
+    bad.write_text(text.replace("registers: producer_regs", "registers: nope_regs"))
+    with pytest.raises(SpecError, match="nope_regs"):
+        spec.load(bad)
+
+
+def test_register_pool_is_checked():
+    from mlagen import arch, resources
+
+    s = spec.load("mla_sparse_prefill_sm90")
+    v = variant.make(s, {"consumer_regs": 224, "producer_regs": 88})
+    verdict = resources.check(v, arch.TARGETS["sm_90a"])
+    assert not verdict.ok and any("setmaxnreg" in r for r in verdict.reasons)
+    assert not resources.check(variant.make(s, {}), arch.TARGETS["sm_80"]).ok
+
+
+@pytest.mark.parametrize("d_qk", [576, 512])
+def test_render_is_deterministic_and_names_the_layout(d_qk):
+    s = spec.load("mla_sparse_prefill_sm90")
+    v = variant.make(s, {"d_qk": d_qk})
+    a, b = render.render(v), render.render(v)
+    assert a.text == b.text
+    assert f"kDQk = {d_qk};" in a.text and "struct Params" in a.text
+
+
+@pytest.mark.parametrize("values", [{"d_qk": 576}, {"d_qk": 512}, {"paged": True}, {"d_qk": 512, "paged": True},
+                                    {"epilogue": "direct"}, {"gather_fence": True}])
+def test_default_variants_compile_without_spills(values):
+    from mlagen.compiler import for_target
+
+    s = spec.load("mla_sparse_prefill_sm90")
+    b = for_target("sm_90a").compile(render.render(variant.make(s, values)), "sm_90a")
+    assert b.resources.spill_stores == 0 and b.resources.spill_loads == 0, b.log
+
+
+@pytest.mark.parametrize("target", ["sm_80", "sm_86", "sm_89", "sm_90a", "sm_100a"])
+@pytest.mark.parametrize("d_qk, paged", [(576, False), (512, True)])
+def test_sm80_spec_compiles_for_every_target(target, d_qk, paged):
+    from mlagen import arch, resources
+    from mlagen.compiler import for_target
+
+    s = spec.load("mla_sparse_prefill_sm80")
+    v = variant.make(s, {"d_qk": d_qk, "paged": paged})
+    assert resources.check(v, arch.TARGETS[target]).ok
+    b = for_target(target).compile(render.render(v), target)
+    assert b.resources.spill_stores == 0, b.log
+
+
+def test_sm90_is_preferred_on_hopper():
+    from mlagen.dispatch import family_specs
+
+    names = [s.name for s in family_specs("mla_sparse_prefill")]
+    assert names == ["mla_sparse_prefill_sm90", "mla_sparse_prefill_sm80"]
+
+
+def test_problem_key_round_trip():
+    k = fam.ProblemKey(576, 128, 2048, "flat")
+    assert str(k) == "d576/h128/k2048/flat" and fam.ProblemKey.parse(str(k)) == k
+    assert k.distance(fam.ProblemKey(576, 64, 2048)) == 1
+    assert k.distance(fam.ProblemKey(512, 128, 2048)) == math.inf
+    assert k.distance(fam.ProblemKey(576, 128, 2048, "paged")) == math.inf
+    with pytest.raises(ValueError):
+        fam.ProblemKey.parse("causal/h128/q1/k1")
+
+
+def test_family_protocol_shapes():
+    f = fam.FAMILY
+    s = f.parse_shape("sq=4096,h=16,topk=2048,skv=32768", id="S5")
+    assert (s.id, s.sq, s.heads, s.topk, s.s_kv, s.d_qk, s.sink) == ("S5", 4096, 16, 2048, 32768, 576, True)
+    assert f.parse_shape(f.describe_shape(s)) == fam.Shape(f.describe_shape(s), 4096, 16, 2048, 32768)
+    assert f.problem_key(s) == "d576/h16/k2048/flat"
+    assert f.problem_specialization(f.problem_key(s)) == f.specialization(s) == {"d_qk": 576, "paged": False}
+    assert f.flops(s) == fam.flops(4096, 16, 2048)
+    c = f.check_shape(s)
+    assert c.topk % 64 and c.topk <= c.s_kv and c.heads == 16
+    for bad in ("sq=1,h=1,topk=5,skv=4", "sq=1,h=1,topk=1", "sq=1,h=1,topk=1,skv=1,x=2", "sq=1,h=1,topk=1,skv=1,d=100"):
+        with pytest.raises(ValueError):
+            f.parse_shape(bad)
+
+
+def test_compare_flags_coverage_and_empty_rows():
+    ref = (torch.ones(2, 3, 512, dtype=torch.float64), torch.zeros(2, 3, dtype=torch.float64),
+           torch.tensor([[1.0, 2.0, math.inf]] * 2, dtype=torch.float64))
+    ref[1][:, 2] = -math.inf
+    good = (ref[0].to(torch.bfloat16), ref[1].float(), ref[2].float())
+    assert fam.compare(good, ref).ok
+    nan_out = good[0].clone()
+    nan_out[0, 0, 0] = math.nan
+    assert not fam.compare((nan_out, good[1], good[2]), ref).ok
+    wrong_lse = good[2].clone()
+    wrong_lse[0, 2] = 0.0
+    assert "lse" in fam.compare((good[0], good[1], wrong_lse), ref).problem
+
+
+def test_flops_convention():
+    assert fam.flops(4096, 128, 2048) == 2 * 4096 * 128 * 2048 * (576 + 512)
+
+
+def _brute(q, kv, idx, scale, length, sink):
+    rows = kv.reshape(-1, kv.shape[-1]).double()
+    n = rows.shape[0]
+    sq, heads, _ = q.shape
+    out = torch.zeros(sq, heads, 512, dtype=torch.float64)
+    ml = torch.full((sq, heads), -math.inf, dtype=torch.float64)
+    lse = torch.full((sq, heads), math.inf, dtype=torch.float64)
+    for t in range(sq):
+        keep = [int(i) for p, i in enumerate(idx[t].tolist()) if 0 <= i < n and (length is None or p < length[t])]
+        if not keep:
+            continue
+        g = rows[keep]
+        s = (q[t].double() @ g.T) * scale
+        m = s.max(-1).values
+        e = torch.exp(s - m[:, None])
+        den = e.sum(-1) + (torch.exp(sink.double() - m) if sink is not None else 0)
+        out[t] = (e @ g[:, :512]) / den[:, None]
+        ml[t] = m
+        lse[t] = m + torch.log(e.sum(-1))
+    return out, ml, lse
+
+
+@pytest.mark.parametrize("layout", ["flat", "n1d", "paged"])
+def test_reference_semantics(layout):
+    g = torch.Generator().manual_seed(3)
+    sq, heads, topk = 6, 4, 9
+    q = torch.randn(sq, heads, 576, generator=g).to(torch.bfloat16)
+    if layout == "flat":
+        kv = torch.randn(13, 576, generator=g).to(torch.bfloat16)
+    elif layout == "n1d":
+        kv = torch.randn(13, 1, 576, generator=g).to(torch.bfloat16)
+    else:
+        kv = torch.randn(4, 8, 576, generator=g).to(torch.bfloat16)[:, :4]  # strided pages of 4 rows
+    n = fam.kv_rows(kv).shape[0]
+    idx = torch.randint(-3, n + 3, (sq, topk), generator=g, dtype=torch.int32)
+    idx[0] = -1                      # a row with no valid entry
+    idx[1, :3] = 2                   # duplicates count each time
+    length = torch.tensor([9, 9, 0, 4, 20, 1], dtype=torch.int32)
+    sink = torch.tensor([0.3, math.inf, -math.inf, -1.0])
+    out, ml, lse = fam.reference(q, kv, idx, softmax_scale=0.07, topk_length=length, attn_sink=sink)
+    bo, bml, blse = _brute(q, kv, idx, 0.07, length.tolist(), sink)
+    assert out.dtype == torch.float64
+    assert torch.allclose(out, bo, atol=1e-12)
+    assert torch.equal(torch.isinf(ml), torch.isinf(bml)) and torch.allclose(ml[~torch.isinf(ml)], bml[~torch.isinf(bml)])
+    assert torch.equal(torch.isinf(lse), torch.isinf(blse))
+    assert torch.allclose(lse[~torch.isinf(lse)], blse[~torch.isinf(blse)])
+    assert (out[0] == 0).all() and (ml[0] == -math.inf).all() and (lse[0] == math.inf).all()
+    assert (out[:, 1] == 0).all()    # sink +inf: out 0, lse unchanged
+    assert torch.isfinite(lse[1, 1])
+
+
+def test_sink_enters_the_denominator_only():
+    g = torch.Generator().manual_seed(4)
+    q = torch.randn(2, 3, 512, generator=g).to(torch.bfloat16)
+    kv = torch.randn(20, 512, generator=g).to(torch.bfloat16)
+    idx = torch.randint(0, 20, (2, 7), generator=g, dtype=torch.int32)
+    o0, m0, l0 = fam.reference(q, kv, idx, softmax_scale=0.1)
+    o1, m1, l1 = fam.reference(q, kv, idx, softmax_scale=0.1, attn_sink=torch.zeros(3))
+    assert torch.equal(m0, m1) and torch.equal(l0, l1)
+    ratio = o1 / o0
+    expect = torch.exp(l0) / (torch.exp(l0) + 1.0)
+    assert torch.allclose(ratio, expect.unsqueeze(-1).expand_as(ratio), rtol=1e-9)
+
+
+def test_arguments_need_cuda_and_name_the_argument():
+    q = torch.zeros(2, 4, 576, dtype=torch.bfloat16)
+    kv = torch.zeros(10, 576, dtype=torch.bfloat16)
+    idx = torch.zeros(2, 8, dtype=torch.int32)
+    with pytest.raises(ValueError, match="q: must be a CUDA tensor"):
+        fam.prepare(q, kv, idx, softmax_scale=0.1)
+    with pytest.raises(TypeError, match="q: expected a torch.Tensor"):
+        fam.prepare([1], kv, idx, softmax_scale=0.1)

@@ -156,3 +156,27 @@ def test_a_leaf_module_loads_only_itself():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
     assert eval(proc.stdout) == ["mlagen", "mlagen.expr"]
+
+
+def test_sibling_imports_bind_modules():
+    """``from . import name`` inside a family package must bind the submodule: a package that
+    re-exports a function of the same name (``launch``, ``reference``) would hand importers the
+    function instead, once the package's ``__init__`` has run (an import-order bug the GPU tests
+    met: ``'function' object has no attribute 'accepts'``)."""
+    import ast
+    import importlib
+    import types
+
+    families_dir = Path(ROOT) / "mlagen" / "families"
+    for path in sorted(families_dir.glob("*/*.py")):
+        package = importlib.import_module(f"mlagen.families.{path.parent.name}")
+        if path.stem != "__init__":
+            importlib.import_module(f"{package.__name__}.{path.stem}")  # runs its sibling imports
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level == 1 and node.module is None:
+                for alias in node.names:
+                    if (path.parent / f"{alias.name}.py").exists() or (path.parent / alias.name).is_dir():
+                        bound = getattr(package, alias.name)
+                        assert isinstance(bound, types.ModuleType), (
+                            f"{path.relative_to(ROOT)}: 'from . import {alias.name}' gets "
+                            f"{type(bound).__name__} {alias.name!r}, not the submodule: import it by name")

@@ -10,7 +10,8 @@ import math
 
 from ... import dispatch
 from ...variant import Variant
-from . import launch as _launch
+from .launch import accepts as _accepts
+from .launch import launch as _launch_kernel
 from . import record
 from .call import Call, prepare
 
@@ -35,7 +36,7 @@ def run(q, k, v, *, k_rope=None, cu_seqlens_q=None, cu_seqlens_k=None, causal=Tr
         return call.out, call.lse
     device, selection = select(call, kernel)
     with torch.cuda.device(device):
-        _launch.launch(selection, call, torch.cuda.current_stream(device).cuda_stream)
+        _launch_kernel(selection, call, torch.cuda.current_stream(device).cuda_stream)
     return call.out, call.lse
 
 
@@ -46,7 +47,7 @@ def select(call: Call, kernel=None):
     device = call.q.device.index if call.q.device.index is not None else torch.cuda.current_device()
     selection = dispatch.dispatcher().select(
         FAMILY_NAME, str(call.key), {"mask": call.mask}, device,
-        accepts=lambda spec: _launch.accepts(spec, call),
+        accepts=lambda spec: _accepts(spec, call),
         variant=kernel if isinstance(kernel, Variant) else None,
         only=kernel if isinstance(kernel, str) else None,
     )

@@ -57,8 +57,11 @@ def _compiler_id(target: str) -> str:
 
 
 def record_key(spec: spec_mod.KernelSpec, problem: str, *, device: str, sm_count: int, driver: str,
-               target: arch.Target, dtypes: str = "bf16") -> db.RecordKey:
-    """The tuning-database key of ``spec`` on a device; the tuner writes and dispatch reads with it."""
+               target: arch.Target, dtypes: str | None = None) -> db.RecordKey:
+    """The tuning-database key of ``spec`` on a device; the tuner writes and dispatch reads with it.
+    ``dtypes`` defaults to the spec's input type (``problem.dtype``: "bf16", "fp8_e4m3", ...)."""
+    if dtypes is None:
+        dtypes = str(dict(spec.problem).get("dtype", "bf16"))
     return db.RecordKey(
         family=spec.family, spec=spec.name, problem=problem, dtypes=dtypes, device=device, sm_count=sm_count,
         driver=driver, compiler=_compiler_id(target.name), source_hash=cached_source_hash(spec),

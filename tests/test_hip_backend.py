@@ -26,7 +26,8 @@ needs_objdump = pytest.mark.skipif(CLANG is None or CLANG.objdump is None,
 EXPECTED_MFMA = {"gfx942": "v_mfma_f32_32x32x8_bf16", "gfx950": "v_mfma_f32_32x32x16_bf16"}
 SPECS = {"mla_prefill_gfx942": ("gfx942", ("v_mfma_f32_32x32x8_bf16",)),
          "mla_prefill_gfx950": ("gfx950", ("v_mfma_f32_32x32x16_bf16",)),
-         "mla_prefill_gfx950_fp8": ("gfx950", ("v_mfma_scale_f32_32x32x64_f8f6f4", "v_mfma_f32_32x32x16_bf16"))}
+         "mla_prefill_gfx950_fp8": ("gfx950", ("v_mfma_scale_f32_32x32x64_f8f6f4",)),
+         "mla_prefill_gfx942_fp8": ("gfx942", ("v_mfma_f32_32x32x16_fp8_fp8",))}
 
 
 @pytest.fixture
@@ -163,7 +164,9 @@ def test_default_variant_compiles_with_mfma_and_no_scratch(clang, name, mask):
     dis = hip.disassemble(b.data)
     assert hip.check_code_object(b.data, b.symbol, target, expected, dis) == []
     assert "v_mfma_f32_32x32x16_bf16" not in dis or target == "gfx950"
-    assert ("f8f6f4" in dis) == name.endswith("_fp8")
+    assert ("f8f6f4" in dis) == (name == "mla_prefill_gfx950_fp8")
+    if name.endswith("_fp8"):  # both products on the fp8 atom: no bf16 MFMA left
+        assert "bf16" not in " ".join(hip.mfma_instructions(dis))
     r = b.resources
     assert r.stack_bytes == 0 and not r.spills and r.occupancy >= 1
     assert r.smem_static == resources.estimate(v).smem_bytes  # the spec's LDS model is exact
@@ -199,8 +202,9 @@ def test_cli_build_reports_amd_resources(target, tmp_path):
     assert EXPECTED_MFMA[target] in out and "waves/SIMD" in out and "lds KB" in out
     assert f"compiled only: {target}" in out
     assert list(tmp_path.joinpath(target).glob("*.hsaco"))
-    if target == "gfx950":  # the FP8 spec is built too
-        assert "v_mfma_scale_f32_32x32x64_f8f6f4" in out and "mla_prefill_gfx950_fp8_causal" in out
+    # The FP8 spec is built too.
+    fp8 = {"gfx950": "v_mfma_scale_f32_32x32x64_f8f6f4", "gfx942": "v_mfma_f32_32x32x16_fp8_fp8"}[target]
+    assert fp8 in out and f"mla_prefill_{target}_fp8_causal" in out
 
 
 # --- no ROCm here -------------------------------------------------------------------------------

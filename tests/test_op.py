@@ -29,7 +29,8 @@ def test_schemas_say_what_is_optional_and_what_is_written():
     functional = str(torch.ops.mlagen.mla_prefill.default._schema)
     assert functional.startswith("mlagen::mla_prefill(Tensor q, Tensor k, Tensor v, Tensor? k_rope, "
                                  "Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, bool causal, float? softmax_scale, "
-                                 "bool? check_seqlens, SymInt? max_seqlen_q, SymInt? max_seqlen_k, str? kernel)"), \
+                                 "bool? check_seqlens, SymInt? max_seqlen_q, SymInt? max_seqlen_k, str? kernel, "
+                                 "Tensor? q_descale, Tensor? k_descale, Tensor? v_descale)"), \
         functional
     assert functional.endswith("-> (Tensor, Tensor)")
     out = str(torch.ops.mlagen.mla_prefill_out.default._schema)
@@ -65,7 +66,7 @@ def test_fake_out_variant_returns_the_given_tensors():
 
 
 @pytest.mark.parametrize("change, error, match", [
-    (lambda a: {**a, "q": a["q"].float()}, TypeError, "q: dtype must be torch.bfloat16"),
+    (lambda a: {**a, "q": a["q"].float()}, TypeError, "q: dtype must be one of torch.bfloat16, torch.float8_e4m3fn"),
     (lambda a: {**a, "v": torch.empty(12, 4, 64, dtype=BF16, device="cuda")}, ValueError, "v: expected shape"),
     (lambda a: {**a, "k_rope": torch.empty(12, 1, 32, dtype=BF16, device="cuda")}, ValueError,
      "k_rope: expected shape"),
@@ -126,14 +127,14 @@ COMPILE_SCRIPT = textwrap.dedent("""
 
     # A CPU kernel (the float64 reference), registered in this process only, so the op runs here.
     @op._op.register_kernel("cpu")
-    def _cpu(q, k, v, k_rope, cu_q, cu_k, causal, scale, check, max_q, max_k, kernel):
+    def _cpu(q, k, v, k_rope, cu_q, cu_k, causal, scale, check, max_q, max_k, kernel, qd, kd, vd):
         o, l = reference(q, k, v, k_rope=k_rope, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, causal=causal,
-                         softmax_scale=scale)
+                         softmax_scale=scale, q_descale=qd, k_descale=kd, v_descale=vd)
         return o.to(torch.bfloat16), l.float()
 
     @op._op_out.register_kernel("cpu")
-    def _cpu_out(q, k, v, k_rope, cu_q, cu_k, causal, scale, check, max_q, max_k, kernel, out, lse):
-        o, l = _cpu(q, k, v, k_rope, cu_q, cu_k, causal, scale, check, max_q, max_k, kernel)
+    def _cpu_out(q, k, v, k_rope, cu_q, cu_k, causal, scale, check, max_q, max_k, kernel, qd, kd, vd, out, lse):
+        o, l = _cpu(q, k, v, k_rope, cu_q, cu_k, causal, scale, check, max_q, max_k, kernel, qd, kd, vd)
         out.copy_(o)
         lse.copy_(l)
 
@@ -177,7 +178,7 @@ COMPILE_SCRIPT = textwrap.dedent("""
     with torch._subclasses.fake_tensor.FakeTensorMode() as mode:
         assert op._tracing(mode.from_tensor(q))
 
-    args = (q, k, v, kr, cu_q, cu_k, True, None, None, 5, 6, None)
+    args = (q, k, v, kr, cu_q, cu_k, True, None, None, 5, 6, None, None, None, None)
     for name, result in torch.library.opcheck(op._op, args).items():
         assert result == "SUCCESS", (name, result)
     out, lse = torch.empty(9, 2, 128, dtype=torch.bfloat16), torch.empty(9, 2)

@@ -43,7 +43,8 @@ def fails(data, path, key, *fragments):
 
 
 def test_packaged_specs_are_available():
-    assert [p.name for p in spec.available()] == ["mla_prefill_gfx942.yaml", "mla_prefill_gfx950.yaml",
+    assert [p.name for p in spec.available()] == ["mla_prefill_gfx942.yaml", "mla_prefill_gfx942_fp8.yaml",
+                                                  "mla_prefill_gfx950.yaml",
                                                   "mla_prefill_gfx950_fp8.yaml", "mla_prefill_sm80.yaml",
                                                   "mla_prefill_sm90.yaml", "mla_sparse_prefill_sm80.yaml",
                                                   "mla_sparse_prefill_sm90.yaml"]
@@ -100,7 +101,8 @@ def test_text_hash_follows_the_text(tmp_path):
 
 
 def test_unknown_spec_name_lists_the_known_ones():
-    with pytest.raises(SpecError, match="no spec of that name; known: mla_prefill_gfx942, mla_prefill_gfx950, mla_prefill_gfx950_fp8, "
+    with pytest.raises(SpecError, match="no spec of that name; known: mla_prefill_gfx942, mla_prefill_gfx942_fp8, mla_prefill_gfx950, "
+                       "mla_prefill_gfx950_fp8, "
                        "mla_prefill_sm80, mla_prefill_sm90"):
         spec.load("mla_prefill_sm70")
 
@@ -215,7 +217,7 @@ CASES_80 = [
     ("bad priority", _set(["priority"], "high"), "priority", ["expected an integer, got 'high'"]),
     ("bool priority", _set(["priority"], True), "priority", ["expected an integer, got True"]),
     ("unknown family", _set(["family"], "gemm"), "family", ["'gemm' is not one of ['mla_prefill', 'mla_sparse_prefill']"]),
-    ("bad abi", _set(["abi"], "wgmma"), "abi", ["'wgmma' is not one of ['simt', 'tma']"]),
+    ("bad abi", _set(["abi"], "wgmma"), "abi", ["'wgmma' is not one of ['simt', 'simt_fp8', 'tma']"]),
     ("abi not an identifier", _set(["abi"], "S I M T"), "abi", ["must be a lowercase identifier"]),
     ("missing template", _set(["template"], "nope.cu.j2"), "template",
      ["'nope.cu.j2' is not a file under templates/"]),
@@ -229,9 +231,9 @@ CASES_80 = [
     ("family mismatch d_v", _set(["problem", "d_v"], 256), "problem.d_v",
      ["256: this family implements d_v = 128"]),
     ("family mismatch dtype", _set(["problem", "dtype"], "fp16"), "problem.dtype",
-     ["'fp16': this family implements dtype = 'bf16'"]),
+     ["'fp16': the input types are bf16, fp8_e4m3, fp8_e4m3fnuz"]),
     ("family mismatch missing dtype", _del(["problem", "dtype"]), "problem.dtype",
-     ["None: this family implements dtype = 'bf16'"]),
+     ["None: the input types are bf16, fp8_e4m3, fp8_e4m3fnuz"]),
     ("problem not scalar", _set(["problem", "d_v"], [128]), "problem.d_v", ["expected a scalar, got list"]),
     ("derived redefines", _set(["derived", "d_v"], "1"), "derived.d_v", ["name already defined"]),
     ("derived unknown name", _set(["derived", "extra"], "bogus * 2"), "derived.extra",

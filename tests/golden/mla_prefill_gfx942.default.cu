@@ -16,6 +16,9 @@ struct Config {
   static constexpr int kStages = 1;
   static constexpr int kPad = 8;
   static constexpr bool kCausal = true;
+  static constexpr int kInBytes = 2;  // bf16 inputs
+  // FP8: P^T is stored as P * kPScale (P <= 1; OCP e4m3 reaches 448, FNUZ 240).
+  static constexpr float kPScale = 128.f;
   using AtomQK = mlagen::gfx9::MfmaBf16K8;
   using AtomPV = mlagen::gfx9::MfmaBf16K8;
 };
@@ -25,7 +28,9 @@ static_assert(Config::kBlockM == 32 * Config::kWaves, "each wave owns 32 query r
 static_assert(Config::kBlockN % 32 == 0, "block_n must be whole 32-key MFMA tiles");
 static_assert(Config::kDQk % Config::AtomQK::kK == 0 && Config::kDV % 32 == 0,
               "head dimensions must be whole MFMA k-steps and 32-wide output tiles");
-static_assert(Config::AtomPV::kK <= 16, "P V runs on a bf16 atom (P^T comes from the fp32 S^T registers)");
+static_assert(Config::AtomQK::kBytes == Config::kInBytes && Config::AtomPV::kBytes == Config::kInBytes,
+              "both products take the input type (P^T is converted to it)");
+static_assert(Config::kBlockN % Config::AtomPV::kK == 0, "P V k-steps must tile the key block");
 static_assert(Config::kPad % 8 == 0, "LDS padding must keep rows 16-byte aligned");
 static_assert(Config::kStages == 1 || Config::kStages == 2, "one LDS stage (two barriers) or two (one barrier)");
 static_assert(mlagen::gfx9::PrefillLayout<Config>::kLdsBytes == 44032,

@@ -66,10 +66,12 @@ class MlaPrefillFamily(Family):
     def launch(self, selection, call, stream: int) -> None:
         launch(selection, call, stream)
 
-    def make_inputs(self, shape, device, seed: int = 0) -> dict:
+    def make_inputs(self, shape, device, seed: int = 0, dtype: str = "bf16") -> dict:
+        """Random inputs of ``shape``; ``dtype`` "fp8_e4m3" / "fp8_e4m3fnuz" gives quantized
+        operands with descale factors (not part of the shape grammar: tune and bench use bf16)."""
         from .reference import make_inputs
 
-        return make_inputs(shape, device, seed)
+        return make_inputs(shape, device, seed, dtype)
 
     def make_outputs(self, shape, device, fill: float = float("nan")):
         import torch
@@ -94,17 +96,19 @@ class MlaPrefillFamily(Family):
         return mla_prefill(inputs["q"], inputs["k"], inputs["v"], k_rope=inputs.get("k_rope"),
                            cu_seqlens_q=inputs.get("cu_seqlens_q"), cu_seqlens_k=inputs.get("cu_seqlens_k"),
                            causal=inputs.get("causal", True), out=out, lse=lse, check_seqlens=check,
-                           kernel=variant if variant is not None else kernel)
+                           kernel=variant if variant is not None else kernel, q_descale=inputs.get("q_descale"),
+                           k_descale=inputs.get("k_descale"), v_descale=inputs.get("v_descale"))
 
     def reference(self, shape, inputs, heads: int | None = None):
         from .reference import reference_heads
 
         return reference_heads(shape, inputs, heads)
 
-    def compare(self, got, ref):
-        from .reference import compare
+    def compare(self, got, ref, dtype: str = "bf16"):
+        """The result against the reference; fp8 inputs (``dtype``) allow FP8_REL_TOL."""
+        from .reference import FP8_REL_TOL, REL_TOL, compare
 
-        return compare(got[0], got[1], ref[0], ref[1])
+        return compare(got[0], got[1], ref[0], ref[1], rel_tol=REL_TOL if dtype == "bf16" else FP8_REL_TOL)
 
     def flops(self, shape) -> int:
         return flops(_problem.shape_sequences(shape), shape.heads, shape.causal)

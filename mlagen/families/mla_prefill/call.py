@@ -41,6 +41,10 @@ class Call:
     rope: str  # "folded" (k holds 192 columns), "shared" ([Tk, 1, 64]) or "per_head" ([Tk, H, 64])
     max_q: int | None = None  # the caller's max_seqlen_q / max_seqlen_k, if given
     max_k: int | None = None
+    dtype: str = "bf16"  # the inputs' element type: "bf16", "fp8_e4m3" (OCP) or "fp8_e4m3fnuz"
+    q_descale: Any = None  # fp32 [1] or [H] (fp8 inputs only; None: 1.0): real value = stored x descale
+    k_descale: Any = None  # applies to k and k_rope
+    v_descale: Any = None
 
     @property
     def mask(self) -> str:
@@ -61,7 +65,7 @@ class Call:
             if t.data_ptr() % 16:
                 return f"{name} is not 16-byte aligned"
             for dim in range(t.dim() - 1):
-                if t.size(dim) > 1 and (t.stride(dim) * 2) % 16:
+                if t.size(dim) > 1 and (t.stride(dim) * t.element_size()) % 16:
                     return f"{name} stride {t.stride(dim)} (dim {dim}) is not a multiple of 16 bytes"
         return None
 
@@ -83,6 +87,26 @@ def _check_tensor(torch, t, arg: str, dtype, ndim: int, device=None):
         _fail(arg, f"expected {ndim} dimensions, got shape {tuple(t.shape)}")
     if device is not None and t.device != device:
         _fail(arg, f"must be on {device} (like q), got {t.device}")
+
+
+# The element types the inputs may have, by dtype name (the spec's problem.dtype and the tuning
+# record's dtypes). OCP e4m3 (torch.float8_e4m3fn: max 448, NaN = S.1111.111) is NVIDIA's and
+# gfx950's; FNUZ e4m3 (torch.float8_e4m3fnuz: max 240, exponent bias 8, NaN = 1.0000.000, no -0)
+# is gfx942's. Both are one byte per element.
+INPUT_DTYPES = {"bf16": "bfloat16", "fp8_e4m3": "float8_e4m3fn", "fp8_e4m3fnuz": "float8_e4m3fnuz"}
+FP8_DTYPES = ("fp8_e4m3", "fp8_e4m3fnuz")
+
+
+def dtype_name(torch, dtype) -> str | None:
+    """The dtype name ("bf16", "fp8_e4m3", "fp8_e4m3fnuz") of a torch dtype, None if not an input type."""
+    for name, attr in INPUT_DTYPES.items():
+        if getattr(torch, attr, None) == dtype:
+            return name
+    return None
+
+
+def _allowed_dtypes(torch) -> str:
+    return ", ".join(f"torch.{a}" for a in INPUT_DTYPES.values() if hasattr(torch, a))
 
 
 def check_scalars(causal, softmax_scale, max_seqlen_q=None, max_seqlen_k=None) -> float:
@@ -109,19 +133,53 @@ def check_scalars(causal, softmax_scale, max_seqlen_q=None, max_seqlen_k=None) -
     return scale
 
 
+def check_descales(torch, q, q_descale=None, k_descale=None, v_descale=None) -> str:
+    """The inputs' dtype name, after checking q's dtype and the descale factors against it:
+    fp32, shape [1] (per tensor) or [H] (per head), on q's device, given for fp8 inputs only."""
+    if not isinstance(q, torch.Tensor):
+        _fail_type("q", f"expected a torch.Tensor, got {type(q).__name__}")
+    dtype = dtype_name(torch, q.dtype)
+    if dtype is None:
+        _fail_type("q", f"dtype must be one of {_allowed_dtypes(torch)}, got {q.dtype}")
+    heads = q.shape[1] if q.dim() == 3 else None
+    for name, t in (("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale)):
+        if t is None:
+            continue
+        if not isinstance(t, torch.Tensor):
+            _fail_type(name, f"expected a float32 torch.Tensor of shape [1] or [heads], got {type(t).__name__}")
+        if dtype not in FP8_DTYPES:
+            _fail(name, f"descale factors apply to fp8 inputs only; q is {q.dtype}")
+        if t.dtype != torch.float32:
+            _fail_type(name, f"dtype must be torch.float32, got {t.dtype}")
+        if t.dim() != 1 or t.shape[0] not in (1, heads):
+            _fail(name, f"expected shape [1] (per tensor) or [{heads}] (per head), got {tuple(t.shape)}")
+        if t.device != q.device:
+            _fail(name, f"must be on {q.device} (like q), got {t.device}")
+    return dtype
+
+
 def check_arguments(torch, q, k, v, k_rope=None, cu_seqlens_q=None, cu_seqlens_k=None, out=None, lse=None,
                     max_seqlen_q=None, max_seqlen_k=None) -> tuple[int, int, int, int, str]:
     """Shapes, dtypes, devices and strides of every tensor argument; reads no values, so it runs
-    on FakeTensors too. Returns (total_q, total_k, heads, batch, rope)."""
-    _check_tensor(torch, q, "q", torch.bfloat16, 3)
+    on FakeTensors too. q, k, k_rope and v share one dtype (bf16 or an fp8 e4m3, see
+    INPUT_DTYPES); out is bf16 and lse fp32 either way. Returns (total_q, total_k, heads, batch, rope)."""
+    if not isinstance(q, torch.Tensor):
+        _fail_type("q", f"expected a torch.Tensor, got {type(q).__name__}")
+    if dtype_name(torch, q.dtype) is None:
+        _fail_type("q", f"dtype must be one of {_allowed_dtypes(torch)}, got {q.dtype}")
+    in_dtype = q.dtype
+    _check_tensor(torch, q, "q", in_dtype, 3)
     device = q.device
     total_q, heads, dq = q.shape
     if dq != D_QK:
         _fail("q", f"last dimension must be {D_QK} (nope {D_NOPE} + rope {D_ROPE}), got {dq}")
     if heads < 1:
         _fail("q", "needs at least one head")
-    _check_tensor(torch, k, "k", torch.bfloat16, 3, device)
-    _check_tensor(torch, v, "v", torch.bfloat16, 3, device)
+    for name, t in (("k", k), ("v", v), ("k_rope", k_rope)):
+        if isinstance(t, torch.Tensor) and t.dtype != in_dtype:
+            _fail_type(name, f"dtype must be {in_dtype} like q (q, k, k_rope and v share one dtype), got {t.dtype}")
+    _check_tensor(torch, k, "k", in_dtype, 3, device)
+    _check_tensor(torch, v, "v", in_dtype, 3, device)
     total_k = k.shape[0]
     if k.shape[1] != heads:
         _fail("k", f"has {k.shape[1]} heads, q has {heads}")
@@ -137,7 +195,7 @@ def check_arguments(torch, q, k, v, k_rope=None, cu_seqlens_q=None, cu_seqlens_k
     else:
         if k.shape[2] != D_NOPE:
             _fail("k", f"with k_rope given, k holds the {D_NOPE} nope columns only, got {k.shape[2]}")
-        _check_tensor(torch, k_rope, "k_rope", torch.bfloat16, 3, device)
+        _check_tensor(torch, k_rope, "k_rope", in_dtype, 3, device)
         if k_rope.shape[0] != total_k or k_rope.shape[2] != D_ROPE or k_rope.shape[1] not in (1, heads):
             _fail("k_rope", f"expected shape ({total_k}, 1, {D_ROPE}) or ({total_k}, {heads}, {D_ROPE}), "
                             f"got {tuple(k_rope.shape)}")
@@ -221,7 +279,8 @@ def resolve_check(torch, check_seqlens) -> bool:
 
 
 def prepare(q, k, v, *, k_rope=None, cu_seqlens_q=None, cu_seqlens_k=None, causal=True, softmax_scale=None,
-            out=None, lse=None, check_seqlens=None, max_seqlen_q=None, max_seqlen_k=None) -> Call:
+            out=None, lse=None, check_seqlens=None, max_seqlen_q=None, max_seqlen_k=None, q_descale=None,
+            k_descale=None, v_descale=None) -> Call:
     """Validate arguments (errors name the argument) and allocate ``out``/``lse``.
 
     Argument errors are :class:`~mlagen.errors.ArgumentError` (a ValueError) or, for a wrong type
@@ -238,6 +297,7 @@ def prepare(q, k, v, *, k_rope=None, cu_seqlens_q=None, cu_seqlens_k=None, causa
         _fail("q", f"must be a CUDA tensor, got device {q.device}")
     total_q, total_k, heads, batch, rope = check_arguments(
         torch, q, k, v, k_rope, cu_seqlens_q, cu_seqlens_k, out, lse, max_seqlen_q, max_seqlen_k)
+    dtype = check_descales(torch, q, q_descale, k_descale, v_descale)
     device = q.device
     check = resolve_check(torch, check_seqlens)
     cu_q = cu_k = None
@@ -261,4 +321,4 @@ def prepare(q, k, v, *, k_rope=None, cu_seqlens_q=None, cu_seqlens_k=None, causa
         k = k[:, :, :D_NOPE]
     q, k, k_rope, v = (_aligned_or_copy(t) for t in (q, k, k_rope, v))
     return Call(q, k, k_rope, v, out, lse, cu_q, cu_k, total_q, total_k, heads, batch, causal, scale, rope,
-                max_seqlen_q, max_seqlen_k)
+                max_seqlen_q, max_seqlen_k, dtype, q_descale, k_descale, v_descale)

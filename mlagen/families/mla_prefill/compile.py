@@ -5,6 +5,7 @@ from __future__ import annotations
 from ... import expr, resources, variant
 from ...errors import SpecError
 from . import schedule
+from .call import FP8_DTYPES, INPUT_DTYPES
 from .params import ABIS
 from .problem import D_NOPE, D_ROPE, D_V, MASKS
 
@@ -13,13 +14,19 @@ def validate_spec(spec) -> None:
     """The problem parameters, the launcher, the specialisation axes, the Hopper schedule, and
     that the default variant meets the spec's own constraints."""
     problem = dict(spec.problem)
-    expected = {"d_nope": D_NOPE, "d_rope": D_ROPE, "d_v": D_V, "dtype": "bf16"}
+    expected = {"d_nope": D_NOPE, "d_rope": D_ROPE, "d_v": D_V}
     for key, value in expected.items():
         if problem.get(key) != value:
             raise SpecError(spec.path, f"problem.{key}",
                             f"{problem.get(key)!r}: this family implements {key} = {value!r}")
+    dtype = problem.get("dtype")
+    if dtype not in INPUT_DTYPES:
+        raise SpecError(spec.path, "problem.dtype", f"{dtype!r}: the input types are {', '.join(INPUT_DTYPES)}")
     if spec.abi not in ABIS:
         raise SpecError(spec.path, "abi", f"{spec.abi!r} is not one of {sorted(ABIS)}")
+    if (spec.abi == "simt_fp8") != (dtype in FP8_DTYPES):
+        raise SpecError(spec.path, "abi", f"{spec.abi!r} with problem.dtype {dtype!r}: fp8 inputs take the "
+                                          f"simt_fp8 launcher, bf16 inputs simt or tma")
     axes = dict(spec.specialize)
     if set(axes) != {"mask"} or not set(axes["mask"]) <= set(MASKS):
         raise SpecError(spec.path, "specialize", f"this family specialises on mask only, values from {list(MASKS)}")

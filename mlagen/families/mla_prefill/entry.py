@@ -8,25 +8,27 @@ from __future__ import annotations
 
 import math
 
-from ... import dispatch
+from ... import dispatch, runtime
+from ...errors import ArgumentTypeError
 from ...variant import Variant
-from .launch import accepts as _accepts
-from .launch import launch as _launch_kernel
+from .launch import accepts, launch, spec_dtype
 from . import record
-from .call import Call, prepare
+from .call import FP8_DTYPES, INPUT_DTYPES, Call, prepare
 
 FAMILY_NAME = "mla_prefill"
 
 
 def run(q, k, v, *, k_rope=None, cu_seqlens_q=None, cu_seqlens_k=None, causal=True, softmax_scale=None,
-        out=None, lse=None, check_seqlens=None, max_seqlen_q=None, max_seqlen_k=None, kernel=None):
+        out=None, lse=None, check_seqlens=None, max_seqlen_q=None, max_seqlen_k=None, kernel=None, q_descale=None,
+        k_descale=None, v_descale=None):
     """Validate, select and launch on the current stream; returns (out, lse). No host sync
     unless ``check_seqlens`` asks for one (or the first call of a shape class compiles)."""
     import torch
 
     call = prepare(q, k, v, k_rope=k_rope, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, causal=causal,
                    softmax_scale=softmax_scale, out=out, lse=lse, check_seqlens=check_seqlens,
-                   max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
+                   max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, q_descale=q_descale, k_descale=k_descale,
+                   v_descale=v_descale)
     record.note(call)
     if call.empty:
         return call.out, call.lse
@@ -36,7 +38,7 @@ def run(q, k, v, *, k_rope=None, cu_seqlens_q=None, cu_seqlens_k=None, causal=Tr
         return call.out, call.lse
     device, selection = select(call, kernel)
     with torch.cuda.device(device):
-        _launch_kernel(selection, call, torch.cuda.current_stream(device).cuda_stream)
+        launch(selection, call, torch.cuda.current_stream(device).cuda_stream)
     return call.out, call.lse
 
 
@@ -45,16 +47,49 @@ def select(call: Call, kernel=None):
     import torch
 
     device = call.q.device.index if call.q.device.index is not None else torch.cuda.current_device()
+    if isinstance(kernel, Variant):
+        if spec_dtype(kernel.spec) != call.dtype:
+            raise ArgumentTypeError(f"mla_prefill: kernel: {kernel.symbol} takes {spec_dtype(kernel.spec)} "
+                                    f"inputs, q is {call.q.dtype}")
+    else:
+        check_dtype_supported(call, device)
     selection = dispatch.dispatcher().select(
         FAMILY_NAME, str(call.key), {"mask": call.mask}, device,
-        accepts=lambda spec: _accepts(spec, call),
+        accepts=lambda spec: accepts(spec, call),
         variant=kernel if isinstance(kernel, Variant) else None,
         only=kernel if isinstance(kernel, str) else None,
     )
     return device, selection
 
 
-def mla_prefill_kernel(q, k, v, *, k_rope=None, cu_seqlens_q=None, cu_seqlens_k=None, causal=True, kernel=None):
+def dtype_targets(dtype: str) -> dict[str, list[str]]:
+    """Targets with a kernel of this family for inputs of ``dtype``, and those specs' names."""
+    out: dict[str, list[str]] = {}
+    for spec in dispatch.family_specs(FAMILY_NAME):
+        if spec_dtype(spec) == dtype:
+            for target in spec.targets:
+                out.setdefault(target, []).append(spec.name)
+    return out
+
+
+def check_dtype_supported(call: Call, device: int) -> None:
+    """One clear line (a TypeError naming the dtype) when the device's target has no kernel for
+    the inputs' dtype, e.g. fp8 inputs on sm_90a, or OCP e4m3 on gfx942 (whose fp8 is FNUZ)."""
+    if call.dtype == "bf16":
+        return
+    target = runtime.device_info(device).target
+    if target is None:
+        return  # dispatch names the unknown device
+    have = dtype_targets(call.dtype)
+    if target.name not in have:
+        fp8 = {d: sorted(dtype_targets(d)) for d in FP8_DTYPES}
+        known = "; ".join(f"{INPUT_DTYPES[d]} on {', '.join(t) or 'none'}" for d, t in fp8.items())
+        raise ArgumentTypeError(f"mla_prefill: q: {call.dtype} inputs (torch.{INPUT_DTYPES[call.dtype]}) have no "
+                                f"kernel for {target.name}; fp8 kernels: {known}")
+
+
+def mla_prefill_kernel(q, k, v, *, k_rope=None, cu_seqlens_q=None, cu_seqlens_k=None, causal=True, kernel=None,
+                       q_descale=None, k_descale=None, v_descale=None):
     """The kernel :func:`mlagen.mla_prefill` would run for these arguments, without running it.
 
     Returns the dispatcher's Selection: ``.spec``, ``.variant`` (``.variant.symbol``), ``.origin``
@@ -64,5 +99,5 @@ def mla_prefill_kernel(q, k, v, *, k_rope=None, cu_seqlens_q=None, cu_seqlens_k=
     Builds the kernel if it is not built yet.
     """
     call = prepare(q, k, v, k_rope=k_rope, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
-                   causal=causal, check_seqlens=False)
+                   causal=causal, check_seqlens=False, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
     return select(call, kernel)[1]

@@ -8,11 +8,18 @@ from __future__ import annotations
 
 from . import tma
 from .call import Call
-from .pack import num_virtual_tiles, pack_simt
+from .pack import num_virtual_tiles, pack_simt, pack_simt_fp8
+
+
+def spec_dtype(spec) -> str:
+    """The input dtype name a spec's kernels take (its ``problem.dtype``)."""
+    return dict(spec.problem).get("dtype", "bf16")
 
 
 def accepts(spec, call: Call) -> bool:
-    """Whether ``spec``'s kernels can take this call's tensors."""
+    """Whether ``spec``'s kernels can take this call's tensors (their dtype, and TMA's alignment)."""
+    if spec_dtype(spec) != call.dtype:
+        return False
     return spec.abi != "tma" or call.tma_compatible() is None
 
 
@@ -20,8 +27,8 @@ def launch(selection, call: Call, stream: int) -> None:
     """Launch the selected kernel on ``stream``; no host synchronisation."""
     env = selection.env
     res = selection.resources
-    if selection.spec.abi == "simt":
-        params = pack_simt(call, env)
+    if selection.spec.abi in ("simt", "simt_fp8"):
+        params = (pack_simt if selection.spec.abi == "simt" else pack_simt_fp8)(call, env)
         grid = (num_virtual_tiles(call, env["block_m"]), call.heads, 1)
         selection.kernel.launch(grid, (res.threads, 1, 1), res.smem_bytes, stream, params)
         return

@@ -4,7 +4,8 @@ calls it without a graph break, and CUDA graphs capture it.
 Two custom ops (``torch.library.custom_op``) with fake (meta) implementations:
 
 * ``mlagen::mla_prefill(q, k, v, k_rope?, cu_seqlens_q?, cu_seqlens_k?, causal, softmax_scale?,
-  check_seqlens?, max_seqlen_q?, max_seqlen_k?, kernel?) -> (out, lse)``: allocates its outputs;
+  check_seqlens?, max_seqlen_q?, max_seqlen_k?, kernel?, q_descale?, k_descale?, v_descale?) -> (out, lse)``:
+  allocates its outputs;
 * ``mlagen::mla_prefill_out(..., Tensor(a12!) out, Tensor(a13!) lse) -> ()``: writes preallocated
   outputs (declared mutated, so functionalization in torch.compile orders it correctly).
 
@@ -22,7 +23,7 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode as _current_
 
 from ...errors import ArgumentTypeError
 from . import entry
-from .call import check_arguments, check_scalars
+from .call import check_arguments, check_descales, check_scalars
 from .problem import D_V
 
 Tensor = torch.Tensor
@@ -31,34 +32,40 @@ Tensor = torch.Tensor
 @torch.library.custom_op("mlagen::mla_prefill", mutates_args=())
 def _op(q: Tensor, k: Tensor, v: Tensor, k_rope: Optional[Tensor], cu_seqlens_q: Optional[Tensor],
         cu_seqlens_k: Optional[Tensor], causal: bool, softmax_scale: Optional[float], check_seqlens: Optional[bool],
-        max_seqlen_q: Optional[int], max_seqlen_k: Optional[int], kernel: Optional[str]) -> tuple[Tensor, Tensor]:
+        max_seqlen_q: Optional[int], max_seqlen_k: Optional[int], kernel: Optional[str], q_descale: Optional[Tensor],
+        k_descale: Optional[Tensor], v_descale: Optional[Tensor]) -> tuple[Tensor, Tensor]:
     return entry.run(q, k, v, k_rope=k_rope, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, causal=causal,
                      softmax_scale=softmax_scale, check_seqlens=check_seqlens, max_seqlen_q=max_seqlen_q,
-                     max_seqlen_k=max_seqlen_k, kernel=kernel)
+                     max_seqlen_k=max_seqlen_k, kernel=kernel, q_descale=q_descale, k_descale=k_descale,
+                     v_descale=v_descale)
 
 
 @_op.register_fake
 def _op_fake(q, k, v, k_rope, cu_seqlens_q, cu_seqlens_k, causal, softmax_scale, check_seqlens, max_seqlen_q,
-             max_seqlen_k, kernel):
+             max_seqlen_k, kernel, q_descale, k_descale, v_descale):
     total_q, _, heads, _, _ = check_arguments(torch, q, k, v, k_rope, cu_seqlens_q, cu_seqlens_k,
                                               max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
-    return q.new_empty((total_q, heads, D_V)), q.new_empty((total_q, heads), dtype=torch.float32)
+    check_descales(torch, q, q_descale, k_descale, v_descale)
+    return (q.new_empty((total_q, heads, D_V), dtype=torch.bfloat16),
+            q.new_empty((total_q, heads), dtype=torch.float32))
 
 
 @torch.library.custom_op("mlagen::mla_prefill_out", mutates_args=("out", "lse"))
 def _op_out(q: Tensor, k: Tensor, v: Tensor, k_rope: Optional[Tensor], cu_seqlens_q: Optional[Tensor],
             cu_seqlens_k: Optional[Tensor], causal: bool, softmax_scale: Optional[float],
             check_seqlens: Optional[bool], max_seqlen_q: Optional[int], max_seqlen_k: Optional[int],
-            kernel: Optional[str], out: Tensor, lse: Tensor) -> None:
+            kernel: Optional[str], q_descale: Optional[Tensor], k_descale: Optional[Tensor],
+            v_descale: Optional[Tensor], out: Tensor, lse: Tensor) -> None:
     entry.run(q, k, v, k_rope=k_rope, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, causal=causal,
               softmax_scale=softmax_scale, out=out, lse=lse, check_seqlens=check_seqlens, max_seqlen_q=max_seqlen_q,
-              max_seqlen_k=max_seqlen_k, kernel=kernel)
+              max_seqlen_k=max_seqlen_k, kernel=kernel, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
 
 
 @_op_out.register_fake
 def _op_out_fake(q, k, v, k_rope, cu_seqlens_q, cu_seqlens_k, causal, softmax_scale, check_seqlens, max_seqlen_q,
-                 max_seqlen_k, kernel, out, lse):
+                 max_seqlen_k, kernel, q_descale, k_descale, v_descale, out, lse):
     check_arguments(torch, q, k, v, k_rope, cu_seqlens_q, cu_seqlens_k, out, lse, max_seqlen_q, max_seqlen_k)
+    check_descales(torch, q, q_descale, k_descale, v_descale)
 
 
 def _tracing(q) -> bool:
@@ -71,14 +78,18 @@ def _tracing(q) -> bool:
 
 
 def mla_prefill(q, k, v, *, k_rope=None, cu_seqlens_q=None, cu_seqlens_k=None, causal=True, softmax_scale=None,
-                out=None, lse=None, check_seqlens=None, max_seqlen_q=None, max_seqlen_k=None, kernel=None):
+                out=None, lse=None, check_seqlens=None, max_seqlen_q=None, max_seqlen_k=None, kernel=None,
+                q_descale=None, k_descale=None, v_descale=None):
     """Dense MLA prefill attention (unabsorbed, "MHA mode"), as in MLA.md section 1.
 
     Args:
-        q: [Tq, H, 192] bf16, nope (128) followed by rope (64). Strided views are fine; the last
-            dimension must be contiguous.
-        k: [Tk, H, 192] bf16, or [Tk, H, 128] (nope only) when ``k_rope`` is given.
-        v: [Tk, H, 128] bf16.
+        q: [Tq, H, 192] bf16 or fp8 e4m3, nope (128) followed by rope (64). Strided views are
+            fine; the last dimension must be contiguous. q, k, k_rope and v share one dtype:
+            torch.bfloat16, torch.float8_e4m3fn (OCP e4m3: kernels for gfx950) or
+            torch.float8_e4m3fnuz (FNUZ e4m3: kernels for gfx942). A device with no kernel for
+            the dtype raises TypeError naming it and the targets that have one.
+        k: [Tk, H, 192], or [Tk, H, 128] (nope only) when ``k_rope`` is given.
+        v: [Tk, H, 128].
         k_rope: optional [Tk, 1, 64] (one rope key shared by all heads: the MLA case; read once
             per key tile, never expanded) or [Tk, H, 64].
         cu_seqlens_q, cu_seqlens_k: optional int32 [B + 1] offsets of a packed (ragged) batch;
@@ -101,6 +112,12 @@ def mla_prefill(q, k, v, *, k_rope=None, cu_seqlens_q=None, cu_seqlens_k=None, c
         kernel: optional spec name (e.g. ``"mla_prefill_sm80"``) or Variant to force a kernel;
             by default the best kernel for the device, tuned for this shape class if the tuning
             database or the shipped records know one.
+        q_descale, k_descale, v_descale: fp8 inputs only: optional float32 tensors of shape [1]
+            (one factor per tensor) or [H] (one per head), on q's device. The real value of an
+            element is its stored fp8 value times its tensor's (head's) descale; k_descale
+            applies to k and k_rope alike. None means 1.0. The softmax scale applies to the real
+            values: S = softmax_scale * (q_descale * q) (k_descale * k)^T. Accumulation is
+            fp32; out is bf16 and lse fp32 as for bf16 inputs.
 
     Returns:
         (out, lse): out [Tq, H, 128] bf16; lse [Tq, H] fp32, natural log. A row that sees no key
@@ -121,7 +138,8 @@ def mla_prefill(q, k, v, *, k_rope=None, cu_seqlens_q=None, cu_seqlens_k=None, c
     """
     check_scalars(causal, softmax_scale, max_seqlen_q, max_seqlen_k)
     for name, t in (("q", q), ("k", k), ("v", v), ("k_rope", k_rope), ("cu_seqlens_q", cu_seqlens_q),
-                    ("cu_seqlens_k", cu_seqlens_k), ("out", out), ("lse", lse)):
+                    ("cu_seqlens_k", cu_seqlens_k), ("out", out), ("lse", lse), ("q_descale", q_descale),
+                    ("k_descale", k_descale), ("v_descale", v_descale)):
         if t is not None and not isinstance(t, torch.Tensor):
             raise ArgumentTypeError(f"mla_prefill: {name}: expected a torch.Tensor, got {type(t).__name__}")
     if check_seqlens is not None and not isinstance(check_seqlens, bool):
@@ -134,22 +152,24 @@ def mla_prefill(q, k, v, *, k_rope=None, cu_seqlens_q=None, cu_seqlens_k=None, c
                                     f"{type(kernel).__name__}")
         return entry.run(q, k, v, k_rope=k_rope, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
                          causal=causal, softmax_scale=softmax_scale, out=out, lse=lse, check_seqlens=check_seqlens,
-                         max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, kernel=kernel)
+                         max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, kernel=kernel,
+                         q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
     if not _tracing(q):
         # Eager: the same implementation the ops run, without the dispatcher's cost per call.
         return entry.run(q, k, v, k_rope=k_rope, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
                          causal=causal, softmax_scale=softmax_scale, out=out, lse=lse, check_seqlens=check_seqlens,
-                         max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, kernel=kernel)
+                         max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, kernel=kernel,
+                         q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
     scale = None if softmax_scale is None else float(softmax_scale)
     args = (q, k, v, k_rope, cu_seqlens_q, cu_seqlens_k, causal, scale, check_seqlens, max_seqlen_q, max_seqlen_k,
-            kernel)
+            kernel, q_descale, k_descale, v_descale)
     if out is None and lse is None:
         return torch.ops.mlagen.mla_prefill(*args)
     if out is None or lse is None:  # one given: the op writes both, so allocate the other
         total_q, _, heads, _, _ = check_arguments(torch, q, k, v, k_rope, cu_seqlens_q, cu_seqlens_k, out, lse,
                                                   max_seqlen_q, max_seqlen_k)
         if out is None:
-            out = q.new_empty((total_q, heads, D_V))
+            out = q.new_empty((total_q, heads, D_V), dtype=torch.bfloat16)
         if lse is None:
             lse = q.new_empty((total_q, heads), dtype=torch.float32)
     torch.ops.mlagen.mla_prefill_out(*args, out, lse)

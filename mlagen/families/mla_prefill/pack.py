@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from .call import Call
-from .params import SIMT_PARAMS
+from .params import SIMT_FP8_PARAMS, SIMT_PARAMS
 
 
 def common_values(call: Call) -> dict:
@@ -48,3 +48,21 @@ def pack_simt(call: Call, env: dict):
         **common_values(call),
     }
     return SIMT_PARAMS.pack(values)
+
+
+def pack_simt_fp8(call: Call, env: dict):
+    """The simt fields over one-byte inputs, plus the descale pointers (null: 1.0) and their head
+    strides (0: one factor for all heads)."""
+    values = {
+        "q": call.q.data_ptr(), "k": call.k.data_ptr(), "k_rope": call.k_rope.data_ptr(), "v": call.v.data_ptr(),
+        "q_row_stride": call.q.stride(0), "q_head_stride": call.q.stride(1),
+        "k_row_stride": call.k.stride(0), "k_head_stride": call.k.stride(1),
+        "kr_row_stride": call.k_rope.stride(0), "kr_head_stride": _head_stride(call.k_rope),
+        "v_row_stride": call.v.stride(0), "v_head_stride": call.v.stride(1),
+        **common_values(call),
+    }
+    for name in ("q", "k", "v"):
+        t = getattr(call, f"{name}_descale")
+        values[f"{name}_descale"] = 0 if t is None else t.data_ptr()
+        values[f"{name[0]}d_head_stride"] = 0 if t is None or t.numel() == 1 else t.stride(0)
+    return SIMT_FP8_PARAMS.pack(values)

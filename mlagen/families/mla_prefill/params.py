@@ -1,6 +1,7 @@
 """The kernel parameter structs of dense MLA prefill, one per launcher ("abi" in the spec).
 
 * ``simt``: pointer-and-stride parameters; cp.async loads (sm80 kernel, any NVIDIA target).
+* ``simt_fp8``: the same with fp8 e4m3 inputs and descale factors (gfx9 FP8 kernels).
 * ``tma``: TMA descriptors for Q, K, K-rope, V and O (sm90 warp-specialized kernel).
 """
 
@@ -49,4 +50,16 @@ TMA_PARAMS = abi.ParamStruct("Params", (
     abi.Field("rope_shared", "int"),
 ) + _COMMON_FIELDS)
 
-ABIS = {"simt": SIMT_PARAMS, "tma": TMA_PARAMS}
+# ``simt_fp8``: the simt fields with one-byte (fp8 e4m3) inputs, and the descale factors (fp32
+# pointers, null for 1.0; head stride 0 for one factor per tensor, 1 for one per head).
+SIMT_FP8_PARAMS = abi.ParamStruct("Params", tuple(
+    abi.Field(f.name, "const u8*") if f.kind == "const bf16*" else f for f in SIMT_PARAMS.fields) + (
+    abi.Field("q_descale", "float*"),
+    abi.Field("k_descale", "float*"),
+    abi.Field("v_descale", "float*"),
+    abi.Field("qd_head_stride", "int"),
+    abi.Field("kd_head_stride", "int"),
+    abi.Field("vd_head_stride", "int"),
+))
+
+ABIS = {"simt": SIMT_PARAMS, "simt_fp8": SIMT_FP8_PARAMS, "tma": TMA_PARAMS}

@@ -11,12 +11,27 @@ from .problem import D_QK, D_ROPE, D_V, sequence_lengths, shape_sequences
 
 REL_TOL = 2e-2      # relative L2 error of out allowed against the float32 reference
 LSE_TOL = 2e-2      # absolute error of lse (natural log) allowed
+# FP8 inputs: the reference runs on the dequantized inputs, so what remains is the kernel's own
+# rounding, chiefly P = exp(S - max) quantized to e4m3 (3 mantissa bits) for the P V product.
+# tests/test_hip_mfma_layout.py emulates that rounding: see FP8_REL_TOL's use there and docs/amd.md.
+FP8_REL_TOL = 5e-2
+FP8_MAX = {"fp8_e4m3": 448.0, "fp8_e4m3fnuz": 240.0}  # largest finite value of each e4m3
+
+
+def dequantize(x, descale, dtype):
+    """``x`` (any dtype) in ``dtype``, times its descale factor ([1] or [H], None: 1.0) per head."""
+    x = x.to(dtype)
+    if descale is None:
+        return x
+    return x * descale.to(device=x.device, dtype=dtype).reshape(1, -1, 1)
 
 
 def reference(q, k, v, *, k_rope=None, cu_seqlens_q=None, cu_seqlens_k=None, causal=True, softmax_scale=None,
-              dtype=None, head_chunk: int = 16):
+              dtype=None, head_chunk: int = 16, q_descale=None, k_descale=None, v_descale=None):
     """MLA.md section 1 computed in ``dtype`` (float32 on GPU, float64 on CPU by default).
 
+    FP8 inputs are dequantized first (stored value x descale, per tensor or per head; k_descale
+    applies to k and k_rope), so the reference is exact math on the values the kernel is given.
     Returns (out, lse) in that dtype: out [Tq, H, 128], lse [Tq, H] (natural log; +inf for a row
     that sees no key, whose output is 0).
     """
@@ -26,6 +41,10 @@ def reference(q, k, v, *, k_rope=None, cu_seqlens_q=None, cu_seqlens_k=None, cau
         dtype = torch.float64 if q.device.type == "cpu" else torch.float32
     total_q, heads, _ = q.shape
     total_k = k.shape[0]
+    if q_descale is not None or k_descale is not None or v_descale is not None:
+        q, k, v = dequantize(q, q_descale, dtype), dequantize(k, k_descale, dtype), dequantize(v, v_descale, dtype)
+        if k_rope is not None:
+            k_rope = dequantize(k_rope.expand(total_k, heads, D_ROPE), k_descale, dtype)
     if k_rope is not None:
         kr = k_rope.expand(total_k, heads, D_ROPE) if k_rope.shape[1] == 1 else k_rope
         k = torch.cat([k, kr], dim=-1)
@@ -55,23 +74,51 @@ def reference(q, k, v, *, k_rope=None, cu_seqlens_q=None, cu_seqlens_k=None, cau
     return out, lse
 
 
-def make_inputs(shape, device, seed: int = 0) -> dict[str, Any]:
-    """Fresh standard-normal bf16 operands for ``shape`` (never zeros, never constants).
+def quantize(x, dtype: str, per_head: bool):
+    """(fp8 tensor, fp32 descale) of float ``x`` [T, H, D]: the descale maps the largest magnitude
+    (per head, or over the tensor) to the format's largest finite value."""
+    import torch
+
+    amax = x.abs().amax(dim=(0, 2)) if per_head else x.abs().amax().reshape(1)
+    descale = (amax.float().clamp_min(1e-12) / FP8_MAX[dtype]).to(torch.float32)
+    fp8 = torch.float8_e4m3fn if dtype == "fp8_e4m3" else torch.float8_e4m3fnuz
+    limit = FP8_MAX[dtype]
+    # torch's cast does not saturate (out-of-range values become NaN), so clamp first.
+    stored = (x.float() / descale.reshape(1, -1, 1)).clamp(-limit, limit).to(fp8)
+    return stored, descale
+
+
+def make_inputs(shape, device, seed: int = 0, dtype: str = "bf16") -> dict[str, Any]:
+    """Fresh standard-normal operands for ``shape`` (never zeros, never constants).
 
     Returns a dict with q [Tq, H, 192], k [Tk, H, 128] (nope), k_rope [Tk, 1, 64] (shared by all
     heads), v [Tk, H, 128], cu_seqlens_q / cu_seqlens_k (int32 [B + 1] on ``device``, or None for
-    a batch of one) and causal.
+    a batch of one) and causal. ``dtype`` "fp8_e4m3" or "fp8_e4m3fnuz" quantizes the operands
+    (q and v with one descale per head, k and k_rope with one for the tensor, as a shared rope
+    needs) and adds q_descale, k_descale and v_descale.
     """
     import torch
 
     gen = torch.Generator(device=device).manual_seed(seed)
+    fp8 = dtype in FP8_MAX
+    if not fp8 and dtype != "bf16":
+        raise ValueError(f"dtype {dtype!r}: expected bf16, {', '.join(FP8_MAX)}")
 
     def randn(*size):
-        return torch.randn(size, generator=gen, device=device, dtype=torch.bfloat16)
+        return torch.randn(size, generator=gen, device=device, dtype=torch.float32 if fp8 else torch.bfloat16)
 
     tq, tk, h = sum(shape.q_lens), sum(shape.k_lens), shape.heads
     inputs = {"q": randn(tq, h, D_QK), "k": randn(tk, h, D_QK - D_ROPE), "k_rope": randn(tk, 1, D_ROPE),
               "v": randn(tk, h, D_V), "cu_seqlens_q": None, "cu_seqlens_k": None, "causal": shape.causal}
+    if fp8:
+        inputs["q"], inputs["q_descale"] = quantize(inputs["q"], dtype, per_head=True)
+        inputs["v"], inputs["v_descale"] = quantize(inputs["v"], dtype, per_head=True)
+        k_amax = torch.maximum(inputs["k"].abs().amax(), inputs["k_rope"].abs().amax())
+        k_descale = (k_amax / FP8_MAX[dtype]).reshape(1).to(torch.float32)
+        for name in ("k", "k_rope"):
+            scaled = (inputs[name] / k_descale).clamp(-FP8_MAX[dtype], FP8_MAX[dtype])
+            inputs[name] = scaled.to(torch.float8_e4m3fn if dtype == "fp8_e4m3" else torch.float8_e4m3fnuz)
+        inputs["k_descale"] = k_descale
     if len(shape.q_lens) > 1:
         seqs = shape_sequences(shape)
         cu_q = [s[0] for s in seqs] + [tq]
@@ -93,6 +140,10 @@ def reference_heads(shape, inputs: dict, heads: int | None = 2, budget_bytes: in
 
     heads = shape.heads if heads is None else min(heads, shape.heads)
     q, k, v, k_rope = inputs["q"][:, :heads], inputs["k"][:, :heads], inputs["v"][:, :heads], inputs["k_rope"]
+    descales = {}
+    for name in ("q_descale", "k_descale", "v_descale"):
+        d = inputs.get(name)
+        descales[name] = None if d is None else (d if d.numel() == 1 else d[:heads])
     total_q = sum(shape.q_lens)
     out = torch.zeros((total_q, heads, D_V), dtype=torch.float32, device=q.device)
     lse = torch.full((total_q, heads), math.inf, dtype=torch.float32, device=q.device)
@@ -103,7 +154,7 @@ def reference_heads(shape, inputs: dict, heads: int | None = 2, budget_bytes: in
             keys = max(0, min(lk, r1 + lk - lq)) if shape.causal else lk
             kr = slice(ks, ks + keys)
             o, l = reference(q[qs + r0:qs + r1], k[kr], v[kr], k_rope=k_rope[kr], causal=shape.causal,
-                             dtype=torch.float32)
+                             dtype=torch.float32, **descales)
             out[qs + r0:qs + r1] = o
             lse[qs + r0:qs + r1] = l
     return out, lse
@@ -123,9 +174,10 @@ class Check:
         return self.problem is None
 
 
-def compare(out, lse, ref_out, ref_lse) -> Check:
+def compare(out, lse, ref_out, ref_lse, rel_tol: float = REL_TOL) -> Check:
     """Check ``out`` (and ``lse`` if given) everywhere for coverage, and on the reference's heads
-    for accuracy: relative L2 error of out at most REL_TOL, lse within LSE_TOL."""
+    for accuracy: relative L2 error of out at most ``rel_tol`` (REL_TOL; FP8_REL_TOL for fp8
+    inputs), lse within LSE_TOL."""
     import torch
 
     heads = ref_out.shape[1]
@@ -136,8 +188,8 @@ def compare(out, lse, ref_out, ref_lse) -> Check:
     diff = out[:, :heads].float() - ref_out
     max_abs = float(diff.abs().max()) if diff.numel() else 0.0
     rel = float(diff.double().norm() / ref_out.double().norm().clamp_min(1e-30))
-    if not rel <= REL_TOL:
-        problems.append(f"relative L2 error {rel:.2e} > {REL_TOL:.0e}")
+    if not rel <= rel_tol:
+        problems.append(f"relative L2 error {rel:.2e} > {rel_tol:.0e}")
     lse_err = None
     if lse is not None:
         nan = int(torch.isnan(lse).sum())

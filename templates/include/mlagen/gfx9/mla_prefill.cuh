@@ -1,4 +1,5 @@
-// Dense MLA prefill (MLA.md section 1) for gfx9 (CDNA3/CDNA4) with 32x32 bf16 MFMA atoms.
+// Dense MLA prefill (MLA.md section 1) for gfx9 (CDNA3/CDNA4) with 32x32 MFMA atoms: bf16 inputs on
+// the bf16 atoms, fp8 e4m3 inputs (with descale factors) on the fp8 atoms for both products.
 //
 // A work-group owns BLOCK_M = 32 * WAVES query rows of one head; wave w owns rows [32w, 32w+32).
 // Per key tile of BLOCK_N keys, K (nope | rope) and V^T are staged in LDS by all threads through
@@ -15,15 +16,18 @@
 namespace mlagen {
 namespace gfx9 {
 
-// One LDS stage: K [BLOCK_N][D_QK] (bf16, or fp8 when S is computed in fp8) with 2 * PAD bytes
-// of padding per row, then V^T [D_V][BLOCK_N + PAD] in bf16.
+// Inputs are bf16 (C::kInBytes = 2) or fp8 e4m3 (1 byte: OCP on gfx950, FNUZ on gfx942); every
+// address below is in bytes, every stride the launcher passes in elements.
+//
+// One LDS stage: K [BLOCK_N][D_QK] in the input type with 2 * PAD bytes of padding per row, then
+// V^T [D_V][BLOCK_N + PAD] in the input type.
 template <class C>
 struct PrefillLayout {
-  static constexpr bool kKFp8 = C::AtomQK::kK == 64;
-  static constexpr int kKRowBytes = C::kDQk * (kKFp8 ? 1 : 2) + 2 * C::kPad;
-  static constexpr int kVtStride = C::kBlockN + C::kPad;  // bf16 elements
+  static constexpr int kBytes = C::kInBytes;
+  static constexpr int kKRowBytes = C::kDQk * kBytes + 2 * C::kPad;
+  static constexpr int kVtStrideBytes = (C::kBlockN + C::kPad) * kBytes;
   static constexpr int kVtOffsetBytes = C::kBlockN * kKRowBytes;
-  static constexpr int kStageBytes = kVtOffsetBytes + C::kDV * kVtStride * 2;
+  static constexpr int kStageBytes = kVtOffsetBytes + C::kDV * kVtStrideBytes;
   static constexpr int kLdsBytes = C::kStages * kStageBytes;
   static_assert(kKRowBytes % 16 == 0 && kStageBytes % 16 == 0, "LDS rows and stages stay 16-byte aligned");
 };
@@ -32,9 +36,10 @@ struct PrefillLayout {
 template <class C>
 struct KvTileCopy {
   static constexpr int kThreads = C::kWaves * kWave;
-  static constexpr int kKChunksPerRow = C::kDQk / 8;  // nope chunks first, then rope
-  static constexpr int kNopeChunks = C::kDNope / 8;
-  static constexpr int kVChunksPerRow = C::kDV / 8;
+  static constexpr int kElems = 16 / C::kInBytes;             // elements per 16-byte chunk
+  static constexpr int kKChunksPerRow = C::kDQk / kElems;     // nope chunks first, then rope
+  static constexpr int kNopeChunks = C::kDNope / kElems;
+  static constexpr int kVChunksPerRow = C::kDV / kElems;
   static constexpr int kKChunks = C::kBlockN * kKChunksPerRow;
   static constexpr int kVChunks = C::kBlockN * kVChunksPerRow;
   static constexpr int kKPer = (kKChunks + kThreads - 1) / kThreads;
@@ -46,15 +51,16 @@ struct KvTileCopy {
   // Rows at or past len_k load zeros: they are masked, and zeros keep 0 * V finite. The loads
   // themselves read a clamped, valid row, so no lane branches around them (len_k > 0 here).
   template <class Params>
-  __device__ __forceinline__ void load(const Params& p, const u16* k_base, const u16* kr_base, const u16* v_base,
+  __device__ __forceinline__ void load(const Params& p, const u8* k_base, const u8* kr_base, const u8* v_base,
                                        int key0, int len_k, int tid) {
+    constexpr int B = C::kInBytes;
 #pragma unroll
     for (int i = 0; i < kKPer; ++i) {
       const int c = kKChunks % kThreads == 0 ? tid + i * kThreads : min(tid + i * kThreads, kKChunks - 1);
       const int row = c / kKChunksPerRow, col = c % kKChunksPerRow;
       const int key = min(key0 + row, len_k - 1);
-      const u16* src = col < kNopeChunks ? k_base + (i64)key * p.k_row_stride + col * 8
-                                         : kr_base + (i64)key * p.kr_row_stride + (col - kNopeChunks) * 8;
+      const u8* src = col < kNopeChunks ? k_base + (i64)key * p.k_row_stride * B + col * 16
+                                        : kr_base + (i64)key * p.kr_row_stride * B + (col - kNopeChunks) * 16;
       const u32x4 x = *reinterpret_cast<const u32x4*>(src);
       k[i] = key0 + row < len_k ? x : u32x4{0u, 0u, 0u, 0u};
     }
@@ -63,40 +69,37 @@ struct KvTileCopy {
       const int c = kVChunks % kThreads == 0 ? tid + i * kThreads : min(tid + i * kThreads, kVChunks - 1);
       const int row = c / kVChunksPerRow, col = c % kVChunksPerRow;
       const int key = min(key0 + row, len_k - 1);
-      const u32x4 x = *reinterpret_cast<const u32x4*>(v_base + (i64)key * p.v_row_stride + col * 8);
+      const u32x4 x = *reinterpret_cast<const u32x4*>(v_base + (i64)key * p.v_row_stride * B + col * 16);
       v[i] = key0 + row < len_k ? x : u32x4{0u, 0u, 0u, 0u};
     }
   }
 
-  // K rows go in as 16-byte stores; V is transposed on the way (V^T[d][key], 2-byte stores) so
-  // the P V product reads its A operand as runs of consecutive keys.
-  // With fp8 S, K is quantized once here (8 bytes per chunk) rather than by every wave that reads it.
+  // K rows go in as 16-byte stores; V is transposed on the way (V^T[d][key], one element per
+  // store) so the P V product reads its A operand as runs of four consecutive keys.
   __device__ __forceinline__ void store(u8* stage, int tid) const {
     using L = PrefillLayout<C>;
-    u16* vt = reinterpret_cast<u16*>(stage + L::kVtOffsetBytes);
+    u8* vt = stage + L::kVtOffsetBytes;
 #pragma unroll
     for (int i = 0; i < kKPer; ++i) {
       const int c = tid + i * kThreads;
       if (kKChunks % kThreads == 0 || c < kKChunks) {
         const int row = c / kKChunksPerRow, col = c % kKChunksPerRow;
-        if constexpr (L::kKFp8) {
-          const u32x4 x = k[i];
-          const u32x2 q = {pack_fp8x4(bf16_lo(x[0]), bf16_hi(x[0]), bf16_lo(x[1]), bf16_hi(x[1])),
-                           pack_fp8x4(bf16_lo(x[2]), bf16_hi(x[2]), bf16_lo(x[3]), bf16_hi(x[3]))};
-          *reinterpret_cast<u32x2*>(stage + row * L::kKRowBytes + col * 8) = q;
-        } else {
-          *reinterpret_cast<u32x4*>(stage + row * L::kKRowBytes + col * 16) = k[i];
-        }
+        *reinterpret_cast<u32x4*>(stage + row * L::kKRowBytes + col * 16) = k[i];
       }
     }
 #pragma unroll
     for (int i = 0; i < kVPer; ++i) {
       const int c = tid + i * kThreads;
       if (kVChunks % kThreads == 0 || c < kVChunks) {
-        const int row = c / kVChunksPerRow, d0 = (c % kVChunksPerRow) * 8;
+        const int row = c / kVChunksPerRow, d0 = (c % kVChunksPerRow) * kElems;
 #pragma unroll
-        for (int e = 0; e < 8; ++e) {
-          vt[(d0 + e) * L::kVtStride + row] = static_cast<u16>(v[i][e / 2] >> (16 * (e % 2)));
+        for (int e = 0; e < kElems; ++e) {
+          if constexpr (C::kInBytes == 2) {
+            reinterpret_cast<u16*>(vt + (d0 + e) * L::kVtStrideBytes)[row] =
+                static_cast<u16>(v[i][e / 2] >> (16 * (e % 2)));
+          } else {
+            vt[(d0 + e) * L::kVtStrideBytes + row] = static_cast<u8>(v[i][e / 4] >> (8 * (e % 4)));
+          }
         }
       }
     }
@@ -104,24 +107,17 @@ struct KvTileCopy {
 };
 
 // Q^T as the B operand of k-step ks: this lane's query row, d = ks*K + b_row(RUN, lane, i), read
-// from global memory in runs of RUN bf16 (quantized to fp8 for the fp8 atom).
+// from global memory in runs of RUN elements.
 template <class Atom>
-__device__ __forceinline__ void load_q_fragment(const u16* row, int ks, int lane, bool ok,
+__device__ __forceinline__ void load_q_fragment(const u8* row, int ks, int lane, bool ok,
                                                 unsigned (&frag)[Atom::kWords]) {
-  constexpr int K = Atom::kK, R = Atom::kRun;
+  constexpr int K = Atom::kK, R = Atom::kRun, B = Atom::kBytes;
+  constexpr int kRunWords = R * B / 4;
 #pragma unroll
   for (int g = 0; g < K / 2 / R; ++g) {
-    const unsigned* src = reinterpret_cast<const unsigned*>(row + ks * K + b_row(R, lane, g * R));
-    if constexpr (K == 64) {
+    const unsigned* src = reinterpret_cast<const unsigned*>(row + (ks * K + b_row(R, lane, g * R)) * B);
 #pragma unroll
-      for (int w = 0; w < R / 4; ++w) {  // 4 bf16 (2 words) -> 4 fp8 (1 word)
-        const unsigned x0 = ok ? src[2 * w] : 0u, x1 = ok ? src[2 * w + 1] : 0u;
-        frag[g * R / 4 + w] = pack_fp8x4(bf16_lo(x0), bf16_hi(x0), bf16_lo(x1), bf16_hi(x1));
-      }
-    } else {
-#pragma unroll
-      for (int w = 0; w < R / 2; ++w) frag[g * R / 2 + w] = ok ? src[w] : 0u;
-    }
+    for (int w = 0; w < kRunWords; ++w) frag[g * kRunWords + w] = ok ? src[w] : 0u;
   }
 }
 
@@ -129,29 +125,35 @@ __device__ __forceinline__ void load_q_fragment(const u16* row, int ks, int lane
 template <class Atom, class L>
 __device__ __forceinline__ void load_k_fragment(const u8* stage, int key, int ks, int lane,
                                                 unsigned (&frag)[Atom::kWords]) {
-  constexpr int K = Atom::kK, R = Atom::kRun;
-  constexpr int kBytes = K == 64 ? 1 : 2;
+  constexpr int K = Atom::kK, R = Atom::kRun, B = Atom::kBytes;
+  constexpr int kRunWords = R * B / 4;
 #pragma unroll
   for (int g = 0; g < K / 2 / R; ++g) {
     const unsigned* src = reinterpret_cast<const unsigned*>(
-        stage + key * L::kKRowBytes + (ks * K + a_col(R, lane, g * R)) * kBytes);
+        stage + key * L::kKRowBytes + (ks * K + a_col(R, lane, g * R)) * B);
 #pragma unroll
-    for (int w = 0; w < R * kBytes / 4; ++w) frag[g * R * kBytes / 4 + w] = src[w];
+    for (int w = 0; w < kRunWords; ++w) frag[g * kRunWords + w] = src[w];
   }
+}
+
+// A descale factor: the tensor's (head stride 0) or the head's; a null pointer means 1.
+__device__ __forceinline__ float descale(const float* d, int head, int head_stride) {
+  return d == nullptr ? 1.f : d[head * head_stride];
 }
 
 template <class C, class Params>
 __device__ __forceinline__ void mla_prefill_forward(const Params& p, u8* lds) {
-  using Atom = typename C::AtomQK;  // S^T = K Q^T (bf16, or fp8 on gfx950)
-  using AtomPV = typename C::AtomPV;  // O^T = V^T P^T (bf16)
+  using Atom = typename C::AtomQK;    // S^T = K Q^T
+  using AtomPV = typename C::AtomPV;  // O^T = V^T P^T (P^T in the input type)
   using L = PrefillLayout<C>;
   constexpr int K = Atom::kK;
   constexpr int W = Atom::kWords;
   constexpr int KP = AtomPV::kK;
   constexpr int WP = AtomPV::kWords;
+  constexpr int kPPerWord = 4 / AtomPV::kBytes;  // P^T elements per 32-bit word
   constexpr int kQSteps = C::kDQk / K;     // k-steps of S^T = K Q^T
   constexpr int kSub = C::kBlockN / 32;    // 32-key sub-tiles of a key tile
-  constexpr int kPvSteps = 32 / KP;        // k-steps of O^T = V^T P^T per sub-tile
+  constexpr int kPvSteps = C::kBlockN / KP;  // k-steps of O^T = V^T P^T over the key tile
   constexpr int kDTiles = C::kDV / 32;     // 32-row tiles of O^T
   constexpr bool CAUSAL = C::kCausal;
 
@@ -169,15 +171,30 @@ __device__ __forceinline__ void mla_prefill_forward(const Params& p, u8* lds) {
   const bool wave_live = t.row0 + wave * 32 < t.seq.len_q;
   const int wave_last_key = t.row0 + wave * 32 + 31 + offset;  // no row of the wave sees a later key
 
-  const u16* q_base = p.q + (i64)t.seq.q_start * p.q_row_stride + (i64)head * p.q_head_stride;
-  const u16* k_base = p.k + (i64)t.seq.k_start * p.k_row_stride + (i64)head * p.k_head_stride;
-  const u16* kr_base = p.k_rope + (i64)t.seq.k_start * p.kr_row_stride + (i64)head * p.kr_head_stride;
-  const u16* v_base = p.v + (i64)t.seq.k_start * p.v_row_stride + (i64)head * p.v_head_stride;
+  constexpr int B = C::kInBytes;
+  const u8* q_base = reinterpret_cast<const u8*>(p.q) +
+                     ((i64)t.seq.q_start * p.q_row_stride + (i64)head * p.q_head_stride) * B;
+  const u8* k_base = reinterpret_cast<const u8*>(p.k) +
+                     ((i64)t.seq.k_start * p.k_row_stride + (i64)head * p.k_head_stride) * B;
+  const u8* kr_base = reinterpret_cast<const u8*>(p.k_rope) +
+                      ((i64)t.seq.k_start * p.kr_row_stride + (i64)head * p.kr_head_stride) * B;
+  const u8* v_base = reinterpret_cast<const u8*>(p.v) +
+                     ((i64)t.seq.k_start * p.v_row_stride + (i64)head * p.v_head_stride) * B;
+
+  // FP8 inputs: S = (qd q)(kd k)^T, so qd * kd joins the softmax scale; O = sum p (vd v), and P^T
+  // is stored as P * kPScale (a power of two that keeps P <= 1 inside e4m3's range with full
+  // precision down to 2^-6 / kPScale), so vd / kPScale joins the final normalisation.
+  float scale_log2 = p.scale_log2;
+  float out_scale = 1.f;
+  if constexpr (C::kInBytes == 1) {
+    scale_log2 *= descale(p.q_descale, head, p.qd_head_stride) * descale(p.k_descale, head, p.kd_head_stride);
+    out_scale = descale(p.v_descale, head, p.vd_head_stride) * (1.f / C::kPScale);
+  }
 
   unsigned qf[kQSteps][W];
   {
     const bool ok = qrow < t.seq.len_q;
-    const u16* row = q_base + (i64)(ok ? qrow : 0) * p.q_row_stride;
+    const u8* row = q_base + (i64)(ok ? qrow : 0) * p.q_row_stride * B;
 #pragma unroll
     for (int ks = 0; ks < kQSteps; ++ks) load_q_fragment<Atom>(row, ks, lane, ok, qf[ks]);
   }
@@ -198,7 +215,7 @@ __device__ __forceinline__ void mla_prefill_forward(const Params& p, u8* lds) {
     const bool more = n + 1 < t.n_blocks;
     if (more) copy.load(p, k_base, kr_base, v_base, (n + 1) * C::kBlockN, t.seq.len_k, tid);
     const u8* ks_lds = lds + (n % C::kStages) * L::kStageBytes;
-    const u16* vt_lds = reinterpret_cast<const u16*>(ks_lds + L::kVtOffsetBytes);
+    const u8* vt_lds = ks_lds + L::kVtOffsetBytes;
     const int key0 = n * C::kBlockN;
 
     if (wave_live && (!CAUSAL || key0 <= wave_last_key)) {
@@ -230,20 +247,31 @@ __device__ __forceinline__ void mla_prefill_forward(const Params& p, u8* lds) {
         }
       }
       mx = fmaxf(mx, shfl(mx, lane ^ 32));  // the other half of the lanes holds the query's other keys
-      const float new_max = fmaxf(row_max, mx * p.scale_log2);
+      const float new_max = fmaxf(row_max, mx * scale_log2);
       const float base = new_max == neg_inf() ? 0.f : new_max;  // -inf - -inf would be NaN
       const float corr = fast_exp2(row_max - base);
       row_max = new_max;
       float sum = 0.f;
-      unsigned pf[kSub][kPvSteps][WP];  // P^T as bf16 B operands
+      // P^T as B operands: register g = 16 j + r is element (g % (KP/2)) of k-step g / (KP/2).
+      unsigned pf[kPvSteps][WP];
 #pragma unroll
       for (int j = 0; j < kSub; ++j) {
 #pragma unroll
-        for (int r = 0; r < kAccRegs; r += 2) {
-          const float p0 = fast_exp2(s[j][r] * p.scale_log2 - base);
-          const float p1 = fast_exp2(s[j][r + 1] * p.scale_log2 - base);
-          sum += p0 + p1;
-          pf[j][r / (KP / 2)][(r % (KP / 2)) / 2] = pack_bf16x2(p0, p1);
+        for (int r = 0; r < kAccRegs; r += kPPerWord) {
+          const int g = 16 * j + r;
+          float pv[kPPerWord];
+#pragma unroll
+          for (int e = 0; e < kPPerWord; ++e) {
+            pv[e] = fast_exp2(s[j][r + e] * scale_log2 - base);
+            sum += pv[e];
+          }
+          unsigned word;
+          if constexpr (kPPerWord == 2) {
+            word = pack_bf16x2(pv[0], pv[1]);
+          } else {
+            word = pack_fp8x4(pv[0] * C::kPScale, pv[1] * C::kPScale, pv[2] * C::kPScale, pv[3] * C::kPScale);
+          }
+          pf[g / (KP / 2)][(g % (KP / 2)) / kPPerWord] = word;
         }
       }
       row_sum = row_sum * corr + sum;
@@ -252,21 +280,19 @@ __device__ __forceinline__ void mla_prefill_forward(const Params& p, u8* lds) {
       sched_fence();
       // O^T += V^T P^T: A is V^T rows d, in the key order pv_key gives B's registers.
 #pragma unroll
-      for (int j = 0; j < kSub; ++j) {
+      for (int st = 0; st < kPvSteps; ++st) {
 #pragma unroll
-        for (int st = 0; st < kPvSteps; ++st) {
+        for (int d = 0; d < kDTiles; ++d) {
+          const u8* row = vt_lds + (32 * d + a_row(lane)) * L::kVtStrideBytes;
+          unsigned a[WP];
+          constexpr int kRunWords = AtomPV::kBytes;  // four consecutive keys: 4 * kBytes bytes
 #pragma unroll
-          for (int d = 0; d < kDTiles; ++d) {
-            const u16* row = vt_lds + (32 * d + a_row(lane)) * L::kVtStride + 32 * j;
-            unsigned a[WP];
+          for (int q4 = 0; q4 < KP / 2 / 4; ++q4) {
+            const unsigned* run = reinterpret_cast<const unsigned*>(row + pv_key(KP, lane, st, 4 * q4) * AtomPV::kBytes);
 #pragma unroll
-            for (int w = 0; w < WP; w += 2) {  // runs of four consecutive keys: two words each
-              const unsigned* run = reinterpret_cast<const unsigned*>(row + pv_key(KP, lane, st, 2 * w));
-              a[w] = run[0];
-              a[w + 1] = run[1];
-            }
-            AtomPV::mma(o[d], a, pf[j][st]);
+            for (int w = 0; w < kRunWords; ++w) a[q4 * kRunWords + w] = run[w];
           }
+          AtomPV::mma(o[d], a, pf[st]);
         }
       }
       sched_fence();
@@ -282,11 +308,11 @@ __device__ __forceinline__ void mla_prefill_forward(const Params& p, u8* lds) {
   if (!wave_live) return;
   const float total = row_sum + shfl(row_sum, lane ^ 32);
   const bool empty = !(total > 0.f);
-  const float inv = empty ? 0.f : 1.f / total;
+  const float inv = empty ? 0.f : out_scale / total;
   if (qrow >= t.seq.len_q) return;
   const i64 grow = (i64)(t.seq.q_start + qrow);
   if (half == 0) p.lse[grow * p.lse_row_stride + head] = empty ? pos_inf() : (row_max + fast_log2(total)) * kLn2;
-  u16* out = p.out + grow * p.o_row_stride + (i64)head * p.o_head_stride;
+  u16* out = p.out + grow * p.o_row_stride + (i64)head * p.o_head_stride;  // bf16 for every input type
 #pragma unroll
   for (int d = 0; d < kDTiles; ++d) {
 #pragma unroll

@@ -47,11 +47,12 @@ def select(call: Call, kernel=None):
     import torch
 
     device = call.q.device.index if call.q.device.index is not None else torch.cuda.current_device()
-    if isinstance(kernel, Variant):
-        if spec_dtype(kernel.spec) != call.dtype:
-            raise ArgumentTypeError(f"mla_prefill: kernel: {kernel.symbol} takes {spec_dtype(kernel.spec)} "
-                                    f"inputs, q is {call.q.dtype}")
-    else:
+    named = kernel.spec if isinstance(kernel, Variant) else next(
+        (s for s in dispatch.family_specs(FAMILY_NAME) if s.name == kernel), None)
+    if named is not None and spec_dtype(named) != call.dtype:
+        raise ArgumentTypeError(f"mla_prefill: kernel: {named.name} takes {spec_dtype(named)} inputs, "
+                                f"q is {call.q.dtype}")
+    if not isinstance(kernel, Variant):
         check_dtype_supported(call, device)
     selection = dispatch.dispatcher().select(
         FAMILY_NAME, str(call.key), {"mask": call.mask}, device,

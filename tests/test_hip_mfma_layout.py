@@ -103,6 +103,8 @@ int main() {
     for (int l = 0; l < 64; ++l)
       for (int s = 0; s < steps; ++s)
         for (int i = 0; i < K / 2; ++i) std::printf("%s%d", l || s || i ? ", " : "", pv_key(K, l, s, i));
+    std::printf("], \"p\": [");
+    for (int g = 0; g < 32; ++g) std::printf("%s[%d, %d]", g ? ", " : "", p_step(K, g), p_elem(K, g));
     std::printf("]}");
   }
   std::printf(", \"c\": [");
@@ -164,25 +166,25 @@ def test_emulator_is_a_matrix_product():
         torch.testing.assert_close(D, A @ B)
 
 
-def pack_p_words(s_regs: torch.Tensor, k_pv: int, elem_bytes: int) -> list[list[list[int]]]:
-    """P^T operand words the way mla_prefill.cuh fills ``pf[step][word]``: register g = 16 j + r
-    (sub-tile j) is element g % (K/2) of k-step g / (K/2), packed 4 / elem_bytes to a word. Values
-    here are element indices (g), so unpacking shows which register each B element came from."""
-    per_word = 4 // elem_bytes
-    steps = s_regs.shape[1] // (k_pv // 2)
-    words = [[[None] * per_word for _ in range(k_pv // 2 // per_word)] for _ in range(steps)]
-    for g in range(s_regs.shape[1]):
-        for_word = words[g // (k_pv // 2)][(g % (k_pv // 2)) // per_word]
-        for_word[g % per_word] = g  # byte / half (g % per_word) of the word
-    return words
+def p_operand_registers(p_table: list, k_pv: int) -> list[list[int]]:
+    """For each k-step of P V, the accumulator register (g = 16 * sub-tile + register) that each
+    element of the P^T operand holds, by the header's p_step / p_elem (what the kernel packs)."""
+    steps = 64 // k_pv
+    regs = [[None] * (k_pv // 2) for _ in range(steps)]
+    for g, (step, elem) in enumerate(p_table):
+        assert regs[step][elem] is None, "two registers packed into one operand element"
+        regs[step][elem] = g
+    assert all(r is not None for row in regs for r in row), "an operand element left unfilled"
+    return regs
 
 
 @pytest.mark.parametrize("k_qk, k_pv, elem_bytes", [(8, 8, 2), (16, 16, 2), (16, 16, 1), (64, 64, 1)],
                          ids=["bf16-k8", "bf16-k16", "fp8-k16-gfx942", "fp8-k64-gfx950"])
 def test_attention_tile_dataflow(header_tables, k_qk, k_pv, elem_bytes):
     """The kernel's S^T = K Q^T and O^T = V^T P^T for one 32-query x 64-key tile (two 32-key
-    sub-tiles), through the header's index functions, the kernel's P^T packing and the emulated
-    instruction, equals (Q K^T) V. The fp8 K = 64 step of P V spans both sub-tiles. (Values are not
+    sub-tiles), through the header's index functions (P^T packed by p_step / p_elem, elements in
+    word order: the same for two bf16 or four fp8 per word, hence ``elem_bytes`` only names the
+    case) and the emulated instruction, equals (Q K^T) V. The fp8 K = 64 step of P V spans both sub-tiles. (Values are not
     rounded here: this checks indexing; test_fp8_* below check the rounding.)"""
     t = header_tables[str(k_qk)]
     per = k_qk // 2
@@ -218,11 +220,10 @@ def test_attention_tile_dataflow(header_tables, k_qk, k_pv, elem_bytes):
         s_regs[:, 16 * j:16 * (j + 1)] = acc
 
     # O^T = V^T P^T: B = the S^T registers as the kernel packs them, A = V^T rows at pv_key's keys.
-    words = pack_p_words(s_regs, k_pv, elem_bytes)
+    regs = p_operand_registers(tp["p"], k_pv)
     o = [torch.zeros(64, 16, dtype=torch.float64) for _ in range(d_v // 32)]
     for st in range(steps):
-        elems = [g_ for word in words[st] for g_ in word]  # element i of the operand = byte/half i
-        b = s_regs[:, elems]
+        b = s_regs[:, regs[st]]
         for d in range(d_v // 32):
             a = torch.tensor([[Vt[32 * d + a_pv[l][i][0], pv[l][st][i]] for i in range(per_pv)] for l in range(64)])
             o[d] = emulate_mfma(k_pv, a, b, o[d])
@@ -349,5 +350,6 @@ def test_fp8_error_is_within_the_family_tolerance(target, causal):
 def test_kernel_uses_the_tested_functions():
     """The kernel header indexes its fragments only through mfma_layout.cuh's functions."""
     text = (Path(paths.include_dir()) / "mlagen/gfx9/mla_prefill.cuh").read_text()
-    for name in ("a_row(lane)", "a_col(R, lane", "b_row(R, lane", "b_col(lane)", "c_row(lane", "pv_key(KP"):
+    for name in ("a_row(lane)", "a_col(R, lane", "b_row(R, lane", "b_col(lane)", "c_row(lane", "pv_key(KP",
+                 "pf[p_step(KP, g)][p_elem(KP, g) / kPPerWord]"):
         assert name in text

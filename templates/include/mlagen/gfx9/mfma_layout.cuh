@@ -41,6 +41,12 @@ MLAGEN_HD constexpr int c_row(int lane, int r) { return 8 * (r / 4) + 4 * half_o
 // half, and that key depends on the half and i only, so the A operand (V^T) reads key
 // pv_key(K, l, s, i). For K = 8 this is the natural order; for K = 16 a lane's keys come in two
 // runs of four; the fp8 K = 64 step spans two sub-tiles (eight runs of four).
+// The B side of the same pairing: accumulator register g of a lane (register g % 16 of sub-tile
+// g / 16) is element p_elem(K, g) of the P^T operand of k-step p_step(K, g). Elements are packed
+// into words in order (two bf16 or four fp8 per word, element 0 in the low bits).
+MLAGEN_HD constexpr int p_step(int k_atom, int g) { return g / (k_atom / 2); }
+MLAGEN_HD constexpr int p_elem(int k_atom, int g) { return g % (k_atom / 2); }
+
 MLAGEN_HD constexpr int pv_key(int k_atom, int lane, int s, int i) {
   return 32 * ((s * (k_atom / 2) + i) / 16) + c_row(lane, (s * (k_atom / 2) + i) % 16);
 }

@@ -252,7 +252,7 @@ __device__ __forceinline__ void mla_prefill_forward(const Params& p, u8* lds) {
       const float corr = fast_exp2(row_max - base);
       row_max = new_max;
       float sum = 0.f;
-      // P^T as B operands: register g = 16 j + r is element (g % (KP/2)) of k-step g / (KP/2).
+      // P^T as B operands: register g = 16 j + r is element p_elem of k-step p_step (mfma_layout.cuh).
       unsigned pf[kPvSteps][WP];
 #pragma unroll
       for (int j = 0; j < kSub; ++j) {
@@ -271,7 +271,7 @@ __device__ __forceinline__ void mla_prefill_forward(const Params& p, u8* lds) {
           } else {
             word = pack_fp8x4(pv[0] * C::kPScale, pv[1] * C::kPScale, pv[2] * C::kPScale, pv[3] * C::kPScale);
           }
-          pf[g / (KP / 2)][(g % (KP / 2)) / kPPerWord] = word;
+          pf[p_step(KP, g)][p_elem(KP, g) / kPPerWord] = word;
         }
       }
       row_sum = row_sum * corr + sum;

@@ -252,3 +252,17 @@ def test_kernel_takes_the_param_struct_by_value(clang):
     b = clang.compile(render.render(variant_mod.make(s, {})), "gfx942")
     args = hip.kernel_metadata(b.data, b.symbol)[".args"]
     assert [(a[".offset"], a[".size"], a[".value_kind"]) for a in args] == [(0, SIMT_PARAMS.size, "by_value")]
+
+
+@needs_objdump
+@pytest.mark.parametrize("name, target", [("mla_prefill_gfx950_fp8", "gfx950"), ("mla_prefill_gfx942_fp8", "gfx942")])
+def test_fp8_kv_split_variant_compiles_and_is_pruned_where_it_spills(clang, name, target):
+    """kv_split (K copied by the first half of the waves, V by the second) compiles without scratch
+    for 64-key tiles; the model prunes it for 128-key tiles, where it spilled."""
+    s = spec_mod.load(name)
+    v = variant_mod.make(s, {"kv_split": 1, "block_n": 64})
+    b = clang.compile(render.render(v), target)
+    assert hip.check_code_object(b.data, b.symbol, target, SPECS[name][1], hip.disassemble(b.data)) == []
+    assert b.resources.stack_bytes == 0 and not b.resources.spills
+    verdict = resources.check(variant_mod.make(s, {"kv_split": 1, "block_n": 128}), arch.target(target))
+    assert not verdict.ok and any("split copies of a 128-key tile" in r for r in verdict.reasons)

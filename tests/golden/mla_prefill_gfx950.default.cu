@@ -15,6 +15,7 @@ struct Config {
   static constexpr int kBlockN = 64;
   static constexpr int kStages = 2;
   static constexpr int kPad = 8;
+  static constexpr bool kKvSplit = false;  // K / V copies by wave halves
   static constexpr bool kCausal = true;
   static constexpr int kInBytes = 2;  // bf16 inputs
   // FP8: P^T is stored as P * kPScale (P <= 1; OCP e4m3 reaches 448, FNUZ 240).

@@ -32,21 +32,32 @@ struct PrefillLayout {
   static_assert(kKRowBytes % 16 == 0 && kStageBytes % 16 == 0, "LDS rows and stages stay 16-byte aligned");
 };
 
-// The global -> register -> LDS copy of one key tile: 16-byte chunks spread over all threads.
+// The global -> register -> LDS copy of one key tile: 16-byte chunks spread over the threads.
+// C::kKvSplit: the first half of the waves copies K, the second half V (the branch is uniform per
+// wave), each through the same registers; otherwise every thread copies both.
 template <class C>
 struct KvTileCopy {
   static constexpr int kThreads = C::kWaves * kWave;
+  static constexpr bool kSplit = C::kKvSplit;
+  static_assert(!kSplit || C::kWaves % 2 == 0, "splitting the copy needs an even number of waves");
+  static constexpr int kKThreads = kSplit ? kThreads / 2 : kThreads;  // threads copying K (first ones)
+  static constexpr int kVThreads = kSplit ? kThreads / 2 : kThreads;  // threads copying V
   static constexpr int kElems = 16 / C::kInBytes;             // elements per 16-byte chunk
   static constexpr int kKChunksPerRow = C::kDQk / kElems;     // nope chunks first, then rope
   static constexpr int kNopeChunks = C::kDNope / kElems;
   static constexpr int kVChunksPerRow = C::kDV / kElems;
   static constexpr int kKChunks = C::kBlockN * kKChunksPerRow;
   static constexpr int kVChunks = C::kBlockN * kVChunksPerRow;
-  static constexpr int kKPer = (kKChunks + kThreads - 1) / kThreads;
-  static constexpr int kVPer = (kVChunks + kThreads - 1) / kThreads;
+  static constexpr int kKPer = (kKChunks + kKThreads - 1) / kKThreads;
+  static constexpr int kVPer = (kVChunks + kVThreads - 1) / kVThreads;
+  static constexpr int kVOff = kSplit ? 0 : kKPer;  // where a thread's V chunks start in buf
+  static constexpr int kBuf = kSplit ? (kKPer > kVPer ? kKPer : kVPer) : kKPer + kVPer;
 
-  u32x4 k[kKPer];
-  u32x4 v[kVPer];
+  u32x4 buf[kBuf];
+
+  __device__ __forceinline__ static bool copies_k(int tid) { return !kSplit || tid < kKThreads; }
+  __device__ __forceinline__ static bool copies_v(int tid) { return !kSplit || tid >= kKThreads; }
+  __device__ __forceinline__ static int v_thread(int tid) { return kSplit ? tid - kKThreads : tid; }
 
   // Rows at or past len_k load zeros: they are masked, and zeros keep 0 * V finite. The loads
   // themselves read a clamped, valid row, so no lane branches around them (len_k > 0 here).
@@ -54,23 +65,28 @@ struct KvTileCopy {
   __device__ __forceinline__ void load(const Params& p, const u8* k_base, const u8* kr_base, const u8* v_base,
                                        int key0, int len_k, int tid) {
     constexpr int B = C::kInBytes;
+    if (copies_k(tid)) {
 #pragma unroll
-    for (int i = 0; i < kKPer; ++i) {
-      const int c = kKChunks % kThreads == 0 ? tid + i * kThreads : min(tid + i * kThreads, kKChunks - 1);
-      const int row = c / kKChunksPerRow, col = c % kKChunksPerRow;
-      const int key = min(key0 + row, len_k - 1);
-      const u8* src = col < kNopeChunks ? k_base + (i64)key * p.k_row_stride * B + col * 16
-                                        : kr_base + (i64)key * p.kr_row_stride * B + (col - kNopeChunks) * 16;
-      const u32x4 x = *reinterpret_cast<const u32x4*>(src);
-      k[i] = key0 + row < len_k ? x : u32x4{0u, 0u, 0u, 0u};
+      for (int i = 0; i < kKPer; ++i) {
+        const int c = kKChunks % kKThreads == 0 ? tid + i * kKThreads : min(tid + i * kKThreads, kKChunks - 1);
+        const int row = c / kKChunksPerRow, col = c % kKChunksPerRow;
+        const int key = min(key0 + row, len_k - 1);
+        const u8* src = col < kNopeChunks ? k_base + (i64)key * p.k_row_stride * B + col * 16
+                                          : kr_base + (i64)key * p.kr_row_stride * B + (col - kNopeChunks) * 16;
+        const u32x4 x = *reinterpret_cast<const u32x4*>(src);
+        buf[i] = key0 + row < len_k ? x : u32x4{0u, 0u, 0u, 0u};
+      }
     }
+    if (copies_v(tid)) {
+      const int t = v_thread(tid);
 #pragma unroll
-    for (int i = 0; i < kVPer; ++i) {
-      const int c = kVChunks % kThreads == 0 ? tid + i * kThreads : min(tid + i * kThreads, kVChunks - 1);
-      const int row = c / kVChunksPerRow, col = c % kVChunksPerRow;
-      const int key = min(key0 + row, len_k - 1);
-      const u32x4 x = *reinterpret_cast<const u32x4*>(v_base + (i64)key * p.v_row_stride * B + col * 16);
-      v[i] = key0 + row < len_k ? x : u32x4{0u, 0u, 0u, 0u};
+      for (int i = 0; i < kVPer; ++i) {
+        const int c = kVChunks % kVThreads == 0 ? t + i * kVThreads : min(t + i * kVThreads, kVChunks - 1);
+        const int row = c / kVChunksPerRow, col = c % kVChunksPerRow;
+        const int key = min(key0 + row, len_k - 1);
+        const u32x4 x = *reinterpret_cast<const u32x4*>(v_base + (i64)key * p.v_row_stride * B + col * 16);
+        buf[kVOff + i] = key0 + row < len_k ? x : u32x4{0u, 0u, 0u, 0u};
+      }
     }
   }
 
@@ -79,26 +95,31 @@ struct KvTileCopy {
   __device__ __forceinline__ void store(u8* stage, int tid) const {
     using L = PrefillLayout<C>;
     u8* vt = stage + L::kVtOffsetBytes;
+    if (copies_k(tid)) {
 #pragma unroll
-    for (int i = 0; i < kKPer; ++i) {
-      const int c = tid + i * kThreads;
-      if (kKChunks % kThreads == 0 || c < kKChunks) {
-        const int row = c / kKChunksPerRow, col = c % kKChunksPerRow;
-        *reinterpret_cast<u32x4*>(stage + row * L::kKRowBytes + col * 16) = k[i];
+      for (int i = 0; i < kKPer; ++i) {
+        const int c = tid + i * kKThreads;
+        if (kKChunks % kKThreads == 0 || c < kKChunks) {
+          const int row = c / kKChunksPerRow, col = c % kKChunksPerRow;
+          *reinterpret_cast<u32x4*>(stage + row * L::kKRowBytes + col * 16) = buf[i];
+        }
       }
     }
+    if (copies_v(tid)) {
+      const int t = v_thread(tid);
 #pragma unroll
-    for (int i = 0; i < kVPer; ++i) {
-      const int c = tid + i * kThreads;
-      if (kVChunks % kThreads == 0 || c < kVChunks) {
-        const int row = c / kVChunksPerRow, d0 = (c % kVChunksPerRow) * kElems;
+      for (int i = 0; i < kVPer; ++i) {
+        const int c = t + i * kVThreads;
+        if (kVChunks % kVThreads == 0 || c < kVChunks) {
+          const int row = c / kVChunksPerRow, d0 = (c % kVChunksPerRow) * kElems;
+          const u32x4 x = buf[kVOff + i];
 #pragma unroll
-        for (int e = 0; e < kElems; ++e) {
-          if constexpr (C::kInBytes == 2) {
-            reinterpret_cast<u16*>(vt + (d0 + e) * L::kVtStrideBytes)[row] =
-                static_cast<u16>(v[i][e / 2] >> (16 * (e % 2)));
-          } else {
-            vt[(d0 + e) * L::kVtStrideBytes + row] = static_cast<u8>(v[i][e / 4] >> (8 * (e % 4)));
+          for (int e = 0; e < kElems; ++e) {
+            if constexpr (C::kInBytes == 2) {
+              reinterpret_cast<u16*>(vt + (d0 + e) * L::kVtStrideBytes)[row] = static_cast<u16>(x[e / 2] >> (16 * (e % 2)));
+            } else {
+              vt[(d0 + e) * L::kVtStrideBytes + row] = static_cast<u8>(x[e / 4] >> (8 * (e % 4)));
+            }
           }
         }
       }

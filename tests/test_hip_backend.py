@@ -264,5 +264,22 @@ def test_fp8_kv_split_variant_compiles_and_is_pruned_where_it_spills(clang, name
     b = clang.compile(render.render(v), target)
     assert hip.check_code_object(b.data, b.symbol, target, SPECS[name][1], hip.disassemble(b.data)) == []
     assert b.resources.stack_bytes == 0 and not b.resources.spills
-    verdict = resources.check(variant_mod.make(s, {"kv_split": 1, "block_n": 128}), arch.target(target))
+    verdict = resources.check(variant_mod.make(s, {"kv_split": 1, "block_n": 128, "q_in_lds": 0}), arch.target(target))
     assert not verdict.ok and any("split copies of a 128-key tile" in r for r in verdict.reasons)
+
+
+@needs_objdump
+@pytest.mark.parametrize("name, target, fixed", [
+    ("mla_prefill_gfx950_fp8", "gfx950", {}),  # the default: Q in LDS, K/V split, 8 waves, 128 keys
+    ("mla_prefill_gfx942_fp8", "gfx942", {"q_in_lds": 1, "waves": 4, "block_n": 64})])
+def test_fp8_q_in_lds_compiles_with_the_modelled_lds(clang, name, target, fixed):
+    """Q staged in LDS (the seed's schedule): LDS is the stages plus block_m padded Q rows, exactly."""
+    s = spec_mod.load(name)
+    v = variant_mod.make(s, fixed)
+    env = v.env()
+    assert env["q_in_lds"] == 1
+    b = clang.compile(render.render(v), target)
+    assert hip.check_code_object(b.data, b.symbol, target, SPECS[name][1], hip.disassemble(b.data)) == []
+    q_bytes = env["block_m"] * (192 + 2 * env["lds_pad"])
+    assert b.resources.smem_static == env["stages"] * env["lds_stage"] + q_bytes
+    assert b.resources.stack_bytes == 0 and not b.resources.spills

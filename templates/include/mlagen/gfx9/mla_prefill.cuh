@@ -20,7 +20,7 @@ namespace gfx9 {
 // address below is in bytes, every stride the launcher passes in elements.
 //
 // One LDS stage: K [BLOCK_N][D_QK] in the input type with 2 * PAD bytes of padding per row, then
-// V^T [D_V][BLOCK_N + PAD] in the input type.
+// V^T [D_V][BLOCK_N + PAD] in the input type; optionally Q [BLOCK_M][D_QK] after the stages.
 template <class C>
 struct PrefillLayout {
   static constexpr int kBytes = C::kInBytes;
@@ -28,7 +28,11 @@ struct PrefillLayout {
   static constexpr int kVtStrideBytes = (C::kBlockN + C::kPad) * kBytes;
   static constexpr int kVtOffsetBytes = C::kBlockN * kKRowBytes;
   static constexpr int kStageBytes = kVtOffsetBytes + C::kDV * kVtStrideBytes;
-  static constexpr int kLdsBytes = C::kStages * kStageBytes;
+  // C::kQInLds: after the stages, the work-group's Q rows (padded like K rows), read per k-step
+  // instead of held in registers.
+  static constexpr int kQRowBytes = C::kDQk * kBytes + 2 * C::kPad;
+  static constexpr int kQOffsetBytes = C::kStages * kStageBytes;
+  static constexpr int kLdsBytes = kQOffsetBytes + (C::kQInLds ? C::kBlockM * kQRowBytes : 0);
   static_assert(kKRowBytes % 16 == 0 && kStageBytes % 16 == 0, "LDS rows and stages stay 16-byte aligned");
 };
 
@@ -212,12 +216,28 @@ __device__ __forceinline__ void mla_prefill_forward(const Params& p, u8* lds) {
     out_scale = descale(p.v_descale, head, p.vd_head_stride) * (1.f / C::kPScale);
   }
 
-  unsigned qf[kQSteps][W];
+  // Q^T fragments: all k-steps in registers, or (kQInLds) one k-step at a time from LDS, where
+  // the two halves of the lanes holding a query copy one half of its row each. The barrier after
+  // the first K/V tile's stores orders these stores before any read.
+  constexpr int kQRegSteps = C::kQInLds ? 1 : kQSteps;
+  unsigned qf[kQRegSteps][W];
+  const u8* q_lds = lds + L::kQOffsetBytes + (wave * 32 + b_col(lane)) * L::kQRowBytes;
   {
     const bool ok = qrow < t.seq.len_q;
     const u8* row = q_base + (i64)(ok ? qrow : 0) * p.q_row_stride * B;
+    if constexpr (C::kQInLds) {
+      constexpr int kHalfBytes = C::kDQk * B / 2;
+      static_assert(kHalfBytes % 16 == 0, "half a Q row must be whole 16-byte chunks");
 #pragma unroll
-    for (int ks = 0; ks < kQSteps; ++ks) load_q_fragment<Atom>(row, ks, lane, ok, qf[ks]);
+      for (int c = 0; c < kHalfBytes / 16; ++c) {
+        const int off = half * kHalfBytes + 16 * c;
+        const u32x4 x = *reinterpret_cast<const u32x4*>(row + off);
+        *reinterpret_cast<u32x4*>(const_cast<u8*>(q_lds) + off) = ok ? x : u32x4{0u, 0u, 0u, 0u};
+      }
+    } else {
+#pragma unroll
+      for (int ks = 0; ks < kQSteps; ++ks) load_q_fragment<Atom>(row, ks, lane, ok, qf[ks]);
+    }
   }
 
   f32x16 o[kDTiles];
@@ -246,11 +266,12 @@ __device__ __forceinline__ void mla_prefill_forward(const Params& p, u8* lds) {
       for (int j = 0; j < kSub; ++j) s[j] = f32x16{};
 #pragma unroll
       for (int ks = 0; ks < kQSteps; ++ks) {
+        if constexpr (C::kQInLds) load_q_fragment<Atom>(q_lds, ks, lane, true, qf[0]);
 #pragma unroll
         for (int j = 0; j < kSub; ++j) {
           unsigned a[W];
           load_k_fragment<Atom, L>(ks_lds, 32 * j + a_row(lane), ks, lane, a);
-          Atom::mma(s[j], a, qf[ks]);
+          Atom::mma(s[j], a, qf[C::kQInLds ? 0 : ks]);
         }
       }
       sched_fence();

@@ -7,7 +7,9 @@ MLAGEN_OUT_DIR is set.
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -19,7 +21,11 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 if not os.environ.get("MLAGEN_OUT_DIR"):
-    os.environ["MLAGEN_OUT_DIR"] = tempfile.mkdtemp(prefix="mlagen-test-out-")
+    _SESSION_OUT = tempfile.mkdtemp(prefix="mlagen-test-out-")
+    os.environ["MLAGEN_OUT_DIR"] = _SESSION_OUT
+    # The directory (compile cache, database, builds) is this session's own: remove it at exit,
+    # so repeated runs do not fill the temporary directory.
+    atexit.register(shutil.rmtree, _SESSION_OUT, ignore_errors=True)
 
 
 def _gpu_skip_reason() -> str | None:

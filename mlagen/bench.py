@@ -41,7 +41,8 @@ from . import knobs
 from .errors import BenchError
 from .families.mla_prefill import D_QK, D_V
 from .measure import MIB, L2Flush, Timing, median, percentile, time_calls  # noqa: F401  (re-exported)
-from .shapes import SHAPES, Shape, parse_shape, parse_shapes, ragged_lengths  # noqa: F401  (re-exported)
+# The dense shapes (D1-D7, descriptions): bench times the dense family against its peers.
+from .families.mla_prefill.problem import SHAPES, Shape, parse_shape, parse_shapes, ragged_lengths  # noqa: F401
 # The dense family's reference and comparison: bench's peers (cuDNN, FlashAttention) run dense MLA.
 from .families.mla_prefill.reference import REL_TOL, Check, compare, make_inputs, reference_heads  # noqa: F401
 from .verify import CHECK_HEADS

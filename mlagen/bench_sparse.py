@@ -19,15 +19,8 @@ import time
 
 from .families import mla_sparse_prefill as fam
 
-# BENCHMARKS.md sparse shapes (d_qk 576 / d_v 512, sink on).
-SHAPES = {
-    "S1": {"sq": 4096, "heads": 128, "topk": 2048, "s_kv": 8192},
-    "S2": {"sq": 4096, "heads": 128, "topk": 2048, "s_kv": 32768},
-    "S3": {"sq": 4096, "heads": 128, "topk": 2048, "s_kv": 131072},
-    "S4": {"sq": 4096, "heads": 64, "topk": 2048, "s_kv": 32768},
-    "S5": {"sq": 4096, "heads": 16, "topk": 2048, "s_kv": 32768},
-    "S6": {"sq": 4096, "heads": 128, "topk": 1024, "s_kv": 65536},
-}
+# BENCHMARKS.md sparse shapes (d_qk 576 / d_v 512, sink on), as the keyword sets make_inputs takes.
+SHAPES = {sid: {"sq": s.sq, "heads": s.heads, "topk": s.topk, "s_kv": s.s_kv} for sid, s in fam.SHAPES.items()}
 
 
 # --- correctness ------------------------------------------------------------------------------

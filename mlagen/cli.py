@@ -410,12 +410,13 @@ def tune_cmd(spec, shapes, workload, strategy, max_trials, budget_min, resume, s
 
     if not shapes and not workload:
         raise click.ClickException("give --shape SHAPE (repeatable) or --workload FILE")
-    items = [s for text in shapes for s in parse_shapes(text)] + (load_workload(workload) if workload else [])
+    s = spec_mod.load(spec or default_spec_name())
+    # The spec's family reads the shapes (an id like D1 is its BENCHMARKS.md shape).
+    items = [x for text in shapes for x in parse_shapes(text, s)] + (load_workload(workload, s) if workload else [])
     if budget_min is not None and not budget_min > 0:
         raise click.ClickException(f"--budget: expected a positive number of minutes, got {budget_min}")
     if max_trials < 1:
         raise click.ClickException(f"--max-trials: expected at least 1, got {max_trials}")
-    s = spec_mod.load(spec or default_spec_name())
     fixed = variant_mod.parse_assignments(s, list(assignments))
     variant_mod.make(s, fixed)  # names and values checked before any GPU work
     config = TuneConfig(spec=s.path, shapes=tuple(items), strategy=strategy, max_trials=max_trials, fixed=fixed,

@@ -1,8 +1,9 @@
 """The autotuner: search a spec's variants for each shape class, record every trial, keep the winner.
 
 What is tuned. ``TuneConfig.shapes`` lists shapes (BENCHMARKS.md ids, descriptions such as
-``b=4,q=4096,h=16,causal``, :class:`~mlagen.shapes.Shape` objects) or weighted
-:class:`~mlagen.shapes.WorkloadItem` entries from a workload file. Shapes are grouped by shape
+``b=4,q=4096,h=16,causal``, or the spec's family's shape objects) or weighted
+:class:`~mlagen.shapes.WorkloadItem` entries from a workload file; texts are read by the spec's
+family (:func:`mlagen.shapes.parse_shape`). Shapes are grouped by shape
 class (the dispatcher's problem key: mask, and heads, mean query and key length rounded up to
 powers of two), because a tuning record applies to a class. Every distinct class is tuned once,
 on its heaviest shape; the classes run in order of their summed weight, heaviest first, and
@@ -50,7 +51,7 @@ from . import spec as spec_mod
 from . import variant as variant_mod
 from .build import abort_pool, build_many, compile_pool
 from .errors import MlagenError, TuningError
-from .shapes import Shape, WorkloadItem, parse_shape
+from .shapes import WorkloadItem, parse_shape
 
 STRATEGIES = ("auto", "global", "exhaustive", "coordinate")
 FINALISTS = 4           # variants re-timed at the end, besides the spec default
@@ -65,7 +66,7 @@ class TuneConfig:
     """What to tune and how; ``mlagen tune`` fills it from its options."""
 
     spec: str
-    shapes: tuple  # ids ("D1"), descriptions ("b=4,q=4096,h=16"), Shape or WorkloadItem objects
+    shapes: tuple  # ids ("D1"), descriptions ("b=4,q=4096,h=16"), the family's shapes or WorkloadItem objects
     strategy: str = "auto"
     max_trials: int = 200
     fixed: dict = field(default_factory=dict)
@@ -616,21 +617,22 @@ class ShapeClass:
     """Shapes of one problem key, tuned together on the heaviest one."""
 
     problem: str
-    shape: Shape
+    shape: object   # the family's shape
     weight: float
-    members: list[Shape]
+    members: list
 
 
 def shape_classes(items: Iterable, family) -> list[ShapeClass]:
-    """Group shapes (ids, descriptions, Shape or WorkloadItem) by ``family``'s problem key;
-    heaviest class first (ties: first given), each represented by its heaviest shape."""
+    """Group shapes (ids, descriptions, ``family``'s shapes or WorkloadItem) by ``family``'s problem
+    key; heaviest class first (ties: first given), each represented by its heaviest shape. Texts
+    are read by ``family``."""
     classes: dict[str, ShapeClass] = {}
     best_weight: dict[str, float] = {}
     for item in items:
         if isinstance(item, WorkloadItem):
             shape, weight = item.shape, item.weight
         else:
-            shape, weight = (item if isinstance(item, Shape) else parse_shape(item)), 1.0
+            shape, weight = (parse_shape(item, family) if isinstance(item, str) else item), 1.0
         problem = problem_of(shape, family)
         c = classes.get(problem)
         if c is None:

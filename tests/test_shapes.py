@@ -1,4 +1,5 @@
-"""mlagen.shapes: the BENCHMARKS.md table, shape descriptions, workload files."""
+"""The dense family's BENCHMARKS.md table and shape descriptions (mlagen.families.mla_prefill.problem);
+mlagen.shapes: resolving ids and descriptions through the family protocol, workload files."""
 
 from __future__ import annotations
 
@@ -7,13 +8,14 @@ import random
 import pytest
 
 from mlagen import shapes
+from mlagen.families.mla_prefill import problem as dense
 from mlagen.errors import BenchError, MlagenError, ShapeError
 
 D4_LENGTHS = (3586, 1705, 3232, 3774, 1850, 293, 1188, 4082, 2222, 2118, 1786, 3889, 3338, 3527, 1370, 4092)
 
 
 def test_shape_table_matches_benchmarks_md():
-    s = shapes.SHAPES
+    s = dense.SHAPES
     assert list(s) == ["D1", "D2", "D3", "D4", "D5", "D6", "D7"]
     expect = {  # id: (batch, q_lens, k_lens, heads, causal)
         "D1": (1, (8192,), (8192,), 128, True),
@@ -31,23 +33,23 @@ def test_shape_table_matches_benchmarks_md():
 
 
 def test_d4_lengths_are_seed0_uniform_draws():
-    d4 = shapes.SHAPES["D4"]
+    d4 = dense.SHAPES["D4"]
     rng = random.Random(0)
     assert d4.q_lens == tuple(rng.randint(128, 4096) for _ in range(16))
-    assert d4.q_lens == shapes.ragged_lengths(16, 128, 4096, seed=0)
+    assert d4.q_lens == dense.ragged_lengths(16, 128, 4096, seed=0)
     assert len(d4.q_lens) == 16 and all(128 <= n <= 4096 for n in d4.q_lens)
     assert d4.packed and not d4.uniform
 
 
 def test_d5_is_a_chunk_after_a_cached_prefix():
-    d5 = shapes.SHAPES["D5"]
+    d5 = dense.SHAPES["D5"]
     assert d5.k_lens[0] - d5.q_lens[0] == 14336
     assert not d5.packed and d5.uniform
     assert "14336 cached" in d5.description
 
 
 def test_flops():
-    s = shapes.SHAPES
+    s = dense.SHAPES
     assert s["D1"].flops() == 2 * 128 * 320 * 8192 * 8193 // 2
     assert s["D3"].flops() == 2 * 16 * 320 * 2 * 8192 * 8192
     assert s["D5"].flops() == 2 * 128 * 320 * (2048 * 14336 + 2048 * 2049 // 2)
@@ -55,63 +57,63 @@ def test_flops():
 
 
 def test_cu_seqlens_and_sequence_lengths():
-    shape = shapes.Shape("T", (3, 5), (4, 7), 2, True)
+    shape = dense.Shape("T", (3, 5), (4, 7), 2, True)
     assert shape.cu_seqlens() == ([0, 3, 8], [0, 4, 11])
     assert shape.sequence_lengths() == [(0, 3, 0, 4), (3, 5, 4, 7)]
 
 
 def test_shape_rejects_mismatched_lengths():
     with pytest.raises(BenchError, match="same sequences"):
-        shapes.Shape("T", (3, 5), (4,), 2, True)
+        dense.Shape("T", (3, 5), (4,), 2, True)
 
 
 def test_parse_shapes():
-    assert [s.id for s in shapes.parse_shapes("D1,D3")] == ["D1", "D3"]
-    assert [s.id for s in shapes.parse_shapes(" d2 , D2,D5")] == ["D2", "D5"]
-    assert [s.id for s in shapes.parse_shapes(["D4"])] == ["D4"]
-    assert len(shapes.parse_shapes("all")) == 7
+    assert [s.id for s in dense.parse_shapes("D1,D3")] == ["D1", "D3"]
+    assert [s.id for s in dense.parse_shapes(" d2 , D2,D5")] == ["D2", "D5"]
+    assert [s.id for s in dense.parse_shapes(["D4"])] == ["D4"]
+    assert len(dense.parse_shapes("all")) == 7
 
 
 def test_parse_shapes_names_the_bad_ids():
     with pytest.raises(BenchError) as info:
-        shapes.parse_shapes("D1,D9,S1")
+        dense.parse_shapes("D1,D9,S1")
     assert "'D9'" in str(info.value) and "'S1'" in str(info.value) and "D1, D2" in str(info.value)
     assert isinstance(info.value, MlagenError)
     with pytest.raises(BenchError, match="no shape"):
-        shapes.parse_shapes(" , ")
+        dense.parse_shapes(" , ")
 
 
 # --- descriptions -----------------------------------------------------------------------------
 
 
 def test_parse_description_uniform_batch():
-    s = shapes.parse_shape("b=4,q=4096,k=4096,h=16,causal")
+    s = dense.parse_shape("b=4,q=4096,k=4096,h=16,causal")
     assert (s.q_lens, s.k_lens, s.heads, s.causal) == ((4096,) * 4, (4096,) * 4, 16, True)
     assert s.id == "b=4,q=4096,h=16,causal"
-    assert s.flops() == shapes.SHAPES["D2"].flops()
-    assert shapes.parse_shape(" h=16 , q=4096 ,b=4") == s      # any order, spaces; causal by default
+    assert s.flops() == dense.SHAPES["D2"].flops()
+    assert dense.parse_shape(" h=16 , q=4096 ,b=4") == s      # any order, spaces; causal by default
 
 
 def test_parse_description_defaults_prefix_and_mask():
-    s = shapes.parse_shape("q=2048,k=16384,h=128")
+    s = dense.parse_shape("q=2048,k=16384,h=128")
     assert (s.batch, s.q_lens, s.k_lens, s.causal) == (1, (2048,), (16384,), True)
-    assert s.flops() == shapes.SHAPES["D5"].flops()
-    n = shapes.parse_shape("b=2,q=8192,h=16,none")
-    assert not n.causal and n.flops() == shapes.SHAPES["D3"].flops()
+    assert s.flops() == dense.SHAPES["D5"].flops()
+    n = dense.parse_shape("b=2,q=8192,h=16,none")
+    assert not n.causal and n.flops() == dense.SHAPES["D3"].flops()
 
 
 def test_parse_description_ragged():
-    s = shapes.parse_shape("q=[300,1200,77],h=128")
+    s = dense.parse_shape("q=[300,1200,77],h=128")
     assert s.batch == 3 and s.q_lens == (300, 1200, 77) and s.k_lens == s.q_lens and s.packed
-    s = shapes.parse_shape("b=2,q=[5,7],k=[9,7],h=2,none")
+    s = dense.parse_shape("b=2,q=[5,7],k=[9,7],h=2,none")
     assert s.k_lens == (9, 7) and not s.causal
-    assert shapes.parse_shape("q=[5,7],k=100,h=2").k_lens == (100, 100)
+    assert dense.parse_shape("q=[5,7],k=100,h=2").k_lens == (100, 100)
 
 
 @pytest.mark.parametrize("shape", ["D1", "D4", "D5", "b=3,q=100,k=300,h=4,none", "q=[1,2,3],k=[4,5,6],h=8"])
 def test_description_round_trips(shape):
-    s = shapes.parse_shape(shape)
-    again = shapes.parse_shape(s.describe_text())
+    s = dense.parse_shape(shape)
+    again = dense.parse_shape(s.describe_text())
     assert (again.q_lens, again.k_lens, again.heads, again.causal) == (s.q_lens, s.k_lens, s.heads, s.causal)
 
 
@@ -135,7 +137,7 @@ def test_description_round_trips(shape):
 ])
 def test_parse_description_errors_name_the_item(text, fragment):
     with pytest.raises(ShapeError) as info:
-        shapes.parse_shape(text)
+        dense.parse_shape(text)
     assert fragment in str(info.value)
     assert isinstance(info.value, ValueError) and "\n" not in str(info.value)
     if "=" in text:
@@ -143,9 +145,9 @@ def test_parse_description_errors_name_the_item(text, fragment):
 
 
 def test_parse_shapes_takes_one_description():
-    (s,) = shapes.parse_shapes("b=4,q=4096,h=16")
+    (s,) = dense.parse_shapes("b=4,q=4096,h=16")
     assert s.batch == 4
-    assert [x.id for x in shapes.parse_shapes(["D1", "q=[3,4],h=2"])] == ["D1", "b=2,q=[3,4],h=2,causal"]
+    assert [x.id for x in dense.parse_shapes(["D1", "q=[3,4],h=2"])] == ["D1", "b=2,q=[3,4],h=2,causal"]
 
 
 # --- workloads --------------------------------------------------------------------------------
@@ -206,3 +208,65 @@ def test_a_recorded_file_is_a_workload(tmp_path, monkeypatch):
     items = shapes.load_workload(path)
     assert [(i.shape.q_lens, i.shape.heads, i.shape.causal, i.weight) for i in items] == [
         ((4000,) * 4, 16, True, 3.0), ((8192,), 128, False, 1.0)]
+
+
+# --- resolution through the family protocol ---------------------------------------------------
+
+
+def test_ids_resolve_to_their_family():
+    from mlagen.families import mla_sparse_prefill as sparse
+
+    assert shapes.parse_shape("d1") is dense.SHAPES["D1"]
+    assert shapes.parse_shape("S3") == sparse.SHAPES["S3"] and shapes.parse_shape("S3").s_kv == 131072
+    assert shapes.parse_shape("sq=64,h=16,topk=32,skv=128").topk == 32
+    assert shapes.parse_shape("b=4,q=4096,h=16") == dense.parse_shape("b=4,q=4096,h=16")
+
+
+def test_a_given_family_reads_the_text(tmp_path):
+    from mlagen import spec as spec_mod
+
+    assert shapes.parse_shape("D2", "mla_prefill") is dense.SHAPES["D2"]
+    assert shapes.parse_shape("D2", spec_mod.load("mla_prefill_sm90")) is dense.SHAPES["D2"]
+    with pytest.raises(ShapeError, match="unknown shape id 'S3'; choose from D1") as info:
+        shapes.parse_shape("S3", "mla_prefill")
+    assert "\n" not in str(info.value)
+    with pytest.raises(ShapeError, match=r"family: 'dense'; allowed: mla_prefill, mla_sparse_prefill"):
+        shapes.parse_shape("D1", "dense")
+    assert [s.id for s in shapes.parse_shapes("D1,d3", "mla_prefill")] == ["D1", "D3"]
+    assert len(shapes.parse_shapes("all", "mla_sparse_prefill")) == 6
+    with pytest.raises(ShapeError, match="unknown shape id 'D9'"):
+        shapes.parse_shapes("D1,D9", "mla_prefill")
+    with pytest.raises(ShapeError, match="name the family"):
+        shapes.parse_shapes("all")
+
+
+def test_text_no_family_reads_names_every_familys_reason():
+    with pytest.raises(ShapeError) as info:
+        shapes.parse_shape("q=5")
+    text = str(info.value)
+    assert "needs q=<length> and h=<heads>" in text and "(mla_prefill)" in text and "(mla_sparse_prefill)" in text
+    assert isinstance(info.value, ValueError) and "\n" not in text
+    with pytest.raises(ShapeError, match="expected a string"):
+        shapes.parse_shape(3)
+
+
+def test_an_id_two_families_read_is_ambiguous(monkeypatch):
+    from mlagen import families
+
+    fam = families.get("mla_prefill")
+    monkeypatch.setattr(shapes, "_all_families", lambda: [fam, fam])
+    with pytest.raises(ShapeError, match="'D1' is ambiguous: mla_prefill, mla_prefill all read it"):
+        shapes.parse_shape("D1")
+
+
+def test_workload_of_another_family(tmp_path):
+    path = tmp_path / "w.yaml"
+    path.write_text("family: mla_sparse_prefill\nshapes: [S1, {shape: 'sq=64,h=16,topk=32,skv=128', weight: 2}]\n")
+    items = shapes.load_workload(path)
+    assert [(i.shape.id, i.weight) for i in items] == [("S1", 1.0), ("sq=64,h=16,topk=32,skv=128", 2.0)]
+    assert shapes.load_workload(path, "mla_sparse_prefill") == items
+    with pytest.raises(ShapeError, match=r"w.yaml: family: 'mla_sparse_prefill'; the spec's family is 'mla_prefill'"):
+        shapes.load_workload(path, "mla_prefill")
+    path.write_text("shapes: [S1]\n")   # no family: the caller's reads the shapes
+    with pytest.raises(ShapeError, match=r"shapes\[0\].shape: unknown shape id 'S1'; choose from D1"):
+        shapes.load_workload(path, "mla_prefill")

@@ -14,8 +14,10 @@ from mlagen import arch, db, resources
 from mlagen import spec as spec_mod
 from mlagen import variant as variant_mod
 from mlagen.build import BuildResult
-from mlagen.shapes import SHAPES, Shape, WorkloadItem, parse_shape
+from mlagen.errors import ShapeError
 from mlagen.families import get as get_family
+from mlagen.families.mla_prefill.problem import SHAPES, Shape, parse_shape
+from mlagen.shapes import WorkloadItem
 from mlagen.tune import (Ask, Coordinate, Final, Global, ShapeClass, TrialRunner, TuneConfig, choose,
                          parse_devices, problem_of, shape_classes, tune_class)
 
@@ -478,3 +480,8 @@ def test_worker_protocol_verifies_once_then_times(monkeypatch):
     assert crash["outcome"] == "crash" and "illegal memory access" in crash["detail"]
     thread.join(5)
     assert not thread.is_alive()   # a crash ends the worker: the parent starts a fresh one
+
+
+def test_shape_classes_read_texts_with_the_specs_family():
+    with pytest.raises(ShapeError, match="unknown shape id 'S1'; choose from D1"):
+        shape_classes(["D1", "S1"], DENSE)

@@ -6,7 +6,8 @@ import math
 
 import pytest
 
-from mlagen import shapes, verify
+from mlagen import verify
+from mlagen.families.mla_prefill import problem as shapes
 from mlagen.families import get as get_family
 
 torch = pytest.importorskip("torch")

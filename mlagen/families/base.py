@@ -77,11 +77,17 @@ class Family(ABC):
 
     @abstractmethod
     def parse_shape(self, text: str, id: str | None = None):
-        """A shape from its text description (the grammar is the family's; errors are ValueError)."""
+        """A shape from one of its ids (:meth:`shapes`) or its text description (the grammar is the
+        family's); ``id`` renames it. Errors are ValueError naming the item and what is allowed."""
 
     @abstractmethod
     def describe_shape(self, shape) -> str:
         """The text description of ``shape``; ``parse_shape`` reads it back."""
+
+    def shapes(self) -> dict[str, Any]:
+        """The family's named shapes (its BENCHMARKS.md ids, e.g. ``D1``), by id; ``parse_shape``
+        reads these ids too. None by default."""
+        return {}
 
     # --- run time: one call -----------------------------------------------------------------
 

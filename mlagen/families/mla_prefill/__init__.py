@@ -3,7 +3,8 @@
 
 Modules, in the order a call meets them:
 
-* compile time: :mod:`.problem` (constants, shapes, shape classes, FLOPs), :mod:`.params` (the
+* compile time: :mod:`.problem` (constants, the dense ``Shape``, the BENCHMARKS.md ids D1-D7 and
+  the description grammar, shape classes, FLOPs), :mod:`.params` (the
   kernel parameter structs), :mod:`.schedule` (the Hopper barrier schedule), :mod:`.compile`
   (spec checks, pruning, render values);
 * run time: :mod:`.call` (argument checking into a Call), :mod:`.pack`, :mod:`.launch` and
@@ -23,8 +24,8 @@ from . import compile as _compile
 from . import problem as _problem
 from .launch import accepts, launch
 from .params import SIMT_PARAMS, TMA_PARAMS
-from .problem import (D_NOPE, D_QK, D_ROPE, D_V, MASKS, ProblemKey, Shape, describe_shape, flops, parse_shape,
-                      problem_key, sequence_lengths, visible_pairs)
+from .problem import (D_NOPE, D_QK, D_ROPE, D_V, MASKS, SHAPES, ProblemKey, Shape, describe_shape, flops,
+                      parse_shape, parse_shapes, problem_key, ragged_lengths, sequence_lengths, visible_pairs)
 from .reference import reference
 
 
@@ -59,6 +60,10 @@ class MlaPrefillFamily(Family):
 
     def describe_shape(self, shape) -> str:
         return describe_shape(shape)
+
+    def shapes(self) -> dict[str, Shape]:
+        """D1 ... D7 of BENCHMARKS.md."""
+        return dict(SHAPES)
 
     def accepts(self, spec, call) -> bool:
         return accepts(spec, call)
@@ -116,6 +121,6 @@ class MlaPrefillFamily(Family):
 
 FAMILY = register(MlaPrefillFamily())
 
-__all__ = ["FAMILY", "MlaPrefillFamily", "D_NOPE", "D_QK", "D_ROPE", "D_V", "MASKS", "ProblemKey", "Shape",
-           "SIMT_PARAMS", "TMA_PARAMS", "accepts", "describe_shape", "flops", "launch", "parse_shape",
-           "problem_key", "reference", "sequence_lengths", "visible_pairs"]
+__all__ = ["FAMILY", "MlaPrefillFamily", "D_NOPE", "D_QK", "D_ROPE", "D_V", "MASKS", "SHAPES", "ProblemKey", "Shape",
+           "SIMT_PARAMS", "TMA_PARAMS", "accepts", "describe_shape", "flops", "launch", "parse_shape", "parse_shapes",
+           "problem_key", "ragged_lengths", "reference", "sequence_lengths", "visible_pairs"]

@@ -1,13 +1,27 @@
 """Shapes and shape classes of dense MLA prefill; FLOPs by the BENCHMARKS.md convention.
 
-Pure Python (no torch): the tuner, the benchmark, dispatch and the shape recorder all use it.
+A shape (:class:`Shape`) is a packed batch of sequences with one head count and one mask, written
+as an id of ``../shared/BENCHMARKS.md`` (:data:`SHAPES`: ``D1`` ... ``D7``) or as a description
+(:func:`parse_shape` has the grammar)::
+
+    b=4,q=4096,k=4096,h=16,causal     # 4 sequences of 4096 queries and keys, 16 heads, causal
+    q=[300,1200,77],h=128             # ragged: one sequence per length (b = 3), k = q, causal
+    q=2048,k=16384,h=128              # 2048 new tokens after a 14336-token cached prefix
+    b=2,q=8192,h=16,none              # no mask
+
+Pure Python (no torch): the tuner (through the family protocol), the benchmark, dispatch and the
+shape recorder all use it.
 """
 
 from __future__ import annotations
 
 import math
+import random
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Iterable
+
+from ...errors import ShapeError
 
 D_NOPE, D_ROPE, D_V = 128, 64, 128
 D_QK = D_NOPE + D_ROPE
@@ -61,6 +75,9 @@ def problem_key(heads: int, total_q: int, total_k: int, batch: int, causal: bool
 
 # --- shapes ---------------------------------------------------------------------------------
 
+#: The description grammar, for error messages.
+GRAMMAR = "b=<batch>, q=<len> or q=[l1,l2,...], k=<len> or list (default q), h=<heads>, and causal or none"
+
 
 @dataclass(frozen=True)
 class Shape:
@@ -68,8 +85,8 @@ class Shape:
 
     ``q_lens[b]`` / ``k_lens[b]`` are the query / key lengths of sequence b; with ``causal`` the
     mask is bottom-right aligned (MLA.md section 1), so ``k_lens[b] - q_lens[b]`` keys are a
-    cached prefix every query sees. (``mlagen.bench.Shape`` has the same fields; every function
-    of this family takes either.)
+    cached prefix every query sees. ``id`` names it in reports: a BENCHMARKS.md id or the
+    canonical description (:meth:`describe_text`).
     """
 
     id: str
@@ -80,7 +97,7 @@ class Shape:
 
     def __post_init__(self):
         if not self.q_lens or len(self.q_lens) != len(self.k_lens):
-            raise ValueError(f"shape {self.id}: q_lens and k_lens must list the same sequences, "
+            raise ShapeError(f"shape {self.id}: q_lens and k_lens must list the same sequences, "
                              f"got {len(self.q_lens)} and {len(self.k_lens)}")
 
     @property
@@ -100,9 +117,73 @@ class Shape:
         """Whether the kernel gets cu_seqlens (a batch of one is passed as a plain sequence)."""
         return self.batch > 1
 
+    @property
+    def uniform(self) -> bool:
+        """Every sequence has the same lengths, so SDPA can take the batch in one [B, H, L, D] call."""
+        return len(set(self.q_lens)) == 1 and len(set(self.k_lens)) == 1
+
+    def cu_seqlens(self) -> tuple[list[int], list[int]]:
+        """Offsets of the packed batch: ([0, q_0, q_0 + q_1, ...], [0, k_0, ...])."""
+        cu_q, cu_k = [0], [0]
+        for lq, lk in zip(self.q_lens, self.k_lens):
+            cu_q.append(cu_q[-1] + lq)
+            cu_k.append(cu_k[-1] + lk)
+        return cu_q, cu_k
+
+    def sequence_lengths(self) -> list[tuple[int, int, int, int]]:
+        """(q_start, len_q, k_start, len_k) per sequence."""
+        return shape_sequences(self)
+
+    def flops(self) -> int:
+        """FLOPs of one call by the BENCHMARKS.md convention (visible pairs only)."""
+        return flops(self.sequence_lengths(), self.heads, self.causal)
+
+    @property
+    def description(self) -> str:
+        """Human-readable: ``4 × 4096, H 16, causal``."""
+        if self.uniform and self.q_lens[0] == self.k_lens[0]:
+            lengths = f"{self.batch} × {self.q_lens[0]}"
+        elif self.uniform:
+            lq, lk = self.q_lens[0], self.k_lens[0]
+            lengths = f"{self.batch} × {lq} new after {lk - lq} cached (Lk {lk})"
+        else:
+            lengths = (f"{self.batch} ragged, {min(self.q_lens)}–{max(self.q_lens)} "
+                       f"(mean {self.total_q // self.batch})")
+        return f"{lengths}, H {self.heads}, {'causal' if self.causal else 'no mask'}"
+
+    def describe_text(self) -> str:
+        """The canonical description, which :func:`parse_shape` reads back into this shape."""
+        return describe_shape(self)
+
 
 def shape_key(shape) -> ProblemKey:
     return problem_key(shape.heads, sum(shape.q_lens), sum(shape.k_lens), len(shape.q_lens), shape.causal)
+
+
+def ragged_lengths(count: int, low: int, high: int, seed: int) -> tuple[int, ...]:
+    """``count`` lengths drawn uniformly from [low, high] (inclusive) by ``random.Random(seed)``.
+
+    Python's ``Random.randint`` with an integer seed gives the same sequence on every platform
+    and Python version since 3.2, so the D4 lengths are stable.
+    """
+    rng = random.Random(seed)
+    return tuple(rng.randint(low, high) for _ in range(count))
+
+
+_D4_LENGTHS = ragged_lengths(16, 128, 4096, seed=0)
+
+#: The dense shapes of BENCHMARKS.md. D4 draws its 16 lengths (Lq = Lk per sequence) with
+#: ``random.Random(0).randint(128, 4096)``, one call per sequence in order; D5 is a chunk of
+#: 2048 new tokens after a 14336-token cached prefix; D7 is a TP8 slice (16 heads).
+SHAPES: dict[str, Shape] = {s.id: s for s in (
+    Shape("D1", (8192,), (8192,), 128, True),
+    Shape("D2", (4096,) * 4, (4096,) * 4, 16, True),
+    Shape("D3", (8192,) * 2, (8192,) * 2, 16, False),
+    Shape("D4", _D4_LENGTHS, _D4_LENGTHS, 128, True),
+    Shape("D5", (2048,), (14336 + 2048,), 128, True),
+    Shape("D6", (512,) * 32, (512,) * 32, 128, True),
+    Shape("D7", (2048,) * 8, (2048,) * 8, 16, True),
+)}
 
 
 _ITEM = re.compile(r"\s*([a-z]+)\s*=\s*(\[[^\]]*\]|[^,\[\]]+)\s*(?:,|$)|\s*([a-z]+)\s*(?:,|$)")
@@ -123,12 +204,41 @@ def _lengths(text: str, key: str, where: str) -> tuple[int, ...] | int:
 
 
 def parse_shape(text: str, id: str | None = None) -> Shape:
-    """A shape from its description: comma-separated ``key=value`` items and a bare mask word.
+    """One shape from an id of BENCHMARKS.md (``D1`` ... ``D7``, any case) or a description:
+    comma-separated ``key=value`` items and a bare mask word.
 
-    ``b=<batch>``, ``q=<len>`` or ``q=[l1,l2,...]`` (ragged; the batch is the list's length),
-    ``k=<len>`` or a list (default: like q), ``h=<heads>``, and ``causal`` (default) or ``none``.
-    Example: ``b=4,q=4096,k=4096,h=16,causal``. Errors are ValueError naming the item.
+    ``b=<batch>`` (default 1), ``q=<len>`` or ``q=[l1,l2,...]`` (ragged; the batch is the list's
+    length), ``k=<len>`` or a list (default: like q; ``k > q`` is a cached prefix), ``h=<heads>``
+    (required), and ``causal`` (default) or ``none``. Example: ``b=4,q=4096,k=4096,h=16,causal``.
+    ``id`` names the shape (default: the id given, or the canonical description, which
+    :func:`describe_shape` writes and ``MLAGEN_RECORD_SHAPES`` files carry).
+
+    Raises:
+        ShapeError (a ValueError): naming the bad item and what is allowed.
     """
+    if not isinstance(text, str):
+        raise ShapeError(f"shape: expected a string, got {type(text).__name__}")
+    raw = text.strip()
+    if not raw:
+        raise ShapeError(f"empty shape; give an id ({', '.join(SHAPES)}) or a description ({GRAMMAR})")
+    if raw.upper() in SHAPES:
+        named = SHAPES[raw.upper()]
+        return named if id is None else replace(named, id=id)
+    if "=" not in raw and raw.lower() not in MASKS:
+        raise ShapeError(f"unknown shape id {raw!r}; choose from {', '.join(SHAPES)}, or describe one: {GRAMMAR}")
+    try:
+        q_lens, k_lens, heads, causal = _parse_description(raw)
+    except ValueError as exc:
+        raise ShapeError(f"{exc}; allowed: {GRAMMAR}") from None
+    if not sum(q_lens) or not sum(k_lens):
+        raise ShapeError(f"shape {raw!r}: no {'query' if not sum(q_lens) else 'key'} rows; "
+                         "lengths must add up to at least 1")
+    shape = Shape("", q_lens, k_lens, heads, causal)
+    return replace(shape, id=id or describe_shape(shape))
+
+
+def _parse_description(text: str) -> tuple[tuple[int, ...], tuple[int, ...], int, bool]:
+    """(q_lens, k_lens, heads, causal) of a description; ValueError naming the bad item."""
     where = f"shape {text!r}"
     values: dict[str, str] = {}
     mask = None
@@ -171,7 +281,7 @@ def parse_shape(text: str, id: str | None = None) -> Shape:
                          f"on the number of sequences")
     q_lens = q if isinstance(q, tuple) else (q,) * n
     k_lens = k if isinstance(k, tuple) else (k,) * n
-    return Shape(id or text.strip(), q_lens, k_lens, heads, (mask or "causal") == "causal")
+    return q_lens, k_lens, heads, (mask or "causal") == "causal"
 
 
 def describe_shape(shape) -> str:
@@ -184,6 +294,31 @@ def describe_shape(shape) -> str:
         parts.append(f"k={lens(shape.k_lens)}")
     parts += [f"h={shape.heads}", "causal" if shape.causal else "none"]
     return ",".join(parts)
+
+
+def parse_shapes(text: str | Iterable[str]) -> list[Shape]:
+    """Shapes from a comma-separated list of ids (``"D1,D3"``; ``"all"`` for every id), or from an
+    iterable whose items are ids or descriptions; in order, each once (``mlagen bench --shapes``).
+
+    Raises:
+        ShapeError (a ValueError): naming each unknown id and listing the known ones.
+    """
+    if isinstance(text, str):
+        ids = [i.strip() for i in text.split(",") if i.strip()]
+        if any("=" in i for i in ids) or any(i.lower() in MASKS for i in ids):
+            return [parse_shape(text)]  # one description, not a list of ids
+    else:
+        ids = [i.strip() for i in text if i.strip()]
+    if not ids:
+        raise ShapeError(f"no shape given; choose from {', '.join(SHAPES)} or 'all'")
+    if any(i.lower() == "all" for i in ids):
+        return list(SHAPES.values())
+    unknown = [i for i in ids if i.upper() not in SHAPES and "=" not in i]
+    if unknown:
+        raise ShapeError(f"unknown shape id {', '.join(map(repr, unknown))}; choose from {', '.join(SHAPES)} "
+                         f"or 'all', or describe one: {GRAMMAR}")
+    out = [parse_shape(i) for i in ids]
+    return list({s.id: s for s in out}.values())
 
 
 # --- visible pairs and FLOPs ----------------------------------------------------------------

@@ -13,7 +13,7 @@ no host synchronisation), :func:`problem_key` (the tuning shape class), :func:`l
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ... import abi
@@ -122,8 +122,23 @@ class Shape:
 
 _SHAPE_KEYS = {"sq": "sq", "h": "heads", "topk": "topk", "skv": "s_kv", "d": "d_qk", "sink": "sink"}
 
+#: The sparse shapes of BENCHMARKS.md (d_qk 576, sink on).
+SHAPES: dict[str, Shape] = {s.id: s for s in (
+    Shape("S1", 4096, 128, 2048, 8192),
+    Shape("S2", 4096, 128, 2048, 32768),
+    Shape("S3", 4096, 128, 2048, 131072),
+    Shape("S4", 4096, 64, 2048, 32768),
+    Shape("S5", 4096, 16, 2048, 32768),
+    Shape("S6", 4096, 128, 1024, 65536),
+)}
+
 
 def parse_shape(text: str, id: str | None = None) -> Shape:
+    """A shape from an id of :data:`SHAPES` (any case) or ``sq=..,h=..,topk=..,skv=..[,d=..][,sink=..]``;
+    ValueError naming the bad item."""
+    if text.strip().upper() in SHAPES:
+        named = SHAPES[text.strip().upper()]
+        return named if id is None else replace(named, id=id)
     values: dict = {}
     for item in text.replace(" ", "").split(","):
         if "=" not in item:
@@ -417,6 +432,10 @@ class MlaSparsePrefillFamily(Family):
 
     def describe_shape(self, shape) -> str:
         return describe_shape(shape)
+
+    def shapes(self) -> dict[str, Shape]:
+        """S1 ... S6 of BENCHMARKS.md."""
+        return dict(SHAPES)
 
     # --- run time ---------------------------------------------------------------------------
 

@@ -88,11 +88,20 @@ def test_a_violated_expectation_fails_the_cli_with_a_diff_and_junit(broken_expec
 
 
 def test_update_writes_the_local_version_and_keeps_other_kernels(broken_expectations, tmp_path):
+    key, expected = broken_expectations
+    local = tmp_path / f"nvrtc-{NVRTC}.json"  # under NVRTC 13.0 it is the broken file itself
+    before = json.loads(local.read_text())["kernels"] if local.exists() else {}
     result = CliRunner().invoke(cli, ["check", "--update", "--spec", "mla_prefill_sm80", "--arch", "sm_80"])
     assert result.exit_code == 0, result.output
-    written = json.loads((tmp_path / f"nvrtc-{NVRTC}.json").read_text())
+    written = json.loads(local.read_text())
     assert written["nvrtc"] == NVRTC
-    assert all(k.endswith("@sm_80") and k.startswith("mla_prefill_sm80_") for k in written["kernels"])
+
+    def selected(k):
+        return k.endswith("@sm_80") and k.startswith("mla_prefill_sm80_")
+
+    assert written["kernels"][key]["registers"] == expected - 7  # the selection was re-measured
+    assert {k: v for k, v in written["kernels"].items() if not selected(k)} == \
+        {k: v for k, v in before.items() if not selected(k)}  # everything else is kept as it was
     result = CliRunner().invoke(cli, ["check", "--spec", "mla_prefill_sm80", "--arch", "sm_80"])
     assert result.exit_code == 0, result.output
 

@@ -1,26 +1,26 @@
-"""Sparse MLA prefill on the device: the correctness matrix, a sanitizer case, and the benchmark
-against FlashMLA's SM90 kernel and a PyTorch gather + matmul peer (BENCHMARKS.md protocol).
+"""The sparse family's device tool: the correctness matrix, a sanitizer case, a profile case, and
+``mlagen bench`` on the sparse shapes with forced variants beside the default.
 
-    python -m mlagen.bench_sparse verify                 # the correctness matrix (exit 1 on a failure)
-    python -m mlagen.bench_sparse sanitize               # one small fuzzed case, for compute-sanitizer
-    python -m mlagen.bench_sparse bench [--flashmla DIR] [--shapes S1,S2] [--rounds 3] [--iters 50]
+    python -m mlagen.bench_sparse verify [--kernel SPEC]  # the correctness matrix (exit 1 on a failure)
+    python -m mlagen.bench_sparse sanitize                # one small fuzzed case, for compute-sanitizer
+    python -m mlagen.bench_sparse profile [--shape S1]    # one call of ours and of FlashMLA's, for ncu
+    python -m mlagen.bench_sparse bench [--shapes S1,S5] [--variant l2_evict_last=false] [--json F]
 
-Kept apart from ``mlagen.bench`` (the dense family's); ``mlagen bench --family sparse`` can call
-:func:`main` with its arguments.
+The benchmark itself is ``mlagen bench`` (:mod:`mlagen.bench`, the family's peers in
+:mod:`mlagen.families.mla_sparse_prefill.peers`): ``bench`` here only adds ``--variant``. This
+module names the sparse family by design: it is that family's tool, above ``mlagen.bench``.
 """
 
 from __future__ import annotations
 
 import argparse
 import math
-import statistics
 import sys
 import time
 
 from .families import mla_sparse_prefill as fam
-
-# BENCHMARKS.md sparse shapes (d_qk 576 / d_v 512, sink on), as the keyword sets make_inputs takes.
-SHAPES = {sid: {"sq": s.sq, "heads": s.heads, "topk": s.topk, "s_kv": s.s_kv} for sid, s in fam.SHAPES.items()}
+from .errors import MlagenError
+from .families.base import Peer
 
 
 # --- correctness ------------------------------------------------------------------------------
@@ -196,164 +196,58 @@ def sanitize() -> int:
     return 0 if ok1 and ok2 else 1
 
 
-# --- benchmark --------------------------------------------------------------------------------
+# --- benchmark and profile ---------------------------------------------------------------------
 
 
-def naive(torch, q, kv, indices, scale, sink, chunk=128):
-    """PyTorch gather + matmul (bf16 matmuls, fp32 softmax), chunked over tokens."""
-    rows = kv.reshape(-1, kv.shape[-1])
-    idx = indices.reshape(indices.shape[0], -1).long()
-    out = torch.empty((q.shape[0], q.shape[1], 512), dtype=torch.bfloat16, device=q.device)
-    for t0 in range(0, q.shape[0], chunk):
-        g = rows[idx[t0:t0 + chunk]]                                    # [c, k, d]
-        s = torch.matmul(q[t0:t0 + chunk], g.transpose(1, 2)).float() * scale
-        m = s.amax(-1, keepdim=True)
-        p = torch.exp(s - m)
-        den = p.sum(-1, keepdim=True) + torch.exp(sink.view(1, -1, 1) - m)
-        out[t0:t0 + chunk] = torch.matmul((p / den).to(torch.bfloat16), g[..., :512])
-    return out
-
-
-def _time(torch, fn, iters, flush):
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
-    for i in range(iters):
-        flush.zero_()
-        starts[i].record()
-        fn()
-        ends[i].record()
-    torch.cuda.synchronize()
-    return [s.elapsed_time(e) for s, e in zip(starts, ends)]
-
-
-def _q(xs, f):
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(f * len(xs)))]
-
-
-def _variants(texts):
-    """Variants of the sm90 spec from 'name=value,...' texts (None: the dispatched kernel)."""
+def variant_peer(text: str) -> Peer:
+    """An ``mlagen`` peer that forces one variant of the sm90 spec, from ``name=value,...`` (the
+    others at their defaults): for comparing tunables in the same process as the default."""
     from . import spec as spec_mod
     from . import variant as variant_mod
 
-    out = {"dispatch": None}
-    s = spec_mod.load("mla_sparse_prefill_sm90")
-    for text in texts or ():
-        values = {}
-        for item in text.split(","):
-            k, v = item.split("=")
-            t = s.tunable(k)
-            values[k] = next(x for x in t.values if str(x).lower() == v.lower())
-        out[text] = values
-    return out
+    spec = spec_mod.load("mla_sparse_prefill_sm90")
+    values = variant_mod.parse_assignments(spec, [text])
+    variant_mod.make(spec, {**values, "d_qk": 576, "paged": False})   # names and values checked now
+    ours = fam.FAMILY.peers()["mlagen"]
+
+    def prepare(shape, inputs, arg=None):
+        v = variant_mod.make(spec, {**values, **fam.specialization(shape)})
+        return ours.prepare(shape, inputs, v)
+
+    return Peer(f"mlagen:{text}", f"the public call with the variant {text} forced", prepare, ours=True)
 
 
-def bench(shapes, rounds, iters, flashmla_dir, naive_iters, variant_texts=()) -> None:
+def bench(shapes: str, rounds: int, iters: int, peers: str | None, variant_texts=(), json_path=None) -> int:
+    """``mlagen bench`` on sparse shapes (its timing, report and JSON), plus forced variants."""
+    from . import bench as bench_mod
+
+    names = bench_mod.parse_peers(peers, [fam.FAMILY]) if peers else bench_mod.default_peers(fam.FAMILY, print)
+    results = bench_mod.run(shapes, [*names, *map(variant_peer, variant_texts)], iters=iters, rounds=rounds)
+    env = bench_mod.environment()
+    print(bench_mod.format_table(results, env))
+    if json_path:
+        from .cache import atomic_write
+
+        atomic_write(json_path, bench_mod.results_to_json(results, env).encode())
+    return 1 if any(p.ours and p.wrong for r in results for p in r.peers.values()) else 0
+
+
+def profile(shape_text: str) -> int:
+    """One call of ours and one of FlashMLA's (if built) on the same inputs (run under ncu)."""
     import torch
 
     import mlagen
-    from . import spec as spec_mod
-    from . import variant as variant_mod
+    from .families.mla_sparse_prefill.peers import FLASHMLA
 
-    peer = None
-    if flashmla_dir:
-        sys.path.insert(0, flashmla_dir)
-        try:
-            from flashmla_sparse_peer import sparse_fwd as peer
-        except Exception as exc:  # the peer is optional; say why it is missing
-            print(f"flashmla peer unavailable: {exc}")
-    dev = torch.cuda.get_device_properties(0)
-    print(f"device: {dev.name}, torch {torch.__version__}, cuda {torch.version.cuda}, {time.strftime('%Y-%m-%d %H:%M')}")
-    flush = torch.empty(256 * 2**20, dtype=torch.uint8, device="cuda")
-    rows = []
-    for name in shapes:
-        # A named shape, or sq:heads:topk:s_kv.
-        shape = SHAPES[name] if name in SHAPES else dict(zip(("sq", "heads", "topk", "s_kv"), map(int, name.split(":"))))
-        inp = fam.make_inputs(shape, "cuda", seed=0)
-        fl = fam.flops(shape["sq"], shape["heads"], shape["topk"])
-        ours = lambda: mlagen.mla_sparse_prefill(**inp)  # noqa: E731
-        sp = spec_mod.load("mla_sparse_prefill_sm90")
-        alts = {}
-        for name_v, values in _variants(variant_texts).items():
-            if values is not None:
-                var = variant_mod.make(sp, {**values, "d_qk": 576, "paged": False})
-                alts[name_v] = (lambda var=var: mlagen.mla_sparse_prefill(**inp, kernel=var))
-        for fn in alts.values():
-            fn()
-        o, ml, lse = ours()
-        torch.cuda.synchronize()
-        theirs = None
-        agree = ""
-        if peer is not None:
-            h = shape["heads"]
-            if h % 64:  # FlashMLA needs 64 or 128 heads: pad, as serving stacks do
-                hp = -(-h // 64) * 64
-                qp = torch.zeros((shape["sq"], hp, 576), dtype=torch.bfloat16, device="cuda")
-                qp[:, :h] = inp["q"]
-                sp = torch.zeros((hp,), device="cuda")
-                sp[:h] = inp["attn_sink"]
-            else:
-                qp, sp = inp["q"], inp["attn_sink"]
-            theirs = lambda: peer(qp, inp["kv"], inp["indices"], inp["softmax_scale"], 512, sp, None)  # noqa: E731
-            po, pml, plse = theirs()
-            torch.cuda.synchronize()
-            d = ((o.float() - po[:, :h].float()).norm() / po[:, :h].float().norm()).item()
-            dl = (lse - plse[:, :h]).abs().max().item()
-            agree = f"vs flashmla: out rel {d:.1e}, lse max {dl:.1e}"
-        t_ours, t_peer = [], []
-        t_alt = {k: [] for k in alts}
-        for _ in range(rounds):
-            if theirs is not None:
-                t_peer.append(statistics.median(_time(torch, theirs, iters, flush)))
-            t_ours.append(statistics.median(_time(torch, ours, iters, flush)))
-            for k, fn in alts.items():
-                t_alt[k].append(statistics.median(_time(torch, fn, iters, flush)))
-        all_ours = _time(torch, ours, iters, flush)
-        t_naive = None
-        if naive_iters:
-            naive(torch, inp["q"], inp["kv"], inp["indices"], inp["softmax_scale"], inp["attn_sink"])
-            t_naive = statistics.median(_time(torch, lambda: naive(torch, inp["q"], inp["kv"], inp["indices"],
-                                                                   inp["softmax_scale"], inp["attn_sink"]),
-                                              naive_iters, flush))
-        mo = statistics.median(t_ours)
-        mp = statistics.median(t_peer) if t_peer else None
-        row = {
-            "shape": name, "ours_ms": mo, "ours_tflops": fl / mo / 1e9,
-            "ours_p20_p80": (_q(all_ours, 0.2), _q(all_ours, 0.8)),
-            "rounds_ours": t_ours, "rounds_peer": t_peer,
-            "peer_ms": mp, "peer_tflops": fl / mp / 1e9 if mp else None,
-            "ratio": mp / mo if mp else None,
-            "naive_tflops": fl / t_naive / 1e9 if t_naive else None, "agree": agree,
-            "variants_tflops": {k: fl / statistics.median(v) / 1e9 for k, v in t_alt.items()},
-        }
-        rows.append(row)
-        print(row, flush=True)
-        del inp
-        torch.cuda.empty_cache()
-    print()
-    print("| shape | ours ms | ours TFLOP/s | FlashMLA TFLOP/s | ratio | naive TFLOP/s |")
-    print("|---|---|---|---|---|---|")
-    for r in rows:
-        pt = f"{r['peer_tflops']:.0f}" if r["peer_tflops"] else "-"
-        ra = f"{r['ratio']:.3f}" if r["ratio"] else "-"
-        nt = f"{r['naive_tflops']:.0f}" if r["naive_tflops"] else "-"
-        print(f"| {r['shape']} | {r['ours_ms']:.3f} | {r['ours_tflops']:.0f} | {pt} | {ra} | {nt} |")
-
-
-def profile(flashmla_dir, shape_text) -> int:
-    """One call of ours and one of FlashMLA's on the same inputs (run under ncu)."""
-    import torch
-
-    import mlagen
-
-    shape = dict(zip(("sq", "heads", "topk", "s_kv"), map(int, shape_text.split(":"))))
+    shape = fam.parse_shape(shape_text)
     inp = fam.make_inputs(shape, "cuda", seed=0)
     mlagen.mla_sparse_prefill(**inp)
-    if flashmla_dir:
-        sys.path.insert(0, flashmla_dir)
-        from flashmla_sparse_peer import sparse_fwd
-
-        sparse_fwd(inp["q"], inp["kv"], inp["indices"], inp["softmax_scale"], 512, inp["attn_sink"], None)
+    path, why = FLASHMLA.status()
+    if path is None:
+        print(f"flashmla skipped: {why}")
+    else:
+        FLASHMLA.load().sparse_fwd(inp["q"], inp["kv"], inp["indices"], inp["softmax_scale"], 512, inp["attn_sink"],
+                                   None)
     torch.cuda.synchronize()
     return 0
 
@@ -365,24 +259,26 @@ def main(argv=None) -> int:
     v.add_argument("--kernel", default=None, help="force a spec, e.g. mla_sparse_prefill_sm80")
     sub.add_parser("sanitize")
     pr = sub.add_parser("profile")
-    pr.add_argument("--flashmla", default=None)
-    pr.add_argument("--shape", default="1024:128:2048:8192")
-    b = sub.add_parser("bench")
-    b.add_argument("--shapes", default="S1,S2,S3,S4,S5,S6")
+    pr.add_argument("--shape", default="sq=1024,h=128,topk=2048,skv=8192", help="an id (S1) or a description")
+    b = sub.add_parser("bench", help="mlagen bench on sparse shapes (FlashMLA from MLAGEN_PEERS_DIR), and variants")
+    b.add_argument("--shapes", default="mla_sparse_prefill", help="ids (S1,S5), a description, default S1-S6")
+    b.add_argument("--peers", default=None, help="flashmla, naive, mlagen, mlagen:<spec> (default: all three)")
     b.add_argument("--rounds", type=int, default=3)
     b.add_argument("--iters", type=int, default=50)
-    b.add_argument("--naive-iters", type=int, default=3)
-    b.add_argument("--flashmla", default=None, help="folder of flashmla_sparse_peer.py (built)")
     b.add_argument("--variant", action="append", default=[], help="also time this sm90 variant: name=value,...")
+    b.add_argument("--json", default=None, help="also write every measurement here")
     args = ap.parse_args(argv)
-    if args.cmd == "verify":
-        return verify(args.kernel)
-    if args.cmd == "sanitize":
-        return sanitize()
-    if args.cmd == "profile":
-        return profile(args.flashmla, args.shape)
-    bench(args.shapes.split(","), args.rounds, args.iters, args.flashmla, args.naive_iters, args.variant)
-    return 0
+    try:
+        if args.cmd == "verify":
+            return verify(args.kernel)
+        if args.cmd == "sanitize":
+            return sanitize()
+        if args.cmd == "profile":
+            return profile(args.shape)
+        return bench(args.shapes, args.rounds, args.iters, args.peers, args.variant, args.json)
+    except (MlagenError, ValueError) as exc:   # a bad argument or no GPU: one line, no traceback
+        print(f"mlagen.bench_sparse: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

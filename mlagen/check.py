@@ -295,26 +295,27 @@ def measure_shipped(tolerance: float = 0.10, iters: int = 30, seed: int = 0, sha
     benchmark's: the median of ``iters`` calls timed by CUDA events, L2 flushed before each."""
     import torch
 
-    from . import bench
+    from . import measure
     from .runtime import device_info
 
     if device is None:
         device = torch.device("cuda", torch.cuda.current_device())
     info = device_info(device.index) if info is None else info
     if timer is None:
-        flush = bench.L2Flush(device)
+        flush = measure.L2Flush(device)
 
         def timer(fn):
-            return bench.median(bench.time_calls(fn, iters, flush))
+            return measure.median(measure.time_calls(fn, iters, flush))
 
-    shapes = list(bench.SHAPES.values()) if shapes is None else shapes
     out = []
     for r in db.shipped_records():
         spec = spec_mod.load(r.key.spec)
         family = families.get(spec.family, spec.path)
         if info.target is None or info.target.name not in spec.targets or r.key.device != info.name:
             continue
-        matching = [s for s in shapes if family.problem_key(s) == r.key.problem]
+        # The record's family's BENCHMARKS.md shapes (D1-D7 for dense records) unless shapes are given.
+        candidates = list(family.shapes().values()) if shapes is None else shapes
+        matching = [s for s in candidates if family.problem_key(s) == r.key.problem]
         if not matching:
             out.append(Speed(r, "", None, f"no benchmark shape of class {r.key.problem} to time it on"))
             continue

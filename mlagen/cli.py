@@ -463,11 +463,19 @@ def format_tune_results(results, top: int) -> str:
 
 
 @cli.command("bench")
-@click.option("--shapes", default="all", show_default=True,
-              help="Shapes of BENCHMARKS.md (D1,...,D7 or all), or one description such as b=4,q=4096,h=16,causal.")
+@click.option("--shape", "shape_texts", multiple=True, metavar="SHAPE",
+              help="Shape (repeatable): an id of BENCHMARKS.md (D1..D7 dense, S1..S6 sparse) or a description "
+                   "such as b=4,q=4096,h=16,causal or sq=4096,h=128,topk=2048,skv=8192; its family picks the peers.")
+@click.option("--shapes", default=None,
+              help="Comma-separated ids (D1,S1), a family's name (its shapes), or all (every family's); "
+                   "default: all, unless --shape is given.")
 @click.option("--peers", default=None,
-              help="fa3 (FlashAttention-3, if built), mlagen (the public call), mlagen-check (check_seqlens=True), "
-                   "mlagen:<spec> (one spec forced), cudnn, fa2. Default: fa3 (if built), cudnn, mlagen.")
+              help="Peers, comma-separated; a shape runs those its family has. Dense: fa3 (FlashAttention-3, if "
+                   "built), cudnn, fa2, mlagen (the public call), mlagen-check (check_seqlens=True). Sparse: flashmla "
+                   "(if built), naive (PyTorch gather + matmul), mlagen. mlagen:<spec> forces one spec. Default: "
+                   "dense fa3 (if built), cudnn, mlagen; sparse flashmla (if built), naive, mlagen. "
+                   "See --list-peers.")
+@click.option("--list-peers", is_flag=True, help="List each family's peers and whether they can run here, then exit.")
 @click.option("--iters", default=50, show_default=True, help="Timed calls per block.")
 @click.option("--rounds", default=3, show_default=True, help="Interleaved rounds (peer, ours, peer, ours ...).")
 @click.option("--warmup", default=5, show_default=True, help="Untimed calls per peer before timing.")
@@ -477,7 +485,7 @@ def format_tune_results(results, top: int) -> str:
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
               help="Also write every measurement as JSON.")
 @_friendly
-def bench_cmd(shapes, peers, iters, rounds, warmup, seed, markdown_path, json_path):
+def bench_cmd(shape_texts, shapes, peers, list_peers, iters, rounds, warmup, seed, markdown_path, json_path):
     """Time mlagen against its peers on the shapes of BENCHMARKS.md (needs a GPU).
 
     Exits non-zero if any of our kernels gives a wrong result.
@@ -485,16 +493,18 @@ def bench_cmd(shapes, peers, iters, rounds, warmup, seed, markdown_path, json_pa
     from . import bench
     from .cache import atomic_write
 
-    shape_list = bench.parse_shapes(shapes)
-    peer_list = bench.parse_peers(peers) if peers else bench.default_peers(lambda line: click.echo(line, err=True))
+    if list_peers:
+        click.echo(bench.format_peer_list())
+        return
+    asked = list(shape_texts) + ([shapes] if shapes else [])
     env = bench.environment()
-    results = bench.run(shape_list, peer_list, iters=iters, rounds=rounds, warmup=warmup, seed=seed)
+    results = bench.run(asked or "all", peers, iters=iters, rounds=rounds, warmup=warmup, seed=seed)
     click.echo(bench.format_table(results, env))
     if markdown_path:
         bench.write_markdown(markdown_path, results, env)
     if json_path:
         atomic_write(json_path, bench.results_to_json(results, env).encode())
-    wrong = [f"{r.shape.id} {name}" for r in results for name, p in r.peers.items() if bench.is_ours(name) and p.wrong]
+    wrong = [f"{r.shape.id} {name}" for r in results for name, p in r.peers.items() if p.ours and p.wrong]
     if wrong:
         raise click.ClickException(f"wrong results: {', '.join(wrong)}")
 

@@ -110,13 +110,14 @@ def test_gpu_mode_logic_with_a_stand_in_kernel_and_timer(monkeypatch):
     """measure_shipped on the CPU: the family's call is the reference, the timer says what we
     tell it; a winner is compared with its record's TFLOP/s within the tolerance."""
     torch = pytest.importorskip("torch")
-    from mlagen import bench, db, families
+    from mlagen import db, families
+    from mlagen.families.mla_prefill.problem import Shape
     from mlagen.runtime import DeviceInfo
 
     fam = families.get("mla_prefill")
     small = fam.parse_shape("b=1,q=64,h=2,causal", id="S")
     record = next(r for r in db.shipped_records() if r.key.spec == "mla_prefill_sm90")
-    shape_of_class = bench.Shape("X", small.q_lens, small.k_lens, small.heads, small.causal)
+    shape_of_class = Shape("X", small.q_lens, small.k_lens, small.heads, small.causal)
     monkeypatch.setattr(fam, "problem_key", lambda s: record.key.problem if s.id == "X" else "none/h1/q1/k1")
 
     def call(inputs, *, variant=None, kernel=None, outputs=None, check=False):

@@ -286,6 +286,27 @@ def test_bench_bad_shape(run):
     assert "Traceback" not in result.output
 
 
+@pytest.mark.skipif(_has_gpu(), reason="checks the no-GPU error; this machine has a GPU")
+@pytest.mark.parametrize("args", [["--shape", "S1"], ["--shape", "D1", "--shape", "sq=64,h=16,topk=128,skv=512"],
+                                  ["--shapes", "S5,S6", "--peers", "naive,mlagen"]])
+def test_bench_takes_any_familys_shapes(run, args):
+    """Ids and descriptions of either family get as far as the GPU check."""
+    user_error(run("bench", *args), "needs a CUDA GPU")
+
+
+def test_bench_peer_of_another_family(run):
+    user_error(run("bench", "--shape", "S1", "--peers", "cudnn"), "unknown peer 'cudnn'; choose from flashmla")
+
+
+def test_bench_lists_each_familys_peers(run, monkeypatch, tmp_path):
+    monkeypatch.setenv("MLAGEN_PEERS_DIR", str(tmp_path))
+    out = ok(run("bench", "--list-peers"))
+    assert out.index("mla_prefill (shapes D1") < out.index("mla_sparse_prefill (shapes S1")
+    for name in ("fa3", "cudnn", "fa2", "mlagen-check", "flashmla", "naive"):
+        assert any(line.strip().startswith(name + " ") for line in out.splitlines()), name
+    assert "flashmla/flashmla_sparse_peer.py not found" in out
+
+
 def test_bad_knob_is_one_line(run, monkeypatch):
     monkeypatch.setenv("MLAGEN_COMPILE_WORKERS", "many")
     user_error(run("build", "mla_prefill_sm80", "--arch", "sm_80"), "MLAGEN_COMPILE_WORKERS='many'")

@@ -131,7 +131,8 @@ def test_no_family_named_outside_its_package():
     g = graph()
     for name in ("mlagen.dispatch", "mlagen.cli", "mlagen.spec", "mlagen.resources", "mlagen.render",
                  "mlagen.db", "mlagen.build", "mlagen.compiler", "mlagen.runtime", "mlagen.tune", "mlagen.verify",
-                 "mlagen.measure", "mlagen.progress", "mlagen.shapes"):
+                 "mlagen.measure", "mlagen.progress", "mlagen.shapes", "mlagen.bench", "mlagen.peers",
+                 "mlagen.check"):
         named = {m for m in g[name] if m.startswith("mlagen.families.") and m != "mlagen.families.base"}
         assert not named, f"{name} imports {sorted(named)}"
 
@@ -140,7 +141,8 @@ LEAVES = ["mlagen.errors", "mlagen.knobs", "mlagen.paths", "mlagen.arch", "mlage
           "mlagen.cache", "mlagen.source", "mlagen.spec", "mlagen.variant", "mlagen.resources", "mlagen.render",
           "mlagen.compiler", "mlagen.db", "mlagen.runtime", "mlagen.dispatch", "mlagen.build", "mlagen.cli",
           "mlagen.families", "mlagen.families.mla_prefill", "mlagen.shapes", "mlagen.verify", "mlagen.measure",
-          "mlagen.progress", "mlagen.tune"]
+          "mlagen.progress", "mlagen.tune", "mlagen.bench", "mlagen.peers", "mlagen.families.mla_prefill.peers",
+          "mlagen.families.mla_sparse_prefill", "mlagen.families.mla_sparse_prefill.peers"]
 
 
 @pytest.mark.parametrize("module", LEAVES)

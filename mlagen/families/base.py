@@ -12,7 +12,9 @@ The protocol has two sides:
   to the resource model, supply the values a template renders;
 * run time: the shape classes tuning records are keyed by, argument checking into a call
   record, launching a selected kernel, and what tune and bench need to exercise a shape
-  (inputs, the call, the reference, the comparison, the FLOP count).
+  (inputs, the call, the reference, the comparison, the FLOP count);
+* bench: the family's peers (:class:`Peer`), the other implementations of its operation that
+  ``mlagen bench`` times against ours, and ours as a user calls it.
 
 "Shape" is the family's own description of a problem (for dense MLA prefill: per-sequence query
 and key lengths, heads, mask); its text form is what ``mlagen tune --shape`` and
@@ -30,10 +32,58 @@ import importlib
 import pkgutil
 import threading
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from ..errors import SpecError
+
+
+@dataclass
+class Prepared:
+    """A peer made ready for one shape's inputs: everything a call needs (layout changes, padding,
+    masks) is built, nothing is timed yet.
+
+    ``fn`` is the timed call (its result is dropped). ``checked_call`` runs the problem once more
+    and returns outputs in the form the family's :meth:`Family.compare` takes (a peer that does
+    not compute one of them, such as an lse, returns None in its place). ``note`` says how the
+    peer was adapted to the problem (it goes to the report)."""
+
+    fn: Callable[[], Any]
+    checked_call: Callable[[], Any]
+    note: str = ""
+
+
+def _always_available() -> str | None:
+    return None
+
+
+@dataclass(frozen=True)
+class Peer:
+    """One way ``mlagen bench`` runs a family's problem: another library's kernel, a plain
+    PyTorch implementation, or ours through the public call.
+
+    ``prepare(shape, inputs, arg)`` returns a :class:`Prepared` for the family's inputs
+    (:meth:`Family.make_inputs`); ``arg`` is the text after ``name:`` on the command line
+    (``mlagen:<spec>``), None without one; a peer whose ``arg`` is None takes none. ``status()``
+    says why the peer cannot run here (a library not built, with where it was looked for and
+    how to build it), None when it can: bench skips an unavailable default peer with that line,
+    and reports one asked for by name as n/a with it. Every peer of a shape is credited with the
+    family's FLOPs of the problem (:meth:`Family.flops`), so TFLOP/s compare times, whatever a
+    peer computes beyond the problem (padding).
+
+    ``ours``: mlagen itself (timed after each other peer in every round; a wrong result fails the
+    run). ``default``: run when no peers are named. ``lead``: the strongest peer, the first
+    column of the report."""
+
+    name: str
+    summary: str
+    prepare: Callable[[Any, Mapping[str, Any], "str | None"], Prepared]
+    ours: bool = False
+    default: bool = False
+    lead: bool = False
+    arg: str | None = None
+    status: Callable[[], "str | None"] = _always_available
 
 
 class Family(ABC):
@@ -135,6 +185,31 @@ class Family(ABC):
     @abstractmethod
     def flops(self, shape) -> int:
         """FLOPs of one call by the BENCHMARKS.md convention."""
+
+    #: The relative L2 error of the output :meth:`compare` allows (reports quote it).
+    tolerance: float = 0.0
+
+    # --- bench --------------------------------------------------------------------------------
+
+    def summary(self, shape) -> str:
+        """A short human description of ``shape`` for reports (default: its text description)."""
+        return self.describe_shape(shape)
+
+    def peers(self) -> dict[str, Peer]:
+        """The family's bench peers by name, in the order of the report's columns (a ``lead``
+        peer moves to the front): ``PEERS`` of the family's ``peers`` module
+        (``mlagen/families/<name>/peers.py``), none if it has no such module.
+
+        Found by name, as :func:`get` finds the family: a peer module prepares ours through the
+        family's public call, so it imports the family's package, which must not import it back."""
+        module_name = f"{__package__}.{self.name}.peers"
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if exc.name != module_name:
+                raise
+            return {}
+        return dict(module.PEERS)
 
 
 _REGISTRY: dict[str, Family] = {}

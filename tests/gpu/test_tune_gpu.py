@@ -11,11 +11,13 @@ pytestmark = pytest.mark.gpu
 torch = pytest.importorskip("torch")
 
 from mlagen import api, bench, db  # noqa: E402
+from mlagen.families.mla_prefill.peers import FA3  # noqa: E402
+from mlagen.families.mla_prefill.problem import Shape, parse_shape  # noqa: E402
 from mlagen.dispatch import dispatcher  # noqa: E402
 from mlagen.tune import TuneConfig, tune  # noqa: E402
 
 FAULTY = Path(__file__).parent / "fixtures" / "faulty_sm80.yaml"
-TINY = bench.Shape("T1", (200,), (200,), 4, True)
+TINY = Shape("T1", (200,), (200,), 4, True)
 FIXED_SM80 = {"block_m": 128, "warps": 8, "stages": 2, "swizzle": "pad", "q_in_regs": True}
 
 
@@ -125,7 +127,7 @@ def test_two_gpus_give_the_same_trials(tmp_path):
 def test_bench_public_call_and_check_peer():
     """mlagen (the public call, default arguments) and mlagen-check run and are right; fa3 is
     timed when built, else n/a with the reason."""
-    shape = bench.parse_shape("b=2,q=[300,700],k=[333,900],h=16")
+    shape = parse_shape("b=2,q=[300,700],k=[333,900],h=16")
     (result,) = bench.run([shape], peers=["fa3", "mlagen", "mlagen-check"], iters=5, rounds=1, warmup=1,
                           progress=lambda line: None)
     for name in ("mlagen", "mlagen-check"):
@@ -134,7 +136,7 @@ def test_bench_public_call_and_check_peer():
     assert "public call, default arguments" in result.peers["mlagen"].note
     assert "check_seqlens=True" in result.peers["mlagen-check"].note
     fa3 = result.peers["fa3"]
-    path, why = bench.fa3_status()
+    path, why = FA3.status()
     if path is None:
         assert fa3.timing is None and "not" in fa3.error
     else:

@@ -10,7 +10,8 @@ Modules, in the order a call meets them:
 * run time: :mod:`.call` (argument checking into a Call), :mod:`.pack`, :mod:`.launch` and
   :mod:`.tma` (launchers), :mod:`.entry` (prepare, select, launch), :mod:`.op` (the torch custom
   ops and the public ``mla_prefill``), :mod:`.reference` (reference, inputs, comparison),
-  :mod:`.record` (``MLAGEN_RECORD_SHAPES``).
+  :mod:`.record` (``MLAGEN_RECORD_SHAPES``);
+* bench: :mod:`.peers` (FlashAttention-3, cuDNN, FlashAttention-2 and the public call).
 
 ``FAMILY`` implements :class:`mlagen.families.base.Family`. Importing this package does not
 import torch. The names re-exported below (``reference``, ``flops``, ``problem_key`` ...) keep
@@ -26,7 +27,7 @@ from .launch import accepts, launch
 from .params import SIMT_PARAMS, TMA_PARAMS
 from .problem import (D_NOPE, D_QK, D_ROPE, D_V, MASKS, SHAPES, ProblemKey, Shape, describe_shape, flops,
                       parse_shape, parse_shapes, problem_key, ragged_lengths, sequence_lengths, visible_pairs)
-from .reference import reference
+from .reference import REL_TOL, reference
 
 
 class MlaPrefillFamily(Family):
@@ -117,6 +118,12 @@ class MlaPrefillFamily(Family):
 
     def flops(self, shape) -> int:
         return flops(_problem.shape_sequences(shape), shape.heads, shape.causal)
+
+    tolerance = REL_TOL   # bf16 inputs
+
+    def summary(self, shape) -> str:
+        """``1 × 8192, H 128, causal``."""
+        return shape.description
 
 
 FAMILY = register(MlaPrefillFamily())

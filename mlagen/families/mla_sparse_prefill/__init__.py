@@ -142,7 +142,8 @@ def parse_shape(text: str, id: str | None = None) -> Shape:
     values: dict = {}
     for item in text.replace(" ", "").split(","):
         if "=" not in item:
-            raise ValueError(f"{text!r}: expected name=value items like sq=4096,h=128,topk=2048,skv=8192")
+            raise ValueError(f"{text!r}: not a shape id ({', '.join(SHAPES)}) nor name=value items like "
+                             "sq=4096,h=128,topk=2048,skv=8192[,d=576][,sink=1]")
         k, v = item.split("=", 1)
         if k not in _SHAPE_KEYS:
             raise ValueError(f"{text!r}: unknown item {k!r}; known: {', '.join(_SHAPE_KEYS)}")
@@ -478,6 +479,10 @@ class MlaSparsePrefillFamily(Family):
 
     def flops(self, shape) -> int:
         return flops(shape.sq, shape.heads, shape.topk, shape.d_qk)
+
+    @property
+    def tolerance(self) -> float:
+        return REL_TOL
 
 
 def _validate_schedule(spec) -> None:

@@ -1,0 +1,210 @@
+"""Dense MLA prefill's bench peers (``mlagen bench``; ``../shared/BENCHMARKS.md``).
+
+Every peer runs the same problem on the same fresh ``randn`` inputs (:mod:`.reference`):
+
+* ``fa3``: FlashAttention-3's 192/128 varlen forward, built from ``<peers>/fa3`` (see
+  :data:`FA3`); K is nope ‖ rope expanded to every head once, before timing, as a serving stack
+  holds it. The strongest dense peer: the first column of the report when present.
+* ``cudnn``: PyTorch SDPA restricted to the cuDNN backend; K is nope ‖ rope expanded to every head.
+* ``fa2``: PyTorch SDPA restricted to the flash backend (FlashAttention-2), V zero-padded to 192.
+* ``mlagen``: the public call exactly as a user writes it, ``mlagen.mla_prefill(q, k, v,
+  k_rope=..., cu_seqlens_q=..., cu_seqlens_k=..., causal=...)``: device cu_seqlens, default
+  arguments, the dispatched kernel, the shared [Tk, 1, 64] rope key (the MLA case);
+  ``mlagen:<spec>`` forces one kernel spec (``kernel=<spec>``), for comparing specs.
+* ``mlagen-check``: the same with ``check_seqlens=True`` (the cu_seqlens read back and checked).
+
+Peer-side preparation (concatenation, padding, [B, H, L, D] layout, masks) happens here, before
+any timing. Checked calls return (out [Tq, H, 128], lse [Tq, H] or None), what the family's
+``compare`` takes.
+"""
+
+from __future__ import annotations
+
+import math
+
+from ...errors import BenchError
+from ...peers import ExternalBuild
+from ..base import Peer, Prepared
+from .problem import D_QK, D_V
+
+FA3 = ExternalBuild("fa3", "fa3_peer", "fa3_peer_C.so", "FA3_PEER_SO", "FA3_PEER_BUILD", "FlashAttention-3",
+                    "build it on the GPU machine with: bash <peers>/fa3/run_remote.sh (about 2 minutes)")
+
+
+def mlagen_peer(shape, inputs: dict, arg: str | None = None, *, check_seqlens: bool | None = None) -> Prepared:
+    """Our kernel through the public API, called exactly as a user writes it: device cu_seqlens,
+    the shared rope key, every other argument at its default. ``check_seqlens=True`` makes the
+    ``mlagen-check`` peer; ``arg`` forces a spec (``mlagen:<spec>``). The checked call poisons
+    ``out`` and ``lse`` with NaN so a row the kernel never writes shows up."""
+    import torch
+
+    from .entry import mla_prefill_kernel
+    from .op import mla_prefill
+
+    q, k, v = inputs["q"], inputs["k"], inputs["v"]
+    kwargs = {"k_rope": inputs["k_rope"], "cu_seqlens_q": inputs["cu_seqlens_q"],
+              "cu_seqlens_k": inputs["cu_seqlens_k"], "causal": shape.causal}
+    extra = {}
+    if arg is not None:
+        extra["kernel"] = arg
+    if check_seqlens is not None:
+        extra["check_seqlens"] = check_seqlens
+
+    def fn():
+        return mla_prefill(q, k, v, **kwargs, **extra)
+
+    def checked_call():
+        out = torch.full((shape.total_q, shape.heads, D_V), math.nan, dtype=torch.bfloat16, device=q.device)
+        lse = torch.full((shape.total_q, shape.heads), math.nan, dtype=torch.float32, device=q.device)
+        got_out, got_lse = mla_prefill(q, k, v, out=out, lse=lse, **kwargs, **extra)
+        if got_out.data_ptr() != out.data_ptr() or got_lse.data_ptr() != lse.data_ptr():
+            raise BenchError("mla_prefill returned new tensors instead of the out= / lse= given to it")
+        return got_out, got_lse
+
+    sel = mla_prefill_kernel(q, k, v, **kwargs, **({"kernel": arg} if arg else {}))
+    how = "public call, default arguments" if not extra else ", ".join(f"{a}={b!r}" for a, b in extra.items())
+    return Prepared(fn, checked_call, f"{how}; shared k_rope [Tk, 1, 64]; {sel.variant.symbol} ({sel.origin})")
+
+
+def mlagen_checked_peer(shape, inputs: dict, arg: str | None = None) -> Prepared:
+    """The public call with ``check_seqlens=True``: what checking the offsets costs."""
+    return mlagen_peer(shape, inputs, check_seqlens=True)
+
+
+def fa3_peer(shape, inputs: dict, arg: str | None = None) -> Prepared:
+    """FlashAttention-3's varlen forward (d_qk 192 / d_v 128). FA3 takes K with the rope part
+    expanded to every head: built once here, outside the timed call, as a serving stack holds
+    it. A batch of one gets cu_seqlens [0, T] (the varlen API, as vLLM and SGLang call it)."""
+    import torch
+
+    fa3 = FA3.load()
+    q, v, device = inputs["q"], inputs["v"], inputs["q"].device
+    k = torch.cat([inputs["k"], inputs["k_rope"].expand(-1, shape.heads, -1)], dim=-1).contiguous()
+    cu_q, cu_k = inputs["cu_seqlens_q"], inputs["cu_seqlens_k"]
+    if cu_q is None:
+        cu_q = torch.tensor([0, shape.total_q], dtype=torch.int32, device=device)
+        cu_k = torch.tensor([0, shape.total_k], dtype=torch.int32, device=device)
+    max_q, max_k = max(shape.q_lens), max(shape.k_lens)
+
+    def fn():
+        return fa3.fwd(q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max_q, max_seqlen_k=max_k,
+                       causal=shape.causal)
+
+    def checked_call():
+        out, lse = fn()
+        return out, lse.transpose(0, 1)   # FA3's lse is [H, Tq]
+
+    return Prepared(fn, checked_call, "K nope ‖ rope expanded to [Tk, H, 192] once, before timing; varlen API")
+
+
+def cudnn_peer(shape, inputs: dict, arg: str | None = None) -> Prepared:
+    """PyTorch SDPA on the cuDNN backend (d_qk 192 / d_v 128 natively)."""
+    from torch.nn.attention import SDPBackend
+
+    return sdpa_peer(shape, inputs, backend=SDPBackend.CUDNN_ATTENTION, pad_v=False, lower_right="dense")
+
+
+def fa2_peer(shape, inputs: dict, arg: str | None = None) -> Prepared:
+    """PyTorch SDPA on the flash backend (FlashAttention-2), which needs d_v = d_qk: V padded to 192."""
+    from torch.nn.attention import SDPBackend
+
+    return sdpa_peer(shape, inputs, backend=SDPBackend.FLASH_ATTENTION, pad_v=True, lower_right="bias")
+
+
+def sdpa_peer(shape, inputs: dict, *, backend, pad_v: bool, lower_right: str) -> Prepared:
+    """``scaled_dot_product_attention`` restricted to ``backend`` on copies laid out [B, H, L, D].
+
+    SDPA takes no packed batch: uniform lengths run as one batched call, ragged ones as one call
+    per sequence (all inside the timed call). SDPA's ``is_causal`` is top-left aligned, right only
+    when Lq = Lk; otherwise the bottom-right mask is either ``"dense"``, an additive bf16 [Lq, Lk]
+    mask built before timing, or ``"bias"``, ``causal_lower_right`` (which picks its kernel itself,
+    ignoring ``sdpa_kernel``: for the flash backend we first make sure it will pick flash).
+    """
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    calls = _sdpa_calls(shape, inputs, pad_v, lower_right)
+    if backend == SDPBackend.FLASH_ATTENTION:
+        _require_flash_for_bias(calls)
+    scale = 1.0 / math.sqrt(D_QK)
+
+    def fn():
+        with sdpa_kernel(backend):
+            return [F.scaled_dot_product_attention(q, k, v, scale=scale, **mask) for q, k, v, mask in calls]
+
+    def checked_call():
+        outs = fn()
+        return torch.cat([o[..., :D_V].transpose(1, 2).reshape(-1, shape.heads, D_V) for o in outs]), None
+
+    notes = []
+    if pad_v:
+        notes.append(f"V zero-padded to {D_QK}")
+    if not shape.uniform:
+        notes.append(f"per-sequence calls ({shape.batch} SDPA calls per timed call; SDPA takes no packed batch)")
+    if shape.causal and any(lq != lk for lq, lk in zip(shape.q_lens, shape.k_lens)):
+        notes.append("bottom-right causal as a dense additive [Lq, Lk] mask (SDPA's is_causal is top-left, and "
+                     "causal_lower_right never dispatches to cuDNN)" if lower_right == "dense"
+                     else "bottom-right causal through causal_lower_right (flash kernel)")
+    return Prepared(fn, checked_call, "; ".join(notes))
+
+
+def _bhsd(t, batch: int):
+    """[batch * L, H, D] packed rows → contiguous [batch, H, L, D]."""
+    return t.unflatten(0, (batch, -1)).transpose(1, 2).contiguous()
+
+
+def _sdpa_calls(shape, inputs: dict, pad_v: bool, lower_right: str) -> list[tuple]:
+    """(q, k, v, mask kwargs) per SDPA call, every tensor prepared."""
+    import torch
+
+    q, v = inputs["q"], inputs["v"]
+    k = torch.cat([inputs["k"], inputs["k_rope"].expand(-1, shape.heads, -1)], dim=-1)
+    if pad_v:
+        v = torch.nn.functional.pad(v, (0, D_QK - D_V))
+    if shape.uniform:
+        groups = [(slice(0, shape.total_q), slice(0, shape.total_k), shape.batch, shape.q_lens[0], shape.k_lens[0])]
+    else:
+        groups = [(slice(qs, qs + lq), slice(ks, ks + lk), 1, lq, lk) for qs, lq, ks, lk in shape.sequence_lengths()]
+    return [(_bhsd(q[qs], b), _bhsd(k[ks], b), _bhsd(v[ks], b), _sdpa_mask(lq, lk, shape.causal, lower_right, q.device))
+            for qs, ks, b, lq, lk in groups]
+
+
+def _sdpa_mask(lq: int, lk: int, causal: bool, lower_right: str, device) -> dict:
+    import torch
+
+    if not causal:
+        return {}
+    if lq == lk:
+        return {"is_causal": True}
+    if lower_right == "bias":
+        from torch.nn.attention.bias import causal_lower_right
+
+        return {"attn_mask": causal_lower_right(lq, lk)}
+    visible = torch.ones(lq, lk, dtype=torch.bool, device=device).tril(diagonal=lk - lq)
+    bias = torch.zeros(1, 1, lq, lk, dtype=torch.bfloat16, device=device).masked_fill(~visible, -math.inf)
+    return {"attn_mask": bias}
+
+
+def _require_flash_for_bias(calls: list[tuple]) -> None:
+    from torch.backends.cuda import SDPAParams, can_use_flash_attention
+    from torch.nn.attention.bias import CausalBias
+
+    for q, k, v, mask in calls:
+        if isinstance(mask.get("attn_mask"), CausalBias) and not can_use_flash_attention(
+                SDPAParams(q, k, v, None, 0.0, False, False)):
+            raise BenchError("the flash kernel cannot take this shape with a bottom-right causal mask, and "
+                             "causal_lower_right would silently run another kernel")
+
+
+#: The peers in the report's column order: fa3 (the lead, when built), cudnn, fa2, mlagen, mlagen-check.
+#: Run by default: fa3 (when built), cudnn, mlagen.
+PEERS: dict[str, Peer] = {p.name: p for p in (
+    Peer("fa3", "FlashAttention-3 (varlen forward, built from <peers>/fa3)", fa3_peer, default=True, lead=True,
+         status=FA3.why_not),
+    Peer("cudnn", "PyTorch SDPA, cuDNN backend", cudnn_peer, default=True),
+    Peer("fa2", "PyTorch SDPA, flash backend (FlashAttention-2), V padded to 192", fa2_peer),
+    Peer("mlagen", "the public call mlagen.mla_prefill, default arguments (mlagen:<spec> forces a spec)", mlagen_peer,
+         ours=True, default=True, arg="spec"),
+    Peer("mlagen-check", "the public call with check_seqlens=True", mlagen_checked_peer, ours=True),
+)}

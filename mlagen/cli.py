@@ -365,8 +365,9 @@ def db_import(database, path, replace):
 @cli.command("tune")
 @click.argument("spec", required=False)
 @click.option("--shape", "shapes", multiple=True, metavar="SHAPE",
-              help="Shape to tune for (repeatable): an id of BENCHMARKS.md (D1..D7) or a description such as "
-                   "b=4,q=4096,k=4096,h=16,causal (q=[l1,l2,...] for ragged lengths; k defaults to q).")
+              help="Shape to tune for (repeatable), read by the spec's family: an id of BENCHMARKS.md (D1..D7 dense, "
+                   "S1..S6 sparse) or a description such as b=4,q=4096,k=4096,h=16,causal (q=[l1,l2,...] for ragged "
+                   "lengths; k defaults to q) or sq=4096,h=128,topk=2048,skv=8192[,d=576][,sink=1].")
 @click.option("--workload", "workload", type=click.Path(dir_okay=False), default=None,
               help="YAML file of weighted shapes (e.g. written by MLAGEN_RECORD_SHAPES); each shape class is "
                    "tuned, heaviest first, and --budget is split by weight.")

@@ -557,3 +557,15 @@ def test_gpu_telemetry_picks_the_device_by_uuid(monkeypatch):
 
     monkeypatch.setattr(bench.subprocess, "run", missing)
     assert bench.gpu_telemetry() == {} and bench._telemetry_text({}) is None
+
+
+def test_bench_sparse_variant_peers_are_checked_before_any_gpu_work():
+    from mlagen import bench_sparse
+    from mlagen.errors import SpecError
+
+    peer = bench_sparse.variant_peer("l2_evict_last=false,epilogue=direct")
+    assert peer.name == "mlagen:l2_evict_last=false,epilogue=direct" and peer.ours and not peer.lead
+    with pytest.raises(SpecError, match="producer_regs"):
+        bench_sparse.variant_peer("producer_regs=99")
+    with pytest.raises(SpecError, match="nope"):
+        bench_sparse.variant_peer("nope=1")

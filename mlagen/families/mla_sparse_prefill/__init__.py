@@ -7,7 +7,8 @@ schedule checks to the resource model, and supplies the render context.
 
 Run side, as functions that map onto a family protocol: :func:`prepare` (arguments -> :class:`Call`,
 no host synchronisation), :func:`problem_key` (the tuning shape class), :func:`launch`,
-:func:`reference`, :func:`flops` and :func:`make_inputs`.
+:func:`reference`, :func:`flops` and :func:`make_inputs`. Bench peers (FlashMLA, a PyTorch gather
++ matmul, the public call): :mod:`.peers`.
 """
 
 from __future__ import annotations

@@ -272,20 +272,21 @@ __device__ __forceinline__ void load_q_fragments(ConsumerRegs<Cfg>& r, u32 smem,
 template <class Cfg>
 __device__ __forceinline__ void issue_qk(ConsumerRegs<Cfg>& r, u32 smem, int wg, int stage) {
   using L = Layout<Cfg>;
-  const u32 q_rows = smem + L::kQ + wg * 64 * Cfg::kSwQ;
-  const u32 k_tile = smem + L::kK + stage * L::kKBytes;
+  // Descriptors of the tile bases, advanced by constant offsets per MMA (one add each).
+  const u64 q_desc = opaque(desc_k_major<Cfg::kSwQ>(smem + L::kQ + wg * 64 * Cfg::kSwQ));
+  const u64 k_desc = opaque(desc_k_major<Cfg::kSwK>(smem + L::kK + stage * L::kKBytes));
   pin_registers(r.s);
   if constexpr (Cfg::kQInRegs) pin_registers(r.q);
   wgmma_fence();
 #pragma unroll
   for (int kk = 0; kk < Cfg::kDQk / 16; ++kk) {
     const int col = kk * 16;
-    const u32 b = k_tile + (col / L::kCbK) * L::kKCbBytes + (col % L::kCbK) * 2;
+    const u64 b = k_desc + desc_offset((col / L::kCbK) * L::kKCbBytes + (col % L::kCbK) * 2);
     if constexpr (Cfg::kQInRegs) {
-      Wgmma<Cfg::kBlockN>::template rs<0>(r.s, r.q[kk], desc_k_major<Cfg::kSwK>(b), kk > 0);
+      Wgmma<Cfg::kBlockN>::template rs<0>(r.s, r.q[kk], b, kk > 0);
     } else {
-      const u32 a = q_rows + (col / L::kCbQ) * L::kQCbBytes + (col % L::kCbQ) * 2;
-      Wgmma<Cfg::kBlockN>::ss(r.s, desc_k_major<Cfg::kSwQ>(a), desc_k_major<Cfg::kSwK>(b), kk > 0);
+      const u64 a = q_desc + desc_offset((col / L::kCbQ) * L::kQCbBytes + (col % L::kCbQ) * 2);
+      Wgmma<Cfg::kBlockN>::ss(r.s, a, b, kk > 0);
     }
   }
   wgmma_commit();
@@ -294,14 +295,13 @@ __device__ __forceinline__ void issue_qk(ConsumerRegs<Cfg>& r, u32 smem, int wg,
 template <class Cfg>
 __device__ __forceinline__ void issue_pv(ConsumerRegs<Cfg>& r, u32 smem, int stage) {
   using L = Layout<Cfg>;
-  const u32 v_tile = smem + L::kV + stage * L::kVBytes;
+  const u64 v_desc = opaque(desc_mn_major<Cfg::kSwV>(smem + L::kV + stage * L::kVBytes, L::kVCbBytes));
   pin_registers(r.o);
   pin_registers(r.p);
   wgmma_fence();
 #pragma unroll
   for (int kt = 0; kt < Cfg::kBlockN / 16; ++kt)
-    Wgmma<Cfg::kDV>::template rs<1>(r.o, r.p[kt], desc_mn_major<Cfg::kSwV>(v_tile + kt * 16 * Cfg::kSwV, L::kVCbBytes),
-                                    1);
+    Wgmma<Cfg::kDV>::template rs<1>(r.o, r.p[kt], v_desc + desc_offset(kt * 16 * Cfg::kSwV), 1);
   wgmma_commit();
 }
 
@@ -491,6 +491,7 @@ __device__ void consumer(const Params& p, u32 smem, const Barriers& bar, int wg)
           release_kv<Cfg>(bar.k_empty(s));
           if (!Cfg::kTmaEpilogue && !Cfg::kQInRegs && n == 0) mbar_arrive(bar.q_empty());  // last Q K^T done
           scores_to_probabilities<Cfg>(r, qt, n, row_base, p.scale_log2, corr);
+          if constexpr (Cfg::kPvWaitLate) schedule_boundary(p.num_heads);
           wgmma_wait<0>();
           release_kv<Cfg>(bar.v_empty(prev_stage));
           rescale_and_pack<Cfg>(r, corr);

@@ -330,10 +330,10 @@ __device__ __forceinline__ void scores_to_probabilities(ConsumerRegs<Cfg>& r, co
   softmax_update<ConsumerRegs<Cfg>::kSFrags>(r.s, r.stats, scale_log2, corr);
 }
 
+// O *= the softmax correction of its rows (the running max moved).
 template <class Cfg>
-__device__ __forceinline__ void rescale_and_pack(ConsumerRegs<Cfg>& r, const float (&corr)[2]) {
+__device__ __forceinline__ void rescale_o(ConsumerRegs<Cfg>& r, const float (&corr)[2]) {
   pin_registers(r.o);
-  pin_registers(r.p);  // the previous P V has completed; only now may P be overwritten
 #pragma unroll
   for (int j = 0; j < ConsumerRegs<Cfg>::kOFrags; ++j) {
     r.o[4 * j + 0] *= corr[0];
@@ -341,6 +341,12 @@ __device__ __forceinline__ void rescale_and_pack(ConsumerRegs<Cfg>& r, const flo
     r.o[4 * j + 2] *= corr[1];
     r.o[4 * j + 3] *= corr[1];
   }
+}
+
+// P as bf16 A fragments of the next P V.
+template <class Cfg>
+__device__ __forceinline__ void pack_p(ConsumerRegs<Cfg>& r) {
+  pin_registers(r.p);  // the previous P V has completed; only now may P be overwritten
 #pragma unroll
   for (int kt = 0; kt < Cfg::kBlockN / 16; ++kt) {
     r.p[kt][0] = pack_bf16x2(r.s[8 * kt + 0], r.s[8 * kt + 1]);
@@ -348,6 +354,15 @@ __device__ __forceinline__ void rescale_and_pack(ConsumerRegs<Cfg>& r, const flo
     r.p[kt][2] = pack_bf16x2(r.s[8 * kt + 4], r.s[8 * kt + 5]);
     r.p[kt][3] = pack_bf16x2(r.s[8 * kt + 6], r.s[8 * kt + 7]);
   }
+}
+
+// After the softmax of key tile j: P(j) packed, and O rescaled now unless RESCALE_UNDER_QK defers
+// it to the next step, between issuing Q K^T and P V (the multiplies then run while the tensor
+// cores work on Q K^T, as in FlashAttention-3, instead of in front of it).
+template <class Cfg>
+__device__ __forceinline__ void finish_step(ConsumerRegs<Cfg>& r, const float (&corr)[2]) {
+  if constexpr (!Cfg::kRescaleUnderQk) rescale_o(r, corr);
+  pack_p(r);
 }
 
 // Ping-pong between the two consumer warpgroups: a warpgroup waits for its turn before issuing
@@ -438,6 +453,30 @@ __device__ __forceinline__ void epilogue(const Params& p, ConsumerRegs<Cfg>& r, 
   if constexpr (Cfg::kTmaEpilogue) mbar_arrive(bar.q_empty());
 }
 
+// One key step without overlap: S = Q K^T, softmax, and (without overlap) P V. With overlap this
+// is step 0 only: it stops after the softmax, and the next step issues its P V.
+template <class Cfg, class Params>
+__device__ __forceinline__ void serial_step(const Params& p, ConsumerRegs<Cfg>& r, const QueryTile& qt,
+                                            const Barriers& bar, u32 smem, int wg, int row_base, int n, int s,
+                                            u32 phase, float (&corr)[2]) {
+  turn_wait<Cfg>(wg);
+  issue_qk<Cfg>(r, smem, wg, s);
+  turn_pass<Cfg>(wg);
+  wgmma_wait<0>();
+  release_kv<Cfg>(bar.k_empty(s));
+  if (!Cfg::kTmaEpilogue && !Cfg::kQInRegs && n == 0) mbar_arrive(bar.q_empty());  // last Q K^T done
+  scores_to_probabilities<Cfg>(r, qt, n, row_base, p.scale_log2, corr);
+  finish_step<Cfg>(r, corr);
+  if constexpr (!Cfg::kOverlap) {
+    mbar_wait(bar.v_full(s), phase);
+    turn_wait<Cfg>(wg);
+    issue_pv<Cfg>(r, smem, s);
+    turn_pass<Cfg>(wg);
+    wgmma_wait<0>();
+    release_kv<Cfg>(bar.v_empty(s));
+  }
+}
+
 template <class Cfg, class Params>
 __device__ void consumer(const Params& p, u32 smem, const Barriers& bar, int wg) {
   using L = Layout<Cfg>;
@@ -474,17 +513,28 @@ __device__ void consumer(const Params& p, u32 smem, const Barriers& bar, int wg)
       for (int i = 0; i < ConsumerRegs<Cfg>::kOFrags * 4; ++i) r.o[i] = 0.f;
       r.stats.init();
       float corr[2];
-      int prev_stage = 0;
-      u32 prev_phase = 0;
-      for (int i = 0; i < qt.n_blocks; ++i, ++kv_iter) {
+      // Key tiles are visited last to first, so the masked ones come first. With overlap, step 0
+      // stops after the softmax, every later step issues
+      // its S and the previous step's P V back to back, and the last P V follows the loop. Step 0 is
+      // peeled so the loop has one body: with a branch inside, ptxas 13.0 no longer sees that O's
+      // last P V was waited for, and waits for the whole Q K^T before rescaling O under it (C7517).
+      int s = kv_iter % Cfg::kStages;
+      u32 phase = (kv_iter / Cfg::kStages) & 1;
+      mbar_wait(bar.k_full(s), phase);
+      serial_step<Cfg>(p, r, qt, bar, smem, wg, row_base, qt.n_blocks - 1, s, phase, corr);
+      for (int i = 1; i < qt.n_blocks; ++i) {
+        const int prev_stage = s;
+        const u32 prev_phase = phase;
+        ++kv_iter;
+        s = kv_iter % Cfg::kStages;
+        phase = (kv_iter / Cfg::kStages) & 1;
         const int n = qt.n_blocks - 1 - i;
-        const int s = kv_iter % Cfg::kStages;
-        const u32 phase = (kv_iter / Cfg::kStages) & 1;
         mbar_wait(bar.k_full(s), phase);
-        if (Cfg::kOverlap && i > 0) {
+        if constexpr (Cfg::kOverlap) {
           mbar_wait(bar.v_full(prev_stage), prev_phase);
           turn_wait<Cfg>(wg);
           issue_qk<Cfg>(r, smem, wg, s);
+          if constexpr (Cfg::kRescaleUnderQk) rescale_o(r, corr);
           issue_pv<Cfg>(r, smem, prev_stage);
           turn_pass<Cfg>(wg);
           wgmma_wait<1>();
@@ -494,35 +544,20 @@ __device__ void consumer(const Params& p, u32 smem, const Barriers& bar, int wg)
           if constexpr (Cfg::kPvWaitLate) schedule_boundary(p.num_heads);
           wgmma_wait<0>();
           release_kv<Cfg>(bar.v_empty(prev_stage));
-          rescale_and_pack<Cfg>(r, corr);
+          finish_step<Cfg>(r, corr);
         } else {
-          turn_wait<Cfg>(wg);
-          issue_qk<Cfg>(r, smem, wg, s);
-          turn_pass<Cfg>(wg);
-          wgmma_wait<0>();
-          release_kv<Cfg>(bar.k_empty(s));
-          if (!Cfg::kTmaEpilogue && !Cfg::kQInRegs && n == 0) mbar_arrive(bar.q_empty());  // last Q K^T done
-          scores_to_probabilities<Cfg>(r, qt, n, row_base, p.scale_log2, corr);
-          rescale_and_pack<Cfg>(r, corr);
-          if (!Cfg::kOverlap) {
-            mbar_wait(bar.v_full(s), phase);
-            turn_wait<Cfg>(wg);
-            issue_pv<Cfg>(r, smem, s);
-            turn_pass<Cfg>(wg);
-            wgmma_wait<0>();
-            release_kv<Cfg>(bar.v_empty(s));
-          }
+          serial_step<Cfg>(p, r, qt, bar, smem, wg, row_base, n, s, phase, corr);
         }
-        prev_stage = s;
-        prev_phase = phase;
       }
+      ++kv_iter;
       if constexpr (Cfg::kOverlap) {
-        mbar_wait(bar.v_full(prev_stage), prev_phase);
+        mbar_wait(bar.v_full(s), phase);
         turn_wait<Cfg>(wg);
-        issue_pv<Cfg>(r, smem, prev_stage);
+        if constexpr (Cfg::kRescaleUnderQk) rescale_o(r, corr);
+        issue_pv<Cfg>(r, smem, s);
         turn_pass<Cfg>(wg);
         wgmma_wait<0>();
-        release_kv<Cfg>(bar.v_empty(prev_stage));
+        release_kv<Cfg>(bar.v_empty(s));
       }
       pin_registers(r.o);
       epilogue<Cfg>(p, r, qt, head, wg, smem, bar);

@@ -62,7 +62,8 @@ __device__ __forceinline__ u64 opaque(u64 x) {
 // hoists `wgmma.wait_group` to the top of its basic block (13.0: above the whole softmax, which
 // then no longer overlaps the P V in flight; docs/notes.md), and a block boundary stops it.
 __device__ __forceinline__ void schedule_boundary(int positive) {
-  if (positive <= 0) __trap();
+  // Inline asm, not an `if`: the optimiser would hoist a loop-invariant test and unswitch the loop.
+  asm volatile("{\n.reg .pred p;\nsetp.le.s32 p, %0, 0;\n@p trap;\n}\n" ::"r"(positive));
 }
 
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }

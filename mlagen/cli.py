@@ -178,7 +178,7 @@ def build_cmd(spec, archs, assignments, all_variants, max_variants, jobs, out_di
         rows.append([r.variant.symbol, r.target, r.status, est.threads if est else "",
                      f"{est.smem_bytes / 1024:.1f}" if est else "", est.registers if est else "",
                      rep.registers if rep else "", (rep.spill_stores + rep.spill_loads) if rep else "",
-                     rep.stack_bytes if rep else "", _note(r.reasons)])
+                     rep.stack_bytes if rep else "", _note((*r.reasons, *(rep.warnings if rep else ())))])
     click.echo(table(["variant", "target", "status", "threads", "smem KB", "regs est", "regs", "spill B",
                       "stack B", "note"], rows))
     click.echo(arch.describe_coverage(targets))

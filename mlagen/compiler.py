@@ -72,6 +72,9 @@ _USED = re.compile(r"Used (\d+) registers([^\n]*)")
 _BARRIERS = re.compile(r"used (\d+) barriers")
 _SMEM = re.compile(r"(\d+) bytes smem")
 _WARN = re.compile(r"ptxas warning\s*:\s*(.*)")
+# ptxas reports wgmma serialisation as "info" lines (C7510-C7519: an injected warpgroup.wait, or
+# MMAs serialised for lack of registers): a kernel that compiles clean but loses its overlap.
+_SERIAL = re.compile(r"ptxas info\s*:\s*(\(C751\d\)[^\n]*?)(?: in function '[^']*')?\s*$", re.M)
 
 
 def parse_ptxas_report(log: str, symbol: str) -> KernelResources:
@@ -88,7 +91,8 @@ def parse_ptxas_report(log: str, symbol: str) -> KernelResources:
     used = _USED.search(text)
     rest = used.group(2) if used else ""
     barriers, smem = _BARRIERS.search(rest), _SMEM.search(rest)
-    warnings = tuple(m.group(1).strip() for m in _WARN.finditer(log))
+    warnings = tuple(m.group(1).strip() for m in _WARN.finditer(log)) + tuple(
+        "ptxas " + m.group(1).strip() for m in _SERIAL.finditer(log))
     return KernelResources(
         registers=int(used.group(1)) if used else 0,
         barriers=int(barriers.group(1)) if barriers else 0,

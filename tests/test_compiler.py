@@ -103,6 +103,19 @@ def test_parse_report_of_a_multi_kernel_log(symbol, expected):
                           "12 bytes spill loads",)
 
 
+def test_wgmma_serialisation_is_a_warning():
+    """ptxas reports lost wgmma overlap as "info" (C7512, C7517); the report carries it as a warning
+    (the build table's note) so a kernel that compiles clean but serialises its MMAs shows it."""
+    log = ("ptxas info    : (C7517) warpgroup.wait is injected in around line 1578 by compiler to allow use of "
+           "registers defined by GMMA in function 'k'\n"
+           "ptxas info    : Compiling entry function 'k' for 'sm_90a'\n"
+           "ptxas info    : Used 168 registers, used 16 barriers\n")
+    r = compiler.parse_ptxas_report(log, "k")
+    assert r.registers == 168
+    assert r.warnings == ("ptxas (C7517) warpgroup.wait is injected in around line 1578 by compiler to allow use "
+                          "of registers defined by GMMA",)
+
+
 def test_parse_report_of_an_empty_log():
     assert compiler.parse_ptxas_report("", "k") == compiler.KernelResources()
 

@@ -272,20 +272,21 @@ __device__ __forceinline__ void load_q_fragments(ConsumerRegs<Cfg>& r, u32 smem,
 template <class Cfg>
 __device__ __forceinline__ void issue_qk(ConsumerRegs<Cfg>& r, u32 smem, int wg, int stage) {
   using L = Layout<Cfg>;
-  const u32 q_rows = smem + L::kQ + wg * 64 * Cfg::kSwQ;
-  const u32 k_tile = smem + L::kK + stage * L::kKBytes;
+  // Descriptors of the tile bases, advanced by constant offsets per MMA (one add each).
+  const u64 q_desc = opaque(desc_k_major<Cfg::kSwQ>(smem + L::kQ + wg * 64 * Cfg::kSwQ));
+  const u64 k_desc = opaque(desc_k_major<Cfg::kSwK>(smem + L::kK + stage * L::kKBytes));
   pin_registers(r.s);
   if constexpr (Cfg::kQInRegs) pin_registers(r.q);
   wgmma_fence();
 #pragma unroll
   for (int kk = 0; kk < Cfg::kDQk / 16; ++kk) {
     const int col = kk * 16;
-    const u32 b = k_tile + (col / L::kCbK) * L::kKCbBytes + (col % L::kCbK) * 2;
+    const u64 b = k_desc + desc_offset((col / L::kCbK) * L::kKCbBytes + (col % L::kCbK) * 2);
     if constexpr (Cfg::kQInRegs) {
-      Wgmma<Cfg::kBlockN>::template rs<0>(r.s, r.q[kk], desc_k_major<Cfg::kSwK>(b), kk > 0);
+      Wgmma<Cfg::kBlockN>::template rs<0>(r.s, r.q[kk], b, kk > 0);
     } else {
-      const u32 a = q_rows + (col / L::kCbQ) * L::kQCbBytes + (col % L::kCbQ) * 2;
-      Wgmma<Cfg::kBlockN>::ss(r.s, desc_k_major<Cfg::kSwQ>(a), desc_k_major<Cfg::kSwK>(b), kk > 0);
+      const u64 a = q_desc + desc_offset((col / L::kCbQ) * L::kQCbBytes + (col % L::kCbQ) * 2);
+      Wgmma<Cfg::kBlockN>::ss(r.s, a, b, kk > 0);
     }
   }
   wgmma_commit();
@@ -294,14 +295,13 @@ __device__ __forceinline__ void issue_qk(ConsumerRegs<Cfg>& r, u32 smem, int wg,
 template <class Cfg>
 __device__ __forceinline__ void issue_pv(ConsumerRegs<Cfg>& r, u32 smem, int stage) {
   using L = Layout<Cfg>;
-  const u32 v_tile = smem + L::kV + stage * L::kVBytes;
+  const u64 v_desc = opaque(desc_mn_major<Cfg::kSwV>(smem + L::kV + stage * L::kVBytes, L::kVCbBytes));
   pin_registers(r.o);
   pin_registers(r.p);
   wgmma_fence();
 #pragma unroll
   for (int kt = 0; kt < Cfg::kBlockN / 16; ++kt)
-    Wgmma<Cfg::kDV>::template rs<1>(r.o, r.p[kt], desc_mn_major<Cfg::kSwV>(v_tile + kt * 16 * Cfg::kSwV, L::kVCbBytes),
-                                    1);
+    Wgmma<Cfg::kDV>::template rs<1>(r.o, r.p[kt], v_desc + desc_offset(kt * 16 * Cfg::kSwV), 1);
   wgmma_commit();
 }
 
@@ -330,10 +330,10 @@ __device__ __forceinline__ void scores_to_probabilities(ConsumerRegs<Cfg>& r, co
   softmax_update<ConsumerRegs<Cfg>::kSFrags>(r.s, r.stats, scale_log2, corr);
 }
 
+// O *= the softmax correction of its rows (the running max moved).
 template <class Cfg>
-__device__ __forceinline__ void rescale_and_pack(ConsumerRegs<Cfg>& r, const float (&corr)[2]) {
+__device__ __forceinline__ void rescale_o(ConsumerRegs<Cfg>& r, const float (&corr)[2]) {
   pin_registers(r.o);
-  pin_registers(r.p);  // the previous P V has completed; only now may P be overwritten
 #pragma unroll
   for (int j = 0; j < ConsumerRegs<Cfg>::kOFrags; ++j) {
     r.o[4 * j + 0] *= corr[0];
@@ -341,6 +341,12 @@ __device__ __forceinline__ void rescale_and_pack(ConsumerRegs<Cfg>& r, const flo
     r.o[4 * j + 2] *= corr[1];
     r.o[4 * j + 3] *= corr[1];
   }
+}
+
+// P as bf16 A fragments of the next P V.
+template <class Cfg>
+__device__ __forceinline__ void pack_p(ConsumerRegs<Cfg>& r) {
+  pin_registers(r.p);  // the previous P V has completed; only now may P be overwritten
 #pragma unroll
   for (int kt = 0; kt < Cfg::kBlockN / 16; ++kt) {
     r.p[kt][0] = pack_bf16x2(r.s[8 * kt + 0], r.s[8 * kt + 1]);
@@ -348,6 +354,15 @@ __device__ __forceinline__ void rescale_and_pack(ConsumerRegs<Cfg>& r, const flo
     r.p[kt][2] = pack_bf16x2(r.s[8 * kt + 4], r.s[8 * kt + 5]);
     r.p[kt][3] = pack_bf16x2(r.s[8 * kt + 6], r.s[8 * kt + 7]);
   }
+}
+
+// After the softmax of key tile j: P(j) packed, and O rescaled now unless RESCALE_UNDER_QK defers
+// it to the next step, between issuing Q K^T and P V (the multiplies then run while the tensor
+// cores work on Q K^T, as in FlashAttention-3, instead of in front of it).
+template <class Cfg>
+__device__ __forceinline__ void finish_step(ConsumerRegs<Cfg>& r, const float (&corr)[2]) {
+  if constexpr (!Cfg::kRescaleUnderQk) rescale_o(r, corr);
+  pack_p(r);
 }
 
 // Ping-pong between the two consumer warpgroups: a warpgroup waits for its turn before issuing
@@ -438,6 +453,30 @@ __device__ __forceinline__ void epilogue(const Params& p, ConsumerRegs<Cfg>& r, 
   if constexpr (Cfg::kTmaEpilogue) mbar_arrive(bar.q_empty());
 }
 
+// One key step without overlap: S = Q K^T, softmax, and (without overlap) P V. With overlap this
+// is step 0 only: it stops after the softmax, and the next step issues its P V.
+template <class Cfg, class Params>
+__device__ __forceinline__ void serial_step(const Params& p, ConsumerRegs<Cfg>& r, const QueryTile& qt,
+                                            const Barriers& bar, u32 smem, int wg, int row_base, int n, int s,
+                                            u32 phase, float (&corr)[2]) {
+  turn_wait<Cfg>(wg);
+  issue_qk<Cfg>(r, smem, wg, s);
+  turn_pass<Cfg>(wg);
+  wgmma_wait<0>();
+  release_kv<Cfg>(bar.k_empty(s));
+  if (!Cfg::kTmaEpilogue && !Cfg::kQInRegs && n == 0) mbar_arrive(bar.q_empty());  // last Q K^T done
+  scores_to_probabilities<Cfg>(r, qt, n, row_base, p.scale_log2, corr);
+  finish_step<Cfg>(r, corr);
+  if constexpr (!Cfg::kOverlap) {
+    mbar_wait(bar.v_full(s), phase);
+    turn_wait<Cfg>(wg);
+    issue_pv<Cfg>(r, smem, s);
+    turn_pass<Cfg>(wg);
+    wgmma_wait<0>();
+    release_kv<Cfg>(bar.v_empty(s));
+  }
+}
+
 template <class Cfg, class Params>
 __device__ void consumer(const Params& p, u32 smem, const Barriers& bar, int wg) {
   using L = Layout<Cfg>;
@@ -474,54 +513,51 @@ __device__ void consumer(const Params& p, u32 smem, const Barriers& bar, int wg)
       for (int i = 0; i < ConsumerRegs<Cfg>::kOFrags * 4; ++i) r.o[i] = 0.f;
       r.stats.init();
       float corr[2];
-      int prev_stage = 0;
-      u32 prev_phase = 0;
-      for (int i = 0; i < qt.n_blocks; ++i, ++kv_iter) {
+      // Key tiles are visited last to first, so the masked ones come first. With overlap, step 0
+      // stops after the softmax, every later step issues
+      // its S and the previous step's P V back to back, and the last P V follows the loop. Step 0 is
+      // peeled so the loop has one body: with a branch inside, ptxas 13.0 no longer sees that O's
+      // last P V was waited for, and waits for the whole Q K^T before rescaling O under it (C7517).
+      int s = kv_iter % Cfg::kStages;
+      u32 phase = (kv_iter / Cfg::kStages) & 1;
+      mbar_wait(bar.k_full(s), phase);
+      serial_step<Cfg>(p, r, qt, bar, smem, wg, row_base, qt.n_blocks - 1, s, phase, corr);
+      for (int i = 1; i < qt.n_blocks; ++i) {
+        const int prev_stage = s;
+        const u32 prev_phase = phase;
+        ++kv_iter;
+        s = kv_iter % Cfg::kStages;
+        phase = (kv_iter / Cfg::kStages) & 1;
         const int n = qt.n_blocks - 1 - i;
-        const int s = kv_iter % Cfg::kStages;
-        const u32 phase = (kv_iter / Cfg::kStages) & 1;
         mbar_wait(bar.k_full(s), phase);
-        if (Cfg::kOverlap && i > 0) {
+        if constexpr (Cfg::kOverlap) {
           mbar_wait(bar.v_full(prev_stage), prev_phase);
           turn_wait<Cfg>(wg);
           issue_qk<Cfg>(r, smem, wg, s);
+          if constexpr (Cfg::kRescaleUnderQk) rescale_o(r, corr);
           issue_pv<Cfg>(r, smem, prev_stage);
           turn_pass<Cfg>(wg);
           wgmma_wait<1>();
           release_kv<Cfg>(bar.k_empty(s));
           if (!Cfg::kTmaEpilogue && !Cfg::kQInRegs && n == 0) mbar_arrive(bar.q_empty());  // last Q K^T done
           scores_to_probabilities<Cfg>(r, qt, n, row_base, p.scale_log2, corr);
+          if constexpr (Cfg::kPvWaitLate) schedule_boundary(p.num_heads);
           wgmma_wait<0>();
           release_kv<Cfg>(bar.v_empty(prev_stage));
-          rescale_and_pack<Cfg>(r, corr);
+          finish_step<Cfg>(r, corr);
         } else {
-          turn_wait<Cfg>(wg);
-          issue_qk<Cfg>(r, smem, wg, s);
-          turn_pass<Cfg>(wg);
-          wgmma_wait<0>();
-          release_kv<Cfg>(bar.k_empty(s));
-          if (!Cfg::kTmaEpilogue && !Cfg::kQInRegs && n == 0) mbar_arrive(bar.q_empty());  // last Q K^T done
-          scores_to_probabilities<Cfg>(r, qt, n, row_base, p.scale_log2, corr);
-          rescale_and_pack<Cfg>(r, corr);
-          if (!Cfg::kOverlap) {
-            mbar_wait(bar.v_full(s), phase);
-            turn_wait<Cfg>(wg);
-            issue_pv<Cfg>(r, smem, s);
-            turn_pass<Cfg>(wg);
-            wgmma_wait<0>();
-            release_kv<Cfg>(bar.v_empty(s));
-          }
+          serial_step<Cfg>(p, r, qt, bar, smem, wg, row_base, n, s, phase, corr);
         }
-        prev_stage = s;
-        prev_phase = phase;
       }
+      ++kv_iter;
       if constexpr (Cfg::kOverlap) {
-        mbar_wait(bar.v_full(prev_stage), prev_phase);
+        mbar_wait(bar.v_full(s), phase);
         turn_wait<Cfg>(wg);
-        issue_pv<Cfg>(r, smem, prev_stage);
+        if constexpr (Cfg::kRescaleUnderQk) rescale_o(r, corr);
+        issue_pv<Cfg>(r, smem, s);
         turn_pass<Cfg>(wg);
         wgmma_wait<0>();
-        release_kv<Cfg>(bar.v_empty(prev_stage));
+        release_kv<Cfg>(bar.v_empty(s));
       }
       pin_registers(r.o);
       epilogue<Cfg>(p, r, qt, head, wg, smem, bar);

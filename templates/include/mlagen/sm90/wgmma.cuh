@@ -45,6 +45,27 @@ __device__ __forceinline__ u64 desc_mn_major(u32 smem_addr, u32 column_block_byt
          ((sbo >> 4) << 32) | (SwizzleMode<SW>::value << 62);
 }
 
+// A descriptor advanced by `bytes` along its operand: the start address is the low field (address >> 4),
+// so adding bytes >> 4 moves it without rebuilding the descriptor (one add per MMA instead of an
+// and, a shift and an or). Valid while the address stays inside the 256 KB shared window.
+__device__ __forceinline__ constexpr u64 desc_offset(u32 bytes) { return bytes >> 4; }
+
+// Hide a value from the optimiser so that per-MMA descriptors are formed at their use (one add
+// each) instead of being hoisted out of the loop into dozens of live 64-bit registers.
+__device__ __forceinline__ u64 opaque(u64 x) {
+  asm volatile("" : "+l"(x));
+  return x;
+}
+
+// End the basic block here without a cost worth counting: a branch on a kernel argument that the
+// host guarantees is positive, so it is never taken, but ptxas cannot know that. ptxas's scheduler
+// hoists `wgmma.wait_group` to the top of its basic block (13.0: above the whole softmax, which
+// then no longer overlaps the P V in flight; docs/notes.md), and a block boundary stops it.
+__device__ __forceinline__ void schedule_boundary(int positive) {
+  // Inline asm, not an `if`: the optimiser would hoist a loop-invariant test and unswitch the loop.
+  asm volatile("{\n.reg .pred p;\nsetp.le.s32 p, %0, 0;\n@p trap;\n}\n" ::"r"(positive));
+}
+
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }

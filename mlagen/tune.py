@@ -961,8 +961,14 @@ def tune(config: TuneConfig, progress: Callable[[str], None] = print, bar=None,
             workers = [GpuWorker(spec.path, c.shape, config.seed, config.warmup, config.timeout_s, device=d)
                        for d in devices]
             try:
-                infos = _start_all(workers)
-                key = _record_key(spec, c.problem, target, infos, devices)
+                started = _start_in_background(workers)
+                # Starting a worker takes seconds (a process, torch, a CUDA context, the shape's
+                # inputs and reference): compile the search's first batch meanwhile.
+                early = _early_key(spec, c.problem, target, devices)
+                if early is not None:
+                    first = _class_search(spec, c.shape, target, config, database, early)[1].next_batch()
+                    prefetch([a.variant if isinstance(a, Ask) else a for a in first])
+                key = _record_key(spec, c.problem, target, started(), devices)
                 runner = TrialRunner(workers, build, config.iters, prefetch=prefetch)
                 results.append(tune_class(spec, c, target, config, database, runner, key, progress, bar=bar,
                                           budget_s=budget, clock=clock))
@@ -975,6 +981,42 @@ def tune(config: TuneConfig, progress: Callable[[str], None] = print, bar=None,
     finally:
         pool.shutdown(cancel_futures=True)   # guesses still queued are not wanted any more
     return results
+
+
+def _start_in_background(workers: list[GpuWorker]) -> Callable[[], list[dict]]:
+    """Start the workers on a thread; returns a function that waits for them (and raises what
+    starting them raised)."""
+    out: dict = {}
+
+    def start():
+        try:
+            out["infos"] = _start_all(workers)
+        except BaseException as exc:
+            out["error"] = exc
+
+    thread = threading.Thread(target=start, daemon=True)
+    thread.start()
+
+    def wait() -> list[dict]:
+        thread.join()
+        if "error" in out:
+            raise out["error"]
+        return out["infos"]
+
+    return wait
+
+
+def _early_key(spec, problem: str, target, devices) -> db.RecordKey | None:
+    """The record key as this process sees the first GPU, before the workers report; None where
+    it sees none. Only for compiling ahead: the key recorded is the one the workers report."""
+    from .runtime import device_info
+
+    try:
+        info = device_info(devices[0])
+    except MlagenError:
+        return None
+    return dispatch.record_key(spec, problem, device=info.name, sm_count=info.sm_count, driver=info.driver_version,
+                               target=target)
 
 
 def _start_all(workers: list[GpuWorker]) -> list[dict]:
@@ -1031,6 +1073,14 @@ def known_starts(spec, fixed: dict, target, database: db.TuningDB | None, key: d
     return out
 
 
+def _class_search(spec, shape, target, config: TuneConfig, database: db.TuningDB, key: db.RecordKey):
+    """(the tunables held fixed, a new search) for one shape class: the same search whenever
+    the arguments are the same (the first batch can be compiled before the class is tuned)."""
+    fixed = {**config.fixed, **family_of(spec).specialization(shape)}
+    starts = known_starts(spec, fixed, target, database, key)
+    return fixed, make_search(config.strategy, spec, fixed, target, config.max_trials, config.seed, starts=starts)
+
+
 def _finished_trials(database: db.TuningDB, key: db.RecordKey) -> dict[str, db.Trial]:
     """Trials the database holds for ``key``, by variant symbol (the latest one of each)."""
     return {t.symbol: t for t in database.trials(**key.as_dict())}
@@ -1045,9 +1095,7 @@ def tune_class(spec, shape_class: ShapeClass, target, config: TuneConfig, databa
     wall0 = time.time()
     deadline = None if budget_s is None else t0 + budget_s * (1 - FINAL_SHARE)
     run_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
-    fixed = {**config.fixed, **family_of(spec).specialization(shape)}
-    starts = known_starts(spec, fixed, target, database, key)
-    search = make_search(config.strategy, spec, fixed, target, config.max_trials, config.seed, starts=starts)
+    fixed, search = _class_search(spec, shape, target, config, database, key)
     finished = _finished_trials(database, key) if config.resume else {}
     progress(f"{shape.id} ({problem}, weight {shape_class.weight:g}): tuning {spec.name} on {target.name} with "
              f"{type(search).__name__.lower()} search, {len(runner.workers)} GPU(s), run {run_id}"

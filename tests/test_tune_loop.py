@@ -553,7 +553,8 @@ def test_tune_splits_the_budget_by_weight_and_starts_one_worker_per_device(tmp_p
     from mlagen import tune as tune_mod
 
     clock = Clock()
-    started, workers = [], {}
+    started, workers, early = [], {}, []
+    compiling = threading.Event()
 
     class Worker(FakeWorker):
         def __init__(self, spec_path, shape, seed, warmup, timeout_s, device=None):
@@ -562,16 +563,29 @@ def test_tune_splits_the_budget_by_weight_and_starts_one_worker_per_device(tmp_p
             workers.setdefault(shape.id, []).append(self)
 
         def start(self):
+            # the search's first batch is handed to the compile pool while the workers start
+            assert compiling.wait(5)
             return {"device": "Fake GPU", "sm_count": 132, "driver": "13.0"}
 
         def stop(self):
             pass
+
+    class Guesses(FakePrefetch):
+        """Records what is compiled ahead; never says a guess compiled, so none is measured
+        (a guess measured would move the fake clock)."""
+
+        def __call__(self, variants, on_compiled=None):
+            early.append(list(variants))
+            compiling.set()
 
     from mlagen import runtime
 
     monkeypatch.setattr(tune_mod, "GpuWorker", Worker)
     monkeypatch.setattr(tune_mod, "_builder", lambda target, jobs, pool: FakeBuild())
     monkeypatch.setattr(runtime, "device_count", lambda: 2)
+    monkeypatch.setattr(runtime, "device_info", lambda i: type("I", (), {"name": "Fake GPU", "sm_count": 132,
+                                                                        "driver_version": "13.0"})())
+    monkeypatch.setattr(tune_mod, "Prefetch", lambda pool, target: Guesses())
     config = TuneConfig(spec=S90.path, shapes=(WorkloadItem(SHAPES["D1"], 1), WorkloadItem(SHAPES["D2"], 3)),
                         db_path=str(tmp_path / "t.sqlite"), target="sm_90a", devices=(0, 1), budget_s=80.0,
                         jobs=1)
@@ -584,6 +598,9 @@ def test_tune_splits_the_budget_by_weight_and_starts_one_worker_per_device(tmp_p
         calls = sum(len(w.calls) for w in workers[r.shape]) - sum(len(f.block_ms) for f in r.finals)
         assert calls == want
     assert {b.key.problem for b in db.TuningDB(tmp_path / "t.sqlite").bests()} == {r.problem for r in results}
+    # the first thing compiled ahead for D2 is its global stage: the default, then the samples
+    first = early[0]
+    assert len(first) == 1 + 60 and first == [t.variant for t in results[0].trials[:61]]
     with pytest.raises(tune_mod.TuningError, match="--devices 2: only 2 GPU"):
         tune_mod.tune(replace(config, devices=(0, 2)), progress=lambda line: None, clock=clock)
 

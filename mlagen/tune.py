@@ -622,6 +622,7 @@ class _Batch:
         self.built = threading.Event()
         self.aborted = threading.Event()
         self.errors: list[BaseException] = []
+        self.busy = 0                  # its asks being measured now (guarded by the runner's lock)
         self.lock = threading.Lock()
         if not asks:
             self.answered.set()
@@ -760,23 +761,34 @@ class TrialRunner:
                     answer(payload)
                 continue
             _, batch, i, iters, build = job
-            ask = batch.asks[i]
-            if batch.errors or batch.aborted.is_set() or batch.should_stop():
-                if ask.retime:
-                    batch.finish_share(i, w, None)
-                else:
-                    batch.finish(i, None)
-                continue
+            with self._cond:
+                batch.busy += 1
             try:
-                payload = worker.run(dict(ask.variant.values), iters)
-            except BaseException as exc:  # a worker that cannot start stops the tune
-                batch.fail(exc)
-                continue
-            r = _trial_result(ask.variant, payload, build)
+                self._measure(batch, w, worker, i, iters, build)
+            finally:
+                with self._cond:
+                    batch.busy -= 1
+                    self._cond.notify_all()
+
+    @staticmethod
+    def _measure(batch: _Batch, w: int, worker, i: int, iters: int, build) -> None:
+        ask = batch.asks[i]
+        if batch.errors or batch.aborted.is_set() or batch.should_stop():
             if ask.retime:
-                batch.finish_share(i, w, r)
+                batch.finish_share(i, w, None)
             else:
-                batch.finish(i, r)
+                batch.finish(i, None)
+            return
+        try:
+            payload = worker.run(dict(ask.variant.values), iters)
+        except BaseException as exc:  # a worker that cannot start stops the tune
+            batch.fail(exc)
+            return
+        r = _trial_result(ask.variant, payload, build)
+        if ask.retime:
+            batch.finish_share(i, w, r)
+        else:
+            batch.finish(i, r)
 
     def run(self, asks: list[Ask], should_stop: Callable[[], bool] = lambda: False,
             only_worker: int | None = None, on_result: Callable | None = None,
@@ -853,6 +865,10 @@ class TrialRunner:
                         first = False
                     self.prefetch(guess, on_compiled=self._compiled)
             batch.answered.wait()
+            if batch.errors:   # record what the other workers are finishing before giving up
+                with self._cond:
+                    while batch.busy:
+                        self._cond.wait()
         except BaseException:
             # Interrupted: the caller stops the workers; a trial they were running ends as a
             # "crash" that is the interruption's doing, so it must not be recorded or waited for.

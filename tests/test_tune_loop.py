@@ -389,12 +389,13 @@ def test_two_workers_share_a_tune_evenly_and_are_busy_together(tmp_path):
     result = run_class(tmp_path, max_trials=80, workers=workers, prefetch=FakePrefetch(), progress=lines.append)
     calls = [len(w.calls) for w in workers]
     assert min(calls) >= 0.35 * sum(calls), calls
-    # The finalists run on one GPU (15 of ~120 calls), so full overlap is out of reach. Measured
-    # on a 2-core machine: 0.70 with guessing, 0.56 without (the second worker then waits
-    # through the descent's one-variant batches).
-    assert overlap(log) >= 0.6, overlap(log)
+    # Without guessing the descent's one-variant batches leave a worker idle; with it about a
+    # quarter of the trials are measured ahead (19-23 of 80 here, also on a loaded machine).
     ahead = next(line for line in lines if "measured ahead" in line)
     assert int(ahead.split()[0]) >= 10, ahead
+    # Both busy for most of the time either is: 0.70 on an idle 2-core machine (0.56 without
+    # guessing), 0.46-0.63 with both cores loaded by other work, whose threads then lag.
+    assert overlap(log) >= 0.4, overlap(log)
     # the same search as on one GPU
     alone = run_class(tmp_path, max_trials=80, db_name="alone.sqlite")
     assert [(t.variant, t.outcome, t.time_ms) for t in result.trials] == \
@@ -443,8 +444,20 @@ def test_guesses_are_measured_only_by_an_idle_worker_and_become_trials_when_aske
     guess = FAR.with_values(swizzle_v=128)
     assert resources.check(guess, SM90A).ok
     log: list = []
-    workers = [TimedWorker(two_basins, 0.01, log, 0), TimedWorker(two_basins, 0.01, log, 1)]
-    prefetch = FakePrefetch()
+    guessed = threading.Event()
+
+    class Waiting(TimedWorker):
+        def run(self, values, iters):
+            assert guessed.wait(5)   # the batch's trials end after the guess is made (however loaded the machine)
+            return super().run(values, iters)
+
+    class Guesses(FakePrefetch):
+        def __call__(self, variants, on_compiled=None):
+            super().__call__(variants, on_compiled)
+            guessed.set()
+
+    workers = [Waiting(two_basins, 0.03, log, 0), Waiting(two_basins, 0.03, log, 1)]
+    prefetch = Guesses()
     runner = TrialRunner(workers, FakeBuild(), 10, prefetch=prefetch)
     recorded = []
     # three trials on two workers: one worker is left idle and measures the guess

@@ -9,6 +9,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import multiprocessing
 import signal
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -165,3 +166,62 @@ def build_many(variants: Iterable[variant_mod.Variant], targets: Iterable[str], 
             if own:
                 executor.shutdown()
     return [results[i] for i in range(len(items))]
+
+
+class Prefetch:
+    """Compiles guessed variants into the compile cache in the background, on a shared pool.
+
+    The tuner guesses which variants the search will ask for next and compiles them while the
+    GPUs measure the current batch, when the pool would otherwise be idle; the real build then
+    finds them in the cache (or waits on the cache entry's lock for a compile under way). A
+    guess is compiled once per session. :meth:`cancel` drops the guesses not yet started, so a
+    real build never queues behind them."""
+
+    def __init__(self, pool: cf.Executor, target: str):
+        self.pool, self.target = pool, target
+        self.lock = threading.RLock()   # a future done at once runs its callback inside __call__
+        self.pending: dict[variant_mod.Variant, cf.Future] = {}
+        self.compiled: dict[variant_mod.Variant, bool] = {}   # done: compiled, without spilling?
+        self.waiting: dict[variant_mod.Variant, list] = {}
+
+    def __call__(self, variants: Iterable[variant_mod.Variant],
+                 on_compiled: Callable[[variant_mod.Variant], None] | None = None) -> None:
+        """Queue ``variants`` (those the resource model accepts) in order; ``on_compiled(v)`` is
+        called (from a pool thread, or at once if it is done) when ``v`` compiled without error
+        and without spilling."""
+        for v in variants:
+            with self.lock:
+                done = self.compiled.get(v)
+                if done is None:
+                    if v not in self.pending and not resources.check(v, arch.target(self.target)).ok:
+                        self.compiled[v] = False
+                        continue
+                    if on_compiled is not None:
+                        self.waiting.setdefault(v, []).append(on_compiled)
+                    if v not in self.pending:
+                        fut = self.pool.submit(_compile_one, v.spec, dict(v.values), self.target, None)
+                        self.pending[v] = fut
+                        fut.add_done_callback(lambda f, v=v: self._done(v, f))
+                    continue
+            if done and on_compiled is not None:
+                on_compiled(v)
+
+    def _done(self, v: variant_mod.Variant, fut: cf.Future) -> None:
+        with self.lock:
+            if self.pending.get(v) is not fut:
+                return
+            del self.pending[v]
+            waiting = self.waiting.pop(v, [])
+            if fut.cancelled():
+                return
+            ok = fut.exception() is None and fut.result()[0] == "ok"
+            self.compiled[v] = ok   # the result (the binary) is not kept: the cache has it
+        if ok:
+            for call in waiting:
+                call(v)
+
+    def cancel(self) -> int:
+        """Cancel the guesses not started yet (they may be queued again); returns how many."""
+        with self.lock:
+            futures = list(self.pending.values())
+        return sum(f.cancel() for f in futures)   # each runs _done, which forgets it

@@ -16,7 +16,10 @@ variant against the float32 reference (a small ragged problem with odd lengths, 
 of the real shape) and times it if right. Failures are data: a compile error, a wrong result, a
 crash (the worker dies or the CUDA context is lost) and a hang (the trial outlives its timeout;
 the worker is killed) are recorded like successes and never selected. Results reach the search
-in proposal order, so the trials and records do not depend on how many GPUs ran them.
+in proposal order, so the trials and records do not depend on how many GPUs ran them. With
+several GPUs, re-timings are split into equal shares on every GPU, and a GPU left idle by a small
+batch measures the batch the search will probably propose next (:class:`TrialRunner` says how;
+``docs/notes.md`` why).
 
 Strategies: ``global`` (default for spaces larger than ``max_trials``): random feasible samples
 plus known good starts (the spec default, winners recorded for other shape classes), successive
@@ -34,22 +37,22 @@ database already holds for the same record key and variant symbol instead of rep
 
 from __future__ import annotations
 
+import collections
 import math
 import multiprocessing
 import os
-import queue
 import random
 import threading
 import time
 import traceback
 import uuid
 from dataclasses import dataclass, field, replace
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Iterator
 
 from . import arch, db, dispatch
 from . import spec as spec_mod
 from . import variant as variant_mod
-from .build import abort_pool, build_many, compile_pool
+from .build import Prefetch, abort_pool, build_many, compile_pool
 from .errors import MlagenError, TuningError
 from .shapes import WorkloadItem, parse_shape
 
@@ -338,6 +341,14 @@ class Search:
     def next_batch(self) -> list:
         raise NotImplementedError
 
+    def lookahead(self) -> Iterator[list]:
+        """Guesses, made before the results of the batch just proposed are in, at the batches
+        that will follow it, nearest first, each computed when asked for (a guess costs
+        resource-model checks). The tuner takes them while that batch is measured, compiles them
+        and lets an idle GPU measure the first; a guess changes no trial (a guessed variant
+        counts as a trial only when the search proposes it), it only saves time when right."""
+        return iter(())
+
 
 class Exhaustive(Search):
     """Every variant of the space; a seeded uniform sample of ``max_trials`` when it is larger."""
@@ -351,6 +362,7 @@ class Exhaustive(Search):
         return batch
 
 
+LOOKAHEAD = 2  # batches a descent guesses ahead (each guess costs resource-model checks)
 REPAIR_CHANGES = 2  # other tunables coordinate descent may change to make a value fit
 REPAIR_WIDTH = 3  # nearest fitting points tried for such a value
 
@@ -364,7 +376,7 @@ class Coordinate(Search):
     in their own basins)."""
 
     def __init__(self, spec, fixed, target, max_trials, seed, start=None, seen=None, max_passes: int = 3,
-                 repair_width: int = REPAIR_WIDTH):
+                 repair_width: int = REPAIR_WIDTH, sweeps: dict | None = None):
         super().__init__(spec, fixed, target, max_trials, seed)
         self.repair_width = repair_width
         if seen is not None:
@@ -380,6 +392,7 @@ class Coordinate(Search):
         self.started = False
         self.passes = 0
         self.max_passes = max_passes
+        self._sweeps: dict = {} if sweeps is None else sweeps   # may be shared by descents of one search
 
     def _best(self):
         ok = [(t, v.symbol, v) for v in self.own if (t := self.seen.get(v, float("inf"))) != float("inf")]
@@ -405,20 +418,58 @@ class Coordinate(Search):
             axis = self.axes[self.axis_index]
             self.axis_index += 1
             batch = []
-            for value in self.spec.tunable(axis).values:
-                cand = self.point.with_values(**{axis: value})
-                # A value that fits only with another tunable changed (a cluster needs a static
-                # or persistent schedule, a deeper ring smaller tiles) is tried at the nearest
-                # points where it fits: constraints must not hide part of the space.
-                fits = variant_mod.feasible_neighbours(cand, self.target, keep={*self.fixed, axis},
-                                                       max_changes=REPAIR_CHANGES)
-                for c in fits[:self.repair_width] or [cand]:
-                    self.own.add(c)
-                    if c not in self.seen and c not in batch:
-                        batch.append(c)
+            for c in self._sweep(self.point, axis):
+                self.own.add(c)
+                if c not in self.seen and c not in batch:
+                    batch.append(c)
             if batch:
                 return batch
         return []
+
+    def _sweep(self, point, axis: str) -> list:
+        """The points that sweeping ``axis`` from ``point`` measures (remembered: lookahead asks
+        for the same sweeps ahead of time)."""
+        key = (point, axis)
+        if key not in self._sweeps:
+            self._sweeps[key] = self._new_sweep(point, axis)
+        return self._sweeps[key]
+
+    def _new_sweep(self, point, axis: str) -> list:
+        out = []
+        for value in self.spec.tunable(axis).values:
+            cand = point.with_values(**{axis: value})
+            # A value that fits only with another tunable changed (a cluster needs a static or
+            # persistent schedule, a deeper ring smaller tiles) is tried at the nearest points
+            # where it fits: constraints must not hide part of the space.
+            fits = variant_mod.feasible_neighbours(cand, self.target, keep={*self.fixed, axis},
+                                                   max_changes=REPAIR_CHANGES)
+            out += [c for c in fits[:self.repair_width] or [cand] if c not in out]
+        return out
+
+    def lookahead(self) -> Iterator[list]:
+        """The next sweeps (up to ``LOOKAHEAD``) of this pass from the current point: the batches
+        to come if the point does not move (the usual case once a descent is under way)."""
+        if not self.started and self.point not in self.seen:
+            yield [self.point]
+            return
+        point, index, passes = self.point, self.axis_index, self.passes   # as now: the search may move on
+        if passes >= self.max_passes:
+            return
+        if index < len(self.axes):
+            rest = self.axes[index:]
+        elif self.improved_in_pass and passes + 1 < self.max_passes:
+            rest = self.axes
+        else:
+            return
+        made, guessed = 0, set()
+        for axis in rest:
+            if made == LOOKAHEAD:
+                return
+            batch = [c for c in self._sweep(point, axis) if c not in self.seen and c not in guessed]
+            if batch:
+                made += 1
+                guessed.update(batch)
+                yield batch
 
 
 GLOBAL_SHARE = 0.3   # part of max_trials spent on random samples
@@ -460,6 +511,7 @@ class Global(Search):
         self.population = population
         self.stage = "global"
         self.rung = 0
+        self.sweeps: dict = {}   # (point, axis) -> the points of that sweep, for every descent
         self.descents: list[Coordinate] = []
 
     def ranked(self, variants) -> list:
@@ -480,7 +532,7 @@ class Global(Search):
             self.population = ranked
             self.stage = "local"
             self.descents = [Coordinate(self.spec, self.fixed, self.target, self.max_trials, 0, start=v,
-                                        seen=self.seen, repair_width=self.repair_width)
+                                        seen=self.seen, repair_width=self.repair_width, sweeps=self.sweeps)
                              for v in ranked[:self.local_starts]]
         while self.descents:
             batch = self.descents[0].next_batch()
@@ -488,6 +540,26 @@ class Global(Search):
                 return batch
             self.descents.pop(0)
         return []
+
+    def lookahead(self) -> Iterator[list]:
+        """The current descent's next sweeps, then the first sweep of each descent after it;
+        during halving, the first sweeps of descents from the leaders so far."""
+        if self.stage == "halving":
+            leaders = self.ranked(self.population)[:self.local_starts] if self.rung else []
+            descents = [Coordinate(self.spec, self.fixed, self.target, self.max_trials, 0, start=v, seen=self.seen,
+                                   repair_width=self.repair_width, sweeps=self.sweeps) for v in leaders]
+        else:
+            descents = list(self.descents)
+        local = self.stage == "local"
+        guessed: set = set()
+        for n, d in enumerate(descents):
+            for k, batch in enumerate(d.lookahead()):
+                if k and not (n == 0 and local):
+                    break
+                batch = [v for v in batch if v not in guessed]
+                if batch:
+                    guessed.update(batch)
+                    yield batch
 
 
 def make_search(strategy: str, spec, fixed: dict, target: arch.Target, max_trials: int, seed: int,
@@ -517,89 +589,303 @@ def _failed_build(b) -> TrialResult | None:
     return None
 
 
+def _combine(parts: list[TrialResult]) -> TrialResult:
+    """One re-timing from its shares measured on several GPUs: the mean of their medians, so
+    each GPU weighs the same for every variant; a share that failed fails the whole."""
+    failed = next((p for p in parts if p.outcome != "ok"), None)
+    if failed is not None or len(parts) == 1:
+        return failed or parts[0]
+    first = parts[0]
+    ms = sum(p.time_ms for p in parts) / len(parts)
+    flops_per_ms = first.tflops * first.time_ms if first.tflops and first.time_ms else None
+    return replace(first, time_ms=ms, tflops=flops_per_ms / ms if flops_per_ms else None)
+
+
+def _trial_result(variant, payload: dict, build) -> TrialResult:
+    rep = getattr(build, "report", None)
+    return TrialResult(variant, payload.get("outcome", "crash"), payload.get("time_ms"), payload.get("tflops"),
+                       payload.get("max_error"), rep.registers if rep else payload.get("registers"),
+                       (rep.spill_stores + rep.spill_loads) if rep else payload.get("spills"),
+                       payload.get("detail", ""))
+
+
+class _Batch:
+    """One call of :meth:`TrialRunner.run`: its asks, their results and shares, and whether it is
+    answered, built (its trials all queued) or given up (interrupted)."""
+
+    def __init__(self, asks, should_stop, on_result, only_worker, workers: int):
+        self.asks, self.should_stop, self.on_result, self.only_worker = asks, should_stop, on_result, only_worker
+        self.results: list[TrialResult | None] = [None] * len(asks)
+        self.shares = {i: [None] * workers for i, a in enumerate(asks) if a.retime}
+        self.open = len(asks)          # asks not answered yet (dropped ones count as answered)
+        self.answered = threading.Event()
+        self.built = threading.Event()
+        self.aborted = threading.Event()
+        self.errors: list[BaseException] = []
+        self.busy = 0                  # its asks being measured now (guarded by the runner's lock)
+        self.lock = threading.Lock()
+        if not asks:
+            self.answered.set()
+
+    def finish(self, i: int, r: TrialResult | None) -> None:
+        with self.lock:
+            if self.aborted.is_set():
+                return
+            self.results[i] = r
+            if r is not None and self.on_result is not None:
+                self.on_result(self.asks[i], r)
+            self.open -= 1
+            if self.open == 0:
+                self.answered.set()
+
+    def finish_share(self, i: int, w: int, r: TrialResult | None) -> None:
+        with self.lock:
+            parts = self.shares[i]
+            parts[w] = r if r is not None else "dropped"
+            if any(p is None for p in parts):
+                return
+        self.finish(i, None if "dropped" in parts else _combine(parts))
+
+    def fail(self, exc: BaseException) -> None:
+        self.errors.append(exc)
+        self.answered.set()
+
+
 class TrialRunner:
-    """Runs a batch of asks: new trials are compiled on the CPU pool (``build``) and each is
-    measured by the first free worker (one per GPU) as soon as it is built; re-timings go to the
-    workers at once. Results come back in the order of the asks, whatever order they finished in.
+    """Runs a batch of asks on the workers (one per GPU) and returns the results in the order of
+    the asks, whatever order they finished in.
+
+    New trials. Each is compiled on the CPU pool (``build``) and measured by the first free
+    worker as soon as it is built.
+
+    Re-timings are split between the workers: each measures every re-timed variant with an
+    equal share of the calls, the workers starting at different places in the list (so that no
+    variant is always measured first or last), and the result is the mean of the shares'
+    medians. The ranking of a halving rung thus sees every variant on the same GPUs for the same
+    number of calls: a GPU a little faster than its twin shifts them all alike, where handing
+    whole variants to whichever GPU is free would rank them partly by the GPU they drew.
+    ``only_worker`` runs everything on one worker (the finalists: compared on one chip).
+
+    Guesses. ``lookahead`` (batches the search will probably ask for next, nearest first) is
+    compiled by ``prefetch`` (a :class:`mlagen.build.Prefetch`) while the batch is measured, and
+    a worker with nothing left to do in the batch measures variants of the first guessed batch
+    as their compiles finish. Such a measurement becomes a trial only if a later batch asks for
+    that variant (it is then answered from it, at once or when it ends); the search, and so the
+    trials, are the same as without guessing. A batch ends when its own asks are answered: a
+    guess still being measured goes on into the next batch instead of holding this one up.
 
     ``workers`` have ``run(values, iters) -> payload``; ``build(variants, on_built)`` compiles and
-    calls ``on_built(build_result)`` as each finishes (``build_many`` with a progress callback)."""
+    calls ``on_built(build_result)`` as each finishes (``build_many`` with a progress callback).
+    One thread per worker serves the batches; it ends when no batch is running and it has no
+    guess to finish, so a runner needs no closing."""
 
-    def __init__(self, workers: list, build: Callable, iters: int):
-        self.workers, self.build, self.iters = workers, build, iters
+    def __init__(self, workers: list, build: Callable, iters: int, prefetch=None):
+        self.workers, self.build, self.iters, self.prefetch = workers, build, iters, prefetch
+        self._cond = threading.Condition()   # guards everything below
+        self._own = [collections.deque() for _ in workers]   # each worker's shares of re-timings
+        self._shared: collections.deque = collections.deque()  # new trials, for the first free worker
+        self._threads: list = [None] * len(workers)
+        self._batch: _Batch | None = None
+        self._guesses: list = []     # the guessed next batch, in order
+        self._ready: set = set()     # guesses compiled (a worker can load them)
+        self._taken: set = set()     # guesses a worker has started to measure
+        self._waiting: dict = {}     # guess being measured -> asks waiting for it
+        self._errors: list[BaseException] = []   # a worker failed on a guess
+        self.ahead: dict = {}        # guessed variant -> the worker's payload, until asked for
+        self.used_ahead = 0          # trials answered from a guess (for the log)
+
+    def forget_guesses(self) -> None:
+        """The search has ended: drop the guesses and their compiles not started, and wait for
+        a guess still being measured (the workers are then free for the finalists, or to stop)."""
+        if self.prefetch is not None:
+            self.prefetch.cancel()
+        with self._cond:
+            self._guesses, self._ready = [], set()
+            while self._waiting:
+                self._cond.wait()
+            self.ahead.clear()
+
+    def _compiled(self, v) -> None:
+        with self._cond:
+            self._ready.add(v)
+            self._cond.notify_all()
+
+    def _take(self, w: int):
+        """The next job of worker ``w``, or None when no batch is running (the thread ends)."""
+        with self._cond:
+            while True:
+                if self._own[w]:
+                    return self._own[w].popleft()
+                if self._shared:
+                    return self._shared.popleft()
+                batch = self._batch
+                if batch is None:
+                    self._threads[w] = None
+                    return None
+                # Guess only while the batch has nothing left for this worker: never while its
+                # own trials compile (one GPU would make them wait), nor once it is answered.
+                if batch.built.is_set() and not batch.answered.is_set() and batch.only_worker is None:
+                    for v in self._guesses:
+                        if v in self._ready and v not in self._taken and not batch.should_stop():
+                            self._taken.add(v)
+                            self._waiting[v] = []
+                            return ("guess", v)
+                self._cond.wait()
+
+    def _serve(self, w: int) -> None:
+        worker = self.workers[w]
+        while True:
+            job = self._take(w)
+            if job is None:
+                return
+            if job[0] == "guess":
+                v = job[1]
+                try:
+                    payload = worker.run(dict(v.values), self.iters)
+                except BaseException as exc:  # a worker that cannot start stops the tune
+                    with self._cond:
+                        self._waiting.pop(v, None)
+                        batch = self._batch
+                        if batch is None:
+                            self._errors.append(exc)   # raised by the next batch
+                        self._cond.notify_all()
+                    if batch is not None:
+                        batch.fail(exc)
+                    continue
+                with self._cond:
+                    waiting = self._waiting.pop(v, [])
+                    if not waiting:
+                        self.ahead[v] = payload
+                    self._cond.notify_all()
+                for answer in waiting:
+                    answer(payload)
+                continue
+            _, batch, i, iters, build = job
+            with self._cond:
+                batch.busy += 1
+            try:
+                self._measure(batch, w, worker, i, iters, build)
+            finally:
+                with self._cond:
+                    batch.busy -= 1
+                    self._cond.notify_all()
+
+    @staticmethod
+    def _measure(batch: _Batch, w: int, worker, i: int, iters: int, build) -> None:
+        ask = batch.asks[i]
+        if batch.errors or batch.aborted.is_set() or batch.should_stop():
+            if ask.retime:
+                batch.finish_share(i, w, None)
+            else:
+                batch.finish(i, None)
+            return
+        try:
+            payload = worker.run(dict(ask.variant.values), iters)
+        except BaseException as exc:  # a worker that cannot start stops the tune
+            batch.fail(exc)
+            return
+        r = _trial_result(ask.variant, payload, build)
+        if ask.retime:
+            batch.finish_share(i, w, r)
+        else:
+            batch.finish(i, r)
 
     def run(self, asks: list[Ask], should_stop: Callable[[], bool] = lambda: False,
-            only_worker: int | None = None, on_result: Callable | None = None) -> list[TrialResult | None]:
-        """One result per ask; None for an ask dropped because ``should_stop()`` said so."""
-        results: list[TrialResult | None] = [None] * len(asks)
-        builds: dict[int, object] = {}
-        work: queue.Queue = queue.Queue()
-        errors: list[BaseException] = []
-        lock = threading.Lock()
-        aborted = threading.Event()   # the main thread was interrupted (Ctrl-C): record nothing more
-
-        def finish(i: int, r: TrialResult) -> None:
-            with lock:
-                if aborted.is_set():
-                    return
-                results[i] = r
-                if on_result is not None:
-                    on_result(asks[i], r)
-
-        def serve(worker) -> None:
-            while True:
-                i = work.get()
-                if i is None:
-                    return
-                if errors or should_stop():
-                    continue
-                ask = asks[i]
-                try:
-                    payload = worker.run(dict(ask.variant.values), self.iters * ask.scale)
-                except BaseException as exc:  # a worker that cannot start stops the tune
-                    errors.append(exc)
-                    continue
-                rep = getattr(builds.get(i), "report", None)
-                finish(i, TrialResult(ask.variant, payload.get("outcome", "crash"), payload.get("time_ms"),
-                                      payload.get("tflops"), payload.get("max_error"),
-                                      rep.registers if rep else payload.get("registers"),
-                                      (rep.spill_stores + rep.spill_loads) if rep else payload.get("spills"),
-                                      payload.get("detail", "")))
-
-        workers = self.workers if only_worker is None else [self.workers[only_worker]]
-        threads = [threading.Thread(target=serve, args=(w,), daemon=True) for w in workers]
-        for t in threads:
-            t.start()
+            only_worker: int | None = None, on_result: Callable | None = None,
+            lookahead: Iterable[Iterable] | Callable[[], Iterable[Iterable]] = ()) -> list[TrialResult | None]:
+        """One result per ask; None for an ask dropped because ``should_stop()`` said so.
+        ``lookahead``: guessed batches, or a function that returns them, taken one by one once
+        this batch's compiles are queued, while the workers measure, until the batch is
+        answered."""
+        n = 1 if only_worker is not None else len(self.workers)
+        batch = _Batch(asks, should_stop, on_result, only_worker, n)
+        index = {a.variant: i for i, a in enumerate(asks) if not a.retime}
+        with self._cond:
+            if self._errors:
+                raise self._errors.pop(0)
+            self._batch = batch
+            self._guesses = []
+            for w in range(len(self.workers)):
+                if self._threads[w] is None:
+                    self._threads[w] = threading.Thread(target=self._serve, args=(w,), daemon=True)
+                    self._threads[w].start()
+            retimes = [i for i, a in enumerate(asks) if a.retime]
+            for k in range(n):
+                first = k * len(retimes) // n
+                for i in retimes[first:] + retimes[:first]:
+                    self._own[only_worker if only_worker is not None else k].append(
+                        ("ask", batch, i, math.ceil(self.iters * asks[i].scale / n), None))
+            self._cond.notify_all()
         try:
-            for i, a in enumerate(asks):
-                if a.retime:
-                    work.put(i)
-            index = {a.variant: i for i, a in enumerate(asks) if not a.retime}
             if index:
+                if self.prefetch is not None:
+                    self.prefetch.cancel()   # guesses must not hold up what is wanted now
+
                 def on_built(b):
                     i = index[b.variant]
-                    builds[i] = b
                     failed = _failed_build(b)
                     if failed is not None:
-                        finish(i, failed)
-                    else:
-                        work.put(i)
+                        batch.finish(i, failed)
+                        return
+                    with self._cond:
+                        payload = self.ahead.pop(b.variant, None)
+                        waiting = self._waiting.get(b.variant)
+                        if payload is not None or waiting is not None:
+                            self.used_ahead += 1   # measured as a guess: done, or done soon
+                        if waiting is not None:
+                            waiting.append(lambda p: batch.finish(i, _trial_result(b.variant, p, b)))
+                        elif payload is None:
+                            job = ("ask", batch, i, self.iters, b)
+                            if only_worker is None:
+                                self._shared.append(job)
+                            else:
+                                self._own[only_worker].append(job)
+                            self._cond.notify_all()
+                    if payload is not None:
+                        batch.finish(i, _trial_result(b.variant, payload, b))
 
                 self.build(list(index), on_built)
+            batch.built.set()
+            with self._cond:
+                self._cond.notify_all()
+            # Guessing costs CPU time (the resource model): spent here while the GPUs measure,
+            # and no longer than they do. Without a prefetch nothing would compile the guesses.
+            if self.prefetch is not None and only_worker is None:
+                first = True
+                for guess in (lookahead() if callable(lookahead) else lookahead):
+                    if batch.answered.is_set():
+                        break
+                    guess = [v for v in guess if v not in index]
+                    if not guess:
+                        continue
+                    if first:
+                        with self._cond:
+                            self._guesses = guess
+                            self._cond.notify_all()
+                        first = False
+                    self.prefetch(guess, on_compiled=self._compiled)
+            batch.answered.wait()
+            if batch.errors:   # record what the other workers are finishing before giving up
+                with self._cond:
+                    while batch.busy:
+                        self._cond.wait()
         except BaseException:
             # Interrupted: the caller stops the workers; a trial they were running ends as a
             # "crash" that is the interruption's doing, so it must not be recorded or waited for.
-            aborted.set()
+            batch.aborted.set()
             raise
         finally:
-            for _ in threads:
-                work.put(None)
-            if not aborted.is_set():
-                for t in threads:
-                    t.join()
-        if errors:
-            raise errors[0]
-        return results
+            with self._cond:
+                self._batch = None
+                self._guesses = []
+                if batch.aborted.is_set() or batch.errors:
+                    self._shared.clear()
+                    for q in self._own:
+                        q.clear()
+                self._cond.notify_all()
+        if batch.errors:
+            raise batch.errors[0]
+        return batch.results
 
 
 def _builder(target: arch.Target, jobs: int | None, pool) -> Callable:
@@ -685,14 +971,21 @@ def tune(config: TuneConfig, progress: Callable[[str], None] = print, bar=None,
     pool = compile_pool(config.jobs)  # one set of compile processes for the whole session
     try:
         build = _builder(target, config.jobs, pool)
+        prefetch = Prefetch(pool, target.name)
         for c in classes:
             budget = None if config.budget_s is None else config.budget_s * c.weight / total_weight
             workers = [GpuWorker(spec.path, c.shape, config.seed, config.warmup, config.timeout_s, device=d)
                        for d in devices]
             try:
-                infos = _start_all(workers)
-                key = _record_key(spec, c.problem, target, infos, devices)
-                runner = TrialRunner(workers, build, config.iters)
+                started = _start_in_background(workers)
+                # Starting a worker takes seconds (a process, torch, a CUDA context, the shape's
+                # inputs and reference): compile the search's first batch meanwhile.
+                early = _early_key(spec, c.problem, target, devices)
+                if early is not None:
+                    first = _class_search(spec, c.shape, target, config, database, early)[1].next_batch()
+                    prefetch([a.variant if isinstance(a, Ask) else a for a in first])
+                key = _record_key(spec, c.problem, target, started(), devices)
+                runner = TrialRunner(workers, build, config.iters, prefetch=prefetch)
                 results.append(tune_class(spec, c, target, config, database, runner, key, progress, bar=bar,
                                           budget_s=budget, clock=clock))
             finally:
@@ -702,8 +995,44 @@ def tune(config: TuneConfig, progress: Callable[[str], None] = print, bar=None,
         abort_pool(pool)
         raise
     finally:
-        pool.shutdown()
+        pool.shutdown(cancel_futures=True)   # guesses still queued are not wanted any more
     return results
+
+
+def _start_in_background(workers: list[GpuWorker]) -> Callable[[], list[dict]]:
+    """Start the workers on a thread; returns a function that waits for them (and raises what
+    starting them raised)."""
+    out: dict = {}
+
+    def start():
+        try:
+            out["infos"] = _start_all(workers)
+        except BaseException as exc:
+            out["error"] = exc
+
+    thread = threading.Thread(target=start, daemon=True)
+    thread.start()
+
+    def wait() -> list[dict]:
+        thread.join()
+        if "error" in out:
+            raise out["error"]
+        return out["infos"]
+
+    return wait
+
+
+def _early_key(spec, problem: str, target, devices) -> db.RecordKey | None:
+    """The record key as this process sees the first GPU, before the workers report; None where
+    it sees none. Only for compiling ahead: the key recorded is the one the workers report."""
+    from .runtime import device_info
+
+    try:
+        info = device_info(devices[0])
+    except MlagenError:
+        return None
+    return dispatch.record_key(spec, problem, device=info.name, sm_count=info.sm_count, driver=info.driver_version,
+                               target=target)
 
 
 def _start_all(workers: list[GpuWorker]) -> list[dict]:
@@ -760,6 +1089,14 @@ def known_starts(spec, fixed: dict, target, database: db.TuningDB | None, key: d
     return out
 
 
+def _class_search(spec, shape, target, config: TuneConfig, database: db.TuningDB, key: db.RecordKey):
+    """(the tunables held fixed, a new search) for one shape class: the same search whenever
+    the arguments are the same (the first batch can be compiled before the class is tuned)."""
+    fixed = {**config.fixed, **family_of(spec).specialization(shape)}
+    starts = known_starts(spec, fixed, target, database, key)
+    return fixed, make_search(config.strategy, spec, fixed, target, config.max_trials, config.seed, starts=starts)
+
+
 def _finished_trials(database: db.TuningDB, key: db.RecordKey) -> dict[str, db.Trial]:
     """Trials the database holds for ``key``, by variant symbol (the latest one of each)."""
     return {t.symbol: t for t in database.trials(**key.as_dict())}
@@ -774,9 +1111,7 @@ def tune_class(spec, shape_class: ShapeClass, target, config: TuneConfig, databa
     wall0 = time.time()
     deadline = None if budget_s is None else t0 + budget_s * (1 - FINAL_SHARE)
     run_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
-    fixed = {**config.fixed, **family_of(spec).specialization(shape)}
-    starts = known_starts(spec, fixed, target, database, key)
-    search = make_search(config.strategy, spec, fixed, target, config.max_trials, config.seed, starts=starts)
+    fixed, search = _class_search(spec, shape, target, config, database, key)
     finished = _finished_trials(database, key) if config.resume else {}
     progress(f"{shape.id} ({problem}, weight {shape_class.weight:g}): tuning {spec.name} on {target.name} with "
              f"{type(search).__name__.lower()} search, {len(runner.workers)} GPU(s), run {run_id}"
@@ -835,7 +1170,12 @@ def tune_class(spec, shape_class: ShapeClass, target, config: TuneConfig, databa
                     bar.update(note=f"resumed {r.variant.symbol}")
             else:
                 to_run.append(a)
-        ran = runner.run(to_run, should_stop=out_of_time, on_result=record) if to_run else []
+        # Guesses at the next batches, compiled (and measured by idle GPUs) while this one runs.
+        def lookahead():
+            for b in search.lookahead():
+                yield [v for v in b if v not in measured and v.symbol not in finished]
+
+        ran = runner.run(to_run, should_stop=out_of_time, on_result=record, lookahead=lookahead) if to_run else []
         by_ask = {id(a): r for a, r in done_now}
         by_ask.update({id(a): r for a, r in zip(to_run, ran)})
         for a in new:  # in proposal order: the search sees the same sequence on any number of GPUs
@@ -850,6 +1190,9 @@ def tune_class(spec, shape_class: ShapeClass, target, config: TuneConfig, databa
             measured[a.variant] = r
         idle = 0 if new else idle + 1
 
+    runner.forget_guesses()
+    if runner.used_ahead:
+        progress(f"  {runner.used_ahead} of {len(trials)} trials were measured ahead by an idle GPU")
     finals, best = _final_round(spec, fixed, trials, search, runner, config, progress)
     default_v = variant_mod.make(spec, fixed)
     default = measured.get(default_v)

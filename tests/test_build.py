@@ -118,3 +118,44 @@ def test_a_kernel_that_spills_is_rejected_after_compiling(tmp_path, monkeypatch)
                          "168 registers): rejected after compiling",)
     assert r.report.spill_stores == 4  # the report is kept, for the build table and the tuner's record
     assert not (tmp_path / "out").exists()
+
+
+def test_prefetch_compiles_guesses_once_into_the_cache_and_cancels_the_unstarted(tmp_path):
+    """Prefetch: a guess lands in the compile cache, so the build that asks for it later finds it
+    there; a guess the resource model rejects is never queued; cancel() drops what has not
+    started, and a cancelled guess may be queued again."""
+    import concurrent.futures as cf
+    import threading
+    import time
+
+    ok1 = variant.make(S80, {"block_n": 32})
+    ok2 = variant.make(S80, {"block_n": 32, "mask": "none"})
+    pruned = variant.make(S80, {"block_n": 128, "stages": 3})   # 302 KB of shared memory
+    pool = build.compile_pool(1)
+    try:
+        prefetch = build.Prefetch(pool, "sm_80")
+        done, event = [], threading.Event()
+
+        def compiled(v):
+            done.append(v)
+            event.set()
+
+        prefetch([ok1, pruned], on_compiled=compiled)
+        assert event.wait(120) and done == [ok1] and prefetch.compiled == {pruned: False, ok1: True}
+        prefetch([ok1], on_compiled=done.append)          # done already: told at once, not compiled again
+        assert done == [ok1, ok1] and not prefetch.pending
+        (hit,) = build.build_many([ok1], ["sm_80"], pool=pool)
+        assert hit.ok and hit.binary.from_cache
+    finally:
+        pool.shutdown(cancel_futures=True)
+
+    # A one-thread pool kept busy: the guess waits in the queue and can be cancelled.
+    with cf.ThreadPoolExecutor(1) as busy:
+        blocker = busy.submit(time.sleep, 0.5)
+        prefetch = build.Prefetch(busy, "sm_80")
+        prefetch([ok2], on_compiled=done.append)
+        assert prefetch.cancel() == 1 and not prefetch.pending and ok2 not in prefetch.compiled
+        blocker.result()
+        prefetch([ok2])                                    # queued again
+        assert ok2 in prefetch.pending or prefetch.compiled.get(ok2)
+        prefetch.cancel()

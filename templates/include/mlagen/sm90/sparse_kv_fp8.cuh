@@ -28,24 +28,6 @@ __device__ __forceinline__ uint4 ld_nc_16(const u8* src) {
   return v;
 }
 
-// Wait on an mbarrier phase and return 0 once it completed: adding the result to the addresses
-// of the loads that follow keeps the compiler from hoisting them above the wait (it would, to
-// hide their latency, with every hoisted row's registers live at once; the L1 prefetch already
-// hides it).
-__device__ __forceinline__ int mbar_wait_then_zero(u32 bar, u32 parity) {
-  int zero;
-  asm volatile(
-      "{\n.reg .pred done;\n"
-      "WAIT_%=:\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 done, [%1], %2;\n"
-      "@!done bra WAIT_%=;\n"
-      "selp.b32 %0, 0, 1, done;\n}\n"  // 0, as the compiler cannot tell
-      : "=r"(zero)
-      : "r"(bar), "r"(parity)
-      : "memory");
-  return zero;
-}
-
 __device__ __forceinline__ void prefetch_l1(const u8* src) { asm volatile("prefetch.global.L1 [%0];\n" ::"l"(src)); }
 
 // One fp32 scale. Volatile like ld_nc_16 so that the compiler keeps it in its step (hoisted
@@ -154,7 +136,7 @@ struct KvFp8 {
       };
       auto step = [&](int b, int h) {
         const u32 buf = smem + (b == 0 ? L::kK0 : L::kK1);
-        const int after_wait = mbar_wait_then_zero(bar.free(b, h), phase);
+        mbar_wait(bar.free(b, h), phase);
         if (h == 1) {
           // The rope tile, bf16 already: copied as the bf16 operand copies (zero-filled if invalid).
 #pragma unroll
@@ -167,7 +149,7 @@ struct KvFp8 {
 #pragma unroll
         for (int r = 0; r < 4; ++r) {
           const bool ok = row_of(b, r) >= 0;
-          const u8* src = row_ptr(row_of(b, r)) + 16 * c + after_wait;
+          const u8* src = row_ptr(row_of(b, r)) + 16 * c;
 #pragma unroll
           for (int k = 0; k < 2; ++k) {
             uint4 w = make_uint4(0, 0, 0, 0);

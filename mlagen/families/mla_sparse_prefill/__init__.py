@@ -269,7 +269,7 @@ def kv_layout(kv, fmt: operands.KvFormat, device=None):
 
     dtype = getattr(torch, fmt.storage)
     what = (f"kv_format {fmt.name!r} rows are {fmt.row_bytes} bytes ({fmt.values} e4m3, {fmt.scales} fp32 "
-            f"scales, {fmt.rope} bf16)") if fmt.quantized else f"q's d_qk; kv_format 'bf16'"
+            f"scales, {fmt.rope} bf16)")
     if isinstance(kv, torch.Tensor) and kv.dtype != dtype:
         _fail("kv", f"dtype must be {dtype} for kv_format {fmt.name!r}, got {kv.dtype}", TypeError)
     _check_tensor(torch, kv, "kv", dtype, (2, 3, 4) if fmt.quantized else (2, 3), device)
@@ -278,6 +278,8 @@ def kv_layout(kv, fmt: operands.KvFormat, device=None):
             _fail("kv", f"a 4-D cache must be [num_blocks, page_size, 1, {fmt.row_elems}], got {tuple(kv.shape)}")
         kv = kv[:, :, 0]
     if kv.shape[-1] != fmt.row_elems:
+        if not fmt.quantized:
+            _fail("kv", f"last dimension must match q's d_qk {fmt.d_qk}, got {kv.shape[-1]}")
         _fail("kv", f"last dimension must be {fmt.row_elems} ({what}), got {kv.shape[-1]}")
     if kv.dim() == 2:
         num_kv, page_size, row_stride, page_stride = kv.shape[0], 0, kv.stride(0), 0

@@ -106,9 +106,10 @@ def check_case(torch, case: dict, seed: int, kernel=None) -> tuple[bool, str]:
     return judge(torch, (o, ml, lse), (ro, rml, rlse))
 
 
-def judge(torch, got, ref) -> tuple[bool, str]:
-    """A result against the float32 reference: no NaN, out within 1e-2 relative L2, exact zeros
-    and infinities where the reference has them, lse and max_logits within 2e-3."""
+def judge(torch, got, ref, out_tol: float = 1e-2, stat_tol: float = 2e-3) -> tuple[bool, str]:
+    """A result against the float32 reference: no NaN, out within ``out_tol`` relative L2, exact
+    zeros and infinities where the reference has them, lse and max_logits within ``stat_tol``
+    (relative to 1 + |value|)."""
     o, ml, lse = got
     ro, rml, rlse = ref
     problems = []
@@ -116,12 +117,13 @@ def judge(torch, got, ref) -> tuple[bool, str]:
         problems.append("NaN in out (unwritten or computed)")
     of = o.float()
     err = ((of - ro).norm() / ro.norm().clamp_min(1e-30)).item() if ro.norm() > 0 else of.abs().max().item()
-    if err > 1e-2:
+    if err > out_tol:
         problems.append(f"out rel err {err:.2e}")
     zero_rows = ro.abs().amax(-1) == 0
     if (of[zero_rows] != 0).any():
         problems.append("nonzero out where the reference is exactly 0")
-    for name, a, b, tol in (("lse", lse, rlse, 2e-3), ("max_logits", ml, rml, 2e-3)):
+    stat_err = 0.0
+    for name, a, b, tol in (("lse", lse, rlse, stat_tol), ("max_logits", ml, rml, stat_tol)):
         inf_a, inf_b = torch.isinf(a), torch.isinf(b)
         if not torch.equal(inf_a, inf_b) or not torch.equal(a[inf_a], b[inf_b]):
             problems.append(f"{name}: inf pattern differs")
@@ -129,10 +131,11 @@ def judge(torch, got, ref) -> tuple[bool, str]:
         fin = ~inf_b
         if fin.any():
             d = ((a[fin] - b[fin]).abs() / (1 + b[fin].abs())).max().item()
+            stat_err = max(stat_err, d)
             if d > tol:
                 problems.append(f"{name} err {d:.2e}")
     ok = not problems
-    return ok, f"out_err={err:.2e} " + ("ok" if ok else "; ".join(problems))
+    return ok, f"out_err={err:.2e} stat_err={stat_err:.2e} " + ("ok" if ok else "; ".join(problems))
 
 
 def verify_cases() -> list[dict]:
@@ -263,10 +266,19 @@ def fp8_cases() -> list[dict]:
     return cases
 
 
+#: The kernel against the reference on fp32-dequantized rows (not rounded to bf16): the kernel
+#: rounds each dequantized value to bf16, and with per-block scales 10**±2 apart the logits are
+#: large (|lse| ~ 100), so that rounding alone moves out by up to ~1.5e-2 (relative L2) and lse
+#: by up to ~1.4e-2 of 1 + |lse| (measured on the CPU reference, fp32 vs bf16-rounded rows).
+FP8_OUT_TOL = 4e-2
+FP8_STAT_TOL = 4e-2
+
+
 def check_fp8_case(torch, case: dict, seed: int, kernel=None) -> tuple[bool, str]:
-    """One FP8-cache case: the kernel against the float32 reference (dequantized first), and
-    bit-for-bit against the bf16 kernel on the bf16 copy of the dequantized rows. Outputs start
-    as NaN."""
+    """One FP8-cache case, outputs poisoned with NaN first: the kernel against the float32
+    reference on the values it computes with (dequantized, rounded to bf16) at the bf16
+    tolerances; against the reference on fp32-dequantized rows (kv_format, no rounding) at
+    FP8_OUT_TOL / FP8_STAT_TOL; and bit for bit against the bf16 kernel on the bf16 copy."""
     import mlagen
 
     from . import operands
@@ -300,9 +312,12 @@ def check_fp8_case(torch, case: dict, seed: int, kernel=None) -> tuple[bool, str
     out, ml, lse = poisoned()
     got = mlagen.mla_sparse_prefill(q, cache, idx, softmax_scale=scale, topk_length=length, attn_sink=sink, out=out,
                                     max_logits=ml, lse=lse, kernel=kernel, kv_format=fmt.name)
-    ref = fam.reference(q, cache, idx, softmax_scale=scale, topk_length=length, attn_sink=sink, kv_format=fmt.name)
-    ok, msg = judge(torch, got, ref)
     copy = operands.dequantize(cache, fmt, round_bf16=True)       # [N, 576] bf16, what the kernel holds
+    strict = fam.reference(q, copy, idx, softmax_scale=scale, topk_length=length, attn_sink=sink)
+    ok, msg = judge(torch, got, strict)
+    ref32 = fam.reference(q, cache, idx, softmax_scale=scale, topk_length=length, attn_sink=sink, kv_format=fmt.name)
+    ok32, msg32 = judge(torch, got, ref32, FP8_OUT_TOL, FP8_STAT_TOL)
+    ok, msg = ok and ok32, f"vs bf16-rounded rows: {msg}; vs fp32-dequantized rows: {msg32}"
     out2, ml2, lse2 = poisoned()
     same = mlagen.mla_sparse_prefill(q, copy, idx, softmax_scale=scale, topk_length=length, attn_sink=sink, out=out2,
                                      max_logits=ml2, lse=lse2, kernel=kernel)

@@ -204,3 +204,20 @@ def test_fp8_variants_compile_without_spills(values):
     s = spec.load("mla_sparse_prefill_sm90")
     b = for_target("sm_90a").compile(render.render(variant.make(s, values)), "sm_90a")
     assert b.resources.spill_stores == 0 and b.resources.spill_loads == 0, b.log
+
+
+def test_the_benchmarks_serving_pass_makes_the_kernels_bf16_copy():
+    # bench-fp8's stand-in for the serving stacks' gather-and-dequantize must produce exactly the
+    # rows the kernel computes with, so "fp8 vs serving" compares the same arithmetic.
+    fmt = operands.get("fp8_v32")
+    g = torch.Generator().manual_seed(5)
+    cache = bench_sparse.make_fp8_kv(torch, "p64", 200, fmt, g, "cpu")
+    buf = torch.empty(cache.shape[0] * 64, 576, dtype=torch.bfloat16)
+    assert torch.equal(bench_sparse.serving_dequant(torch, cache, fmt, buf), operands.dequantize(cache, fmt, round_bf16=True))
+
+
+def test_judge_tolerances_are_parameters():
+    ref = (torch.ones(2, 3, 512), torch.zeros(2, 3), torch.full((2, 3), 10.0))
+    got = ((ref[0] * 1.02).to(torch.bfloat16), ref[1], ref[2] + 0.2)
+    assert not bench_sparse.judge(torch, got, ref)[0]
+    assert bench_sparse.judge(torch, got, ref, bench_sparse.FP8_OUT_TOL, bench_sparse.FP8_STAT_TOL)[0]

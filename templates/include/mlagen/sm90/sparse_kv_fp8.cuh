@@ -7,7 +7,7 @@
 // then, once the buffer is free, loads them to registers a row at a time (16-byte loads),
 // dequantizes them (the fp32 product of the value and its block's scale, rounded to bf16: round
 // to nearest even) and stores them into the same 128-byte-swizzled bf16 tiles the bf16 operand
-// fills; the rope values are already bf16 and go straight to their tile with cp.async. So the
+// fills; the rope values are already bf16 and are copied to their tile as they are. So the
 // consumers, and the result, are the bf16 kernel's on the dequantized rows. Invalid rows are
 // written as zeros and never read.
 //
@@ -15,7 +15,6 @@
 // (columns 256 h ... 256 h + 255) it loads, per row, the 16 values at bytes 256 h + 128 k + 16 c
 // (k = 0, 1): bf16 tile 4 h + 2 k + c / 4, 16-byte chunks 2 (c % 4) and 2 (c % 4) + 1 there.
 #pragma once
-#include "mlagen/sm90/sparse_gather.cuh"
 #include "mlagen/sm90/sparse_prefill.cuh"
 
 namespace mlagen::sm90::sparse {
@@ -60,9 +59,9 @@ __device__ __forceinline__ void st_shared_16(u32 addr, uint2 lo, uint2 hi) {
 template <class Cfg>
 struct KvFp8 {
   // ready(buffer, 0): the 128 threads after their stores and a proxy fence; ready(buffer, 1): the
-  // same, + the 128 rope cp.async arrivals (noinc), + the 16 threads publishing validity flags.
+  // same + the 16 threads publishing validity flags.
   static constexpr int kReadyFirst = 128;
-  static constexpr int kReadySecond = 128 + 128 + 16;
+  static constexpr int kReadySecond = 128 + 16;
 
   static_assert(Cfg::kDQk == 576 && Cfg::kKvValues == 512, "512 e4m3 values + 64 bf16 rope values per row");
   static_assert(Cfg::kKvScaleBlock == 0 || (Cfg::kKvScaleBlock % 16 == 0 && 512 % Cfg::kKvScaleBlock == 0),
@@ -87,7 +86,7 @@ struct KvFp8 {
     const u32 slot_first = swizzled(g, 2 * (c % 4) + odd_first);
     const u32 slot_second = swizzled(g, 2 * (c % 4) + !odd_first);
     const u32 slot_rope = swizzled(g, c);
-    const u64 policy = Cfg::kEvictLast ? l2_policy_evict_last() : 0;
+    // (Cfg::kEvictLast is not used: the rows come through L1 prefetches, which take no L2 policy.)
 
     const int len = valid_length(p, t);
     const int pairs = num_pairs(len);
@@ -138,13 +137,15 @@ struct KvFp8 {
         const u32 buf = smem + (b == 0 ? L::kK0 : L::kK1);
         mbar_wait(bar.free(b, h), phase);
         if (h == 1) {
-          // The rope tile, bf16 already: copied as the bf16 operand copies (zero-filled if invalid).
+          // The rope tile, bf16 already: 16 bytes per thread and row through registers (zeros if
+          // invalid). Not cp.async: with its mbarrier arrival inside this rolled loop the kernel
+          // stopped on an illegal instruction on the H100 (unrolled it ran).
 #pragma unroll
-          for (int r = 0; r < 4; ++r)
-            cp_async_16<Cfg::kEvictLast>(buf + 8 * kTileBytes + 16 * 128 * r + slot_rope,
-                                         row_ptr(row_of(b, r)) + 16 * c + Cfg::kKvRopeOffset, row_of(b, r) >= 0,
-                                         policy);
-          cp_async_arrive_noinc(bar.ready(b, 1));
+          for (int r = 0; r < 4; ++r) {
+            uint4 v = make_uint4(0, 0, 0, 0);
+            if (row_of(b, r) >= 0) v = ld_nc_16(row_ptr(row_of(b, r)) + 16 * c + Cfg::kKvRopeOffset);
+            st_shared_16(buf + 8 * kTileBytes + 16 * 128 * r + slot_rope, make_uint2(v.x, v.y), make_uint2(v.z, v.w));
+          }
         }
 #pragma unroll
         for (int r = 0; r < 4; ++r) {

@@ -59,6 +59,15 @@ def test_fp8_through_the_torch_op():
         assert torch.equal(a, b)
 
 
+def test_fp8_opcheck():
+    from mlagen.families.mla_sparse_prefill import op
+
+    inp = _inputs()
+    args = (inp["q"], inp["kv"], inp["indices"], 0.04, None, inp["attn_sink"], None, "fp8_v32")
+    for name, result in torch.library.opcheck(op._op, args).items():
+        assert result == "SUCCESS", (name, result)
+
+
 def test_a_pinned_variant_of_another_format_is_refused():
     from mlagen import spec, variant
 

@@ -187,6 +187,8 @@ def test_spec_variants_for_each_format():
     assert "sparse_kv_bf16.cuh" in render.render(variant.make(s, {})).text
     bad = resources.check(variant.make(s, {"kv_format": "fp8_v32", "d_qk": 512}), arch.TARGETS["sm_90a"])
     assert not bad.ok and any("d_qk must be 576" in r for r in bad.reasons)
+    dup = resources.check(variant.make(s, {"kv_format": "fp8_v32", "l2_evict_last": False}), arch.TARGETS["sm_90a"])
+    assert not dup.ok and any("L1 prefetches" in r for r in dup.reasons)
     sm80 = spec.load("mla_sparse_prefill_sm80")
     assert dict(sm80.specialize)["kv_format"] == ("bf16",)
     assert fam.kv_format_targets("fp8_v32") == ["sm_90a"] and "sm_80" in fam.kv_format_targets("bf16")
@@ -195,7 +197,7 @@ def test_spec_variants_for_each_format():
 @pytest.mark.parametrize("values", [
     {"kv_format": "fp8_v32"}, {"kv_format": "fp8_v32", "paged": True}, {"kv_format": "fp8_b64"},
     {"kv_format": "fp8_b32", "paged": True}, {"kv_format": "fp8_b0"},
-    {"kv_format": "fp8_v32", "l2_evict_last": False}, {"kv_format": "fp8_v32", "epilogue": "direct"},
+    {"kv_format": "fp8_v32", "gather_fence": True}, {"kv_format": "fp8_v32", "epilogue": "direct"},
     {"kv_format": "fp8_v32", "consumer_regs": 208, "producer_regs": 88},
 ])
 def test_fp8_variants_compile_without_spills(values):

@@ -5,6 +5,8 @@
     python -m mlagen.bench_sparse sanitize                # one small fuzzed case, for compute-sanitizer
     python -m mlagen.bench_sparse profile [--shape S1]    # one call of ours and of FlashMLA's, for ncu
     python -m mlagen.bench_sparse bench [--shapes S1,S5] [--variant l2_evict_last=false] [--json F]
+    python -m mlagen.bench_sparse verify-fp8 [--kernel SPEC]  # the FP8-cache matrix (issue 10)
+    python -m mlagen.bench_sparse bench-fp8 [--shapes S1,S3]  # FP8 cache vs bf16 copy vs serving path
 
 The benchmark itself is ``mlagen bench`` (:mod:`mlagen.bench`, the family's peers in
 :mod:`mlagen.families.mla_sparse_prefill.peers`): ``bench`` here only adds ``--variant``. This
@@ -14,13 +16,16 @@ module names the sparse family by design: it is that family's tool, above ``mlag
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import sys
 import time
 
-from .families import mla_sparse_prefill as fam
+from . import measure
 from .errors import MlagenError
+from .families import mla_sparse_prefill as fam
 from .families.base import Peer
+from .families.mla_sparse_prefill.peers import FLASHMLA
 
 
 # --- correctness ------------------------------------------------------------------------------
@@ -101,17 +106,27 @@ def check_case(torch, case: dict, seed: int, kernel=None) -> tuple[bool, str]:
                                            out=out, kernel=kernel)
     ro, rml, rlse = fam.reference(q, kv, idx, softmax_scale=scale, topk_length=length, attn_sink=sink)
     torch.cuda.synchronize()
+    return judge(torch, (o, ml, lse), (ro, rml, rlse))
+
+
+def judge(torch, got, ref, out_tol: float = 1e-2, stat_tol: float = 2e-3) -> tuple[bool, str]:
+    """A result against the float32 reference: no NaN, out within ``out_tol`` relative L2, exact
+    zeros and infinities where the reference has them, lse and max_logits within ``stat_tol``
+    (relative to 1 + |value|)."""
+    o, ml, lse = got
+    ro, rml, rlse = ref
     problems = []
     if torch.isnan(o).any():
         problems.append("NaN in out (unwritten or computed)")
     of = o.float()
     err = ((of - ro).norm() / ro.norm().clamp_min(1e-30)).item() if ro.norm() > 0 else of.abs().max().item()
-    if err > 1e-2:
+    if err > out_tol:
         problems.append(f"out rel err {err:.2e}")
     zero_rows = ro.abs().amax(-1) == 0
     if (of[zero_rows] != 0).any():
         problems.append("nonzero out where the reference is exactly 0")
-    for name, a, b, tol in (("lse", lse, rlse, 2e-3), ("max_logits", ml, rml, 2e-3)):
+    stat_err = 0.0
+    for name, a, b, tol in (("lse", lse, rlse, stat_tol), ("max_logits", ml, rml, stat_tol)):
         inf_a, inf_b = torch.isinf(a), torch.isinf(b)
         if not torch.equal(inf_a, inf_b) or not torch.equal(a[inf_a], b[inf_b]):
             problems.append(f"{name}: inf pattern differs")
@@ -119,10 +134,11 @@ def check_case(torch, case: dict, seed: int, kernel=None) -> tuple[bool, str]:
         fin = ~inf_b
         if fin.any():
             d = ((a[fin] - b[fin]).abs() / (1 + b[fin].abs())).max().item()
+            stat_err = max(stat_err, d)
             if d > tol:
                 problems.append(f"{name} err {d:.2e}")
     ok = not problems
-    return ok, f"out_err={err:.2e} " + ("ok" if ok else "; ".join(problems))
+    return ok, f"out_err={err:.2e} stat_err={stat_err:.2e} " + ("ok" if ok else "; ".join(problems))
 
 
 def verify_cases() -> list[dict]:
@@ -196,6 +212,217 @@ def sanitize() -> int:
     return 0 if ok1 and ok2 else 1
 
 
+# --- FP8 cache (issue 10): correctness matrix and benchmark -------------------------------------
+# Kept in one block so that it can move with the bench refactor.
+
+#: Layouts of a quantized cache: (page_size, 4-D FlashMLA decode form, pages strided in memory).
+FP8_LAYOUTS = {"p64": (64, False, False), "p1": (1, False, False), "p64_4d": (64, True, False),
+               "p64_strided": (64, False, True), "p1_4d": (1, True, False)}
+
+
+def make_fp8_kv(torch, layout: str, n: int, fmt, gen, device, spread: float = 2.0):
+    """A quantized cache holding >= n rows of random data whose scale blocks differ by up to
+    10**±spread (so the per-block scales vary by orders of magnitude; without scales the data
+    stays in e4m3's range). Returns the cache tensor
+    as a caller passes it (uint8, [blocks, page, row_bytes] or [blocks, page, 1, row_bytes];
+    strided pages sit in slots twice their size)."""
+    from . import operands
+
+    page, four_d, strided = FP8_LAYOUTS[layout]
+    blocks = -(-n // page)
+    rows = torch.randn((blocks * page, fmt.d_qk), generator=gen, device=device)
+    groups = fmt.values // (fmt.scale_block or fmt.values)
+    spread = spread if fmt.scales else 0.0
+    mag = 10.0 ** ((torch.rand((rows.shape[0], groups), generator=gen, device=device) * 2 - 1) * spread)
+    rows[:, :fmt.values] *= mag.repeat_interleave(fmt.values // groups, dim=1)
+    cache = operands.quantize(rows, fmt).view(blocks, page, fmt.row_bytes)
+    if strided:
+        slot = torch.zeros((blocks, 2 * page, fmt.row_bytes), dtype=torch.uint8, device=device)
+        slot[:, :page] = cache
+        cache = slot[:, :page]
+    return cache.unsqueeze(2) if four_d else cache
+
+
+def fp8_cases() -> list[dict]:
+    """H in {1, 16, 64, 128} x topk in {1, 33, 640, 2048} over the cache layouts, formats, sinks,
+    topk_length modes and invalid-index mixes; plus all-valid, all-invalid and duplicate-heavy."""
+    cases = []
+    layouts = list(FP8_LAYOUTS)
+    formats = ["fp8_v32", "fp8_v32", "fp8_b64", "fp8_v32", "fp8_b32", "fp8_b0"]
+    sinks = ["none", "finite", "+inf", "-inf", "mixed"]
+    i = 0
+    for heads in (1, 16, 64, 128):
+        for topk in (1, 33, 640, 2048):
+            cases.append({
+                "sq": 9 if topk >= 640 else 13, "heads": heads, "topk": topk, "n": 3000 if topk < 2048 else 5000,
+                "kv": layouts[i % len(layouts)], "kv_format": formats[i % len(formats)], "sink": sinks[i % 5],
+                "topk_length": [None, "short", "long"][i % 3 if i % 4 else 0], "idx3": i % 2 == 1,
+            })
+            i += 1
+    cases.append({"sq": 7, "heads": 128, "topk": 2048, "n": 8192, "invalid": 0.0, "sink": "finite",
+                  "kv": "p64", "kv_format": "fp8_v32"})
+    cases.append({"sq": 5, "heads": 64, "topk": 128, "n": 100, "invalid": 1.0, "sink": "finite",
+                  "kv": "p64_4d", "kv_format": "fp8_v32"})
+    # n small against topk: indices drawn with replacement repeat rows many times.
+    cases.append({"sq": 6, "heads": 20, "topk": 700, "n": 37, "sink": "mixed", "topk_length": "long",
+                  "kv": "p1", "kv_format": "fp8_v32"})
+    return cases
+
+
+#: The kernel against the reference on fp32-dequantized rows (not rounded to bf16): the kernel
+#: rounds each dequantized value to bf16, and with per-block scales 10**±2 apart the logits are
+#: large (|lse| ~ 100), so that rounding alone moves out by up to ~1.5e-2 (relative L2) and lse
+#: by up to ~1.4e-2 of 1 + |lse| (measured on the CPU reference, fp32 vs bf16-rounded rows).
+FP8_OUT_TOL = 4e-2
+FP8_STAT_TOL = 4e-2
+
+
+def check_fp8_case(torch, case: dict, seed: int, kernel=None) -> tuple[bool, str]:
+    """One FP8-cache case, outputs poisoned with NaN first: the kernel against the float32
+    reference on the values it computes with (dequantized, rounded to bf16) at the bf16
+    tolerances; against the reference on fp32-dequantized rows (kv_format, no rounding) at
+    FP8_OUT_TOL / FP8_STAT_TOL; and bit for bit against the bf16 kernel on the bf16 copy."""
+    import mlagen
+
+    from . import operands
+
+    device = torch.device("cuda")
+    gen = torch.Generator(device=device)
+    gen.manual_seed(seed)
+    sq, heads, topk, n = case["sq"], case["heads"], case["topk"], case["n"]
+    fmt = operands.get(case.get("kv_format", "fp8_v32"))
+    q_big = torch.randn((sq, heads + 3, 640), generator=gen, device=device).to(torch.bfloat16)
+    q = q_big[:, 1:heads + 1, :576]
+    cache = make_fp8_kv(torch, case.get("kv", "p64"), n, fmt, gen, device)
+    n_rows = cache.shape[0] * cache.shape[1]
+    idx = fuzzed_indices(torch, sq, topk, n_rows, gen, device, invalid=case.get("invalid", 0.2))
+    if case.get("idx3"):
+        idx = idx.view(sq, 1, topk)
+    length = None
+    if case.get("topk_length"):
+        length = torch.randint(0, topk + 1, (sq,), generator=gen, device=device, dtype=torch.int32)
+        length[sq // 2] = 0
+        length[-1] = topk
+        if case["topk_length"] == "long":
+            length[1] = topk + 100
+    sink = sink_for(torch, case.get("sink", "none"), heads, gen, device)
+    scale = 576 ** -0.5
+
+    def poisoned():
+        return (torch.full((sq, heads, 512), math.nan, dtype=torch.bfloat16, device=device),
+                torch.full((sq, heads), math.nan, device=device), torch.full((sq, heads), math.nan, device=device))
+
+    out, ml, lse = poisoned()
+    got = mlagen.mla_sparse_prefill(q, cache, idx, softmax_scale=scale, topk_length=length, attn_sink=sink, out=out,
+                                    max_logits=ml, lse=lse, kernel=kernel, kv_format=fmt.name)
+    copy = operands.dequantize(cache, fmt, round_bf16=True)       # [N, 576] bf16, what the kernel holds
+    strict = fam.reference(q, copy, idx, softmax_scale=scale, topk_length=length, attn_sink=sink)
+    ok, msg = judge(torch, got, strict)
+    ref32 = fam.reference(q, cache, idx, softmax_scale=scale, topk_length=length, attn_sink=sink, kv_format=fmt.name)
+    ok32, msg32 = judge(torch, got, ref32, FP8_OUT_TOL, FP8_STAT_TOL)
+    ok, msg = ok and ok32, f"vs bf16-rounded rows: {msg}; vs fp32-dequantized rows: {msg32}"
+    out2, ml2, lse2 = poisoned()
+    same = mlagen.mla_sparse_prefill(q, copy, idx, softmax_scale=scale, topk_length=length, attn_sink=sink, out=out2,
+                                     max_logits=ml2, lse=lse2, kernel=kernel)
+    torch.cuda.synchronize()
+    equal = all(torch.equal(a, b) for a, b in zip(got, same))
+    if not equal:
+        d = (got[0].float() - same[0].float()).abs().max().item()
+        ok, msg = False, msg + f"; differs from the bf16 kernel on the dequantized copy (out max diff {d:.2e})"
+    return ok, msg + ("; == bf16 kernel on the dequantized copy" if equal else "")
+
+
+def verify_fp8(kernel=None) -> int:
+    import torch
+
+    failures = 0
+    t0 = time.time()
+    for i, case in enumerate(fp8_cases()):
+        ok, msg = check_fp8_case(torch, case, seed=2000 + i, kernel=kernel)
+        failures += not ok
+        desc = " ".join(f"{k}={v}" for k, v in case.items())
+        print(f"{'PASS' if ok else 'FAIL'} [{i:2d}] {desc}: {msg}", flush=True)
+    print(f"verify-fp8 ({kernel or 'dispatched kernel'}): {failures} failure(s), {time.time() - t0:.1f}s")
+    return 1 if failures else 0
+
+
+def serving_dequant(torch, cache, fmt, out):
+    """The serving stacks' pass before a bf16 kernel: the cache's rows dequantized into a bf16
+    buffer (torch ops; vLLM / SGLang do the same gather-and-dequantize in their own kernels)."""
+    rows = cache.reshape(-1, fmt.row_bytes)
+    n = rows.shape[0]
+    vals = rows[:, :fmt.values].view(torch.float8_e4m3fn).float()
+    scales = rows[:, fmt.scale_offset:fmt.rope_offset].contiguous().view(torch.float32)
+    out[:n, :fmt.values] = (vals.view(n, fmt.scales, fmt.scale_block) * scales.unsqueeze(-1)).view(n, fmt.values)
+    out[:n, fmt.values:] = rows[:, fmt.rope_offset:].contiguous().view(torch.bfloat16)
+    return out
+
+
+def bench_fp8(shapes, rounds, iters) -> None:
+    """S1 / S3 from the fp8_v32 cache (pages of 64): the kernel reading it ("bf16" compute
+    mode), our bf16 kernel on the dequantized bf16 copy, and the serving path (dequantize the
+    request's cache into bf16, then FlashMLA if its build is found (MLAGEN_PEERS_DIR), else our bf16
+    kernel).
+    Interleaved rounds in one process, L2 flushed before each call; TFLOP/s by the FLOP
+    convention of BENCHMARKS.md."""
+    import torch
+
+    import mlagen
+
+    from . import operands
+
+    path, why = FLASHMLA.status()
+    peer = FLASHMLA.load().sparse_fwd if path else None
+    if peer is None:
+        print(f"flashmla skipped (the serving path then runs our bf16 kernel): {why}")
+    fmt = operands.get("fp8_v32")
+    dev = torch.cuda.get_device_properties(0)
+    print(f"device: {dev.name}, torch {torch.__version__}, cuda {torch.version.cuda}, {time.strftime('%Y-%m-%d %H:%M')}")
+    flush = measure.L2Flush("cuda")
+    rows = []
+    for name in shapes:
+        shape = dataclasses.replace(fam.parse_shape(name), kv_format=fmt.name)
+        inp = fam.make_inputs(shape, "cuda", seed=0)
+        q, cache, idx, sink, sc = inp["q"], inp["kv"], inp["indices"], inp["attn_sink"], inp["softmax_scale"]
+        copy = operands.dequantize(cache, fmt, round_bf16=True)
+        buf = torch.empty_like(copy)
+        fl = fam.flops(shape.sq, shape.heads, shape.topk)
+        fns = {
+            "fp8": lambda: mlagen.mla_sparse_prefill(q, cache, idx, softmax_scale=sc, attn_sink=sink,
+                                                     kv_format=fmt.name),
+            "bf16_copy": lambda: mlagen.mla_sparse_prefill(q, copy, idx, softmax_scale=sc, attn_sink=sink),
+        }
+        if peer is not None:
+            fns["serving"] = lambda: peer(q, serving_dequant(torch, cache, fmt, buf).view(-1, 1, 576), idx, sc, 512,
+                                          sink, None)
+        else:
+            fns["serving"] = lambda: mlagen.mla_sparse_prefill(q, serving_dequant(torch, cache, fmt, buf), idx,
+                                                               softmax_scale=sc, attn_sink=sink)
+        results = {k: f() for k, f in fns.items()}
+        torch.cuda.synchronize()
+        same = torch.equal(results["fp8"][0], results["bf16_copy"][0])
+        times = {k: [] for k in fns}
+        for _ in range(rounds):
+            for k, f in fns.items():
+                times[k].append(measure.median(measure.time_calls(f, iters, flush)))
+        med = {k: measure.median(v) for k, v in times.items()}
+        row = {"shape": shape.id, **{f"{k}_ms": v for k, v in med.items()},
+               **{f"{k}_tflops": fl / v / 1e9 for k, v in med.items()},
+               "fp8_vs_bf16_copy": med["bf16_copy"] / med["fp8"], "fp8_vs_serving": med["serving"] / med["fp8"],
+               "serving_peer": "flashmla" if peer is not None else "ours (bf16)", "fp8_equals_bf16_copy": same,
+               "rounds": times}
+        rows.append(row)
+        print(row, flush=True)
+        del inp, cache, copy, buf, results
+        torch.cuda.empty_cache()
+    print()
+    print("| shape | fp8 ms | fp8 TFLOP/s | bf16 on copy ms | serving ms | fp8 / bf16-copy | fp8 / serving |")
+    print("|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['shape']} | {r['fp8_ms']:.3f} | {r['fp8_tflops']:.0f} | {r['bf16_copy_ms']:.3f} | "
+              f"{r['serving_ms']:.3f} | {r['fp8_vs_bf16_copy']:.3f} | {r['fp8_vs_serving']:.3f} |")
+
+
 # --- benchmark and profile ---------------------------------------------------------------------
 
 
@@ -258,6 +485,12 @@ def main(argv=None) -> int:
     v = sub.add_parser("verify")
     v.add_argument("--kernel", default=None, help="force a spec, e.g. mla_sparse_prefill_sm80")
     sub.add_parser("sanitize")
+    vf = sub.add_parser("verify-fp8", help="the FP8-cache correctness matrix (issue 10)")
+    vf.add_argument("--kernel", default=None)
+    bf = sub.add_parser("bench-fp8", help="S1/S3 from the fp8_v32 cache vs bf16 on the copy vs the serving path")
+    bf.add_argument("--shapes", default="S1,S3")
+    bf.add_argument("--rounds", type=int, default=3)
+    bf.add_argument("--iters", type=int, default=30)
     pr = sub.add_parser("profile")
     pr.add_argument("--shape", default="sq=1024,h=128,topk=2048,skv=8192", help="an id (S1) or a description")
     b = sub.add_parser("bench", help="mlagen bench on sparse shapes (FlashMLA from MLAGEN_PEERS_DIR), and variants")
@@ -273,6 +506,11 @@ def main(argv=None) -> int:
             return verify(args.kernel)
         if args.cmd == "sanitize":
             return sanitize()
+        if args.cmd == "verify-fp8":
+            return verify_fp8(args.kernel)
+        if args.cmd == "bench-fp8":
+            bench_fp8(args.shapes.split(","), args.rounds, args.iters)
+            return 0
         if args.cmd == "profile":
             return profile(args.shape)
         return bench(args.shapes, args.rounds, args.iters, args.peers, args.variant, args.json)

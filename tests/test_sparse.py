@@ -20,7 +20,8 @@ SPECS = ["mla_sparse_prefill_sm90", "mla_sparse_prefill_sm80"]
 def test_spec_loads_with_its_family():
     s = spec.load("mla_sparse_prefill_sm90")
     assert (s.family, s.abi, s.targets) == ("mla_sparse_prefill", "gather", ("sm_90a",))
-    assert dict(s.specialize) == {"d_qk": (576, 512), "paged": (False, True)}
+    assert dict(s.specialize) == {"d_qk": (576, 512), "paged": (False, True),
+                                  "kv_format": ("bf16", "fp8_v32", "fp8_b64", "fp8_b32", "fp8_b0")}
     assert set(s.schedule) == {"roles", "gather", "consumer_split"}
 
 
@@ -100,7 +101,8 @@ def test_family_protocol_shapes():
     assert (s.id, s.sq, s.heads, s.topk, s.s_kv, s.d_qk, s.sink) == ("S5", 4096, 16, 2048, 32768, 576, True)
     assert f.parse_shape(f.describe_shape(s)) == fam.Shape(f.describe_shape(s), 4096, 16, 2048, 32768)
     assert f.problem_key(s) == "d576/h16/k2048/flat"
-    assert f.problem_specialization(f.problem_key(s)) == f.specialization(s) == {"d_qk": 576, "paged": False}
+    assert f.problem_specialization(f.problem_key(s)) == f.specialization(s) == {"d_qk": 576, "paged": False,
+                                                                                  "kv_format": "bf16"}
     assert f.flops(s) == fam.flops(4096, 16, 2048)
     c = f.check_shape(s)
     assert c.topk % 64 and c.topk <= c.s_kv and c.heads == 16

@@ -24,7 +24,7 @@ SPARSE = get_family("mla_sparse_prefill")
 S90 = spec_mod.load("mla_sparse_prefill_sm90")
 SM90A = arch.target("sm_90a")
 H100 = "NVIDIA H100 80GB HBM3"
-FLAT576 = {"d_qk": 576, "paged": False}
+FLAT576 = {"d_qk": 576, "paged": False, "kv_format": "bf16"}
 
 
 def test_ids_and_descriptions_resolve_to_sparse_shape_classes():
@@ -38,7 +38,7 @@ def test_ids_and_descriptions_resolve_to_sparse_shape_classes():
         ("d512/h32/k1024/flat", "sq=100,h=20,topk=600,skv=9000,d=512", 1),   # H and topk round up
     ]
     assert SPARSE.specialization(classes[0].shape) == FLAT576
-    assert SPARSE.problem_specialization("d512/h32/k1024/flat") == {"d_qk": 512, "paged": False}
+    assert SPARSE.problem_specialization("d512/h32/k1024/flat") == {"d_qk": 512, "paged": False, "kv_format": "bf16"}
     with pytest.raises(ValueError, match="S1, S2"):
         parse_shapes("D1", S90)   # the dense id is no shape of this spec's family
 

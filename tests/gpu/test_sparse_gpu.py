@@ -136,7 +136,7 @@ def test_opcheck_on_the_gpu():
     from mlagen.families.mla_sparse_prefill import op
 
     inp = fam.make_inputs({"sq": 6, "heads": 8, "topk": 70, "s_kv": 300}, "cuda", seed=9)
-    args = (inp["q"], inp["kv"], inp["indices"], 0.04, None, inp["attn_sink"], None)
+    args = (inp["q"], inp["kv"], inp["indices"], 0.04, None, inp["attn_sink"], None, "bf16")
     for name, result in torch.library.opcheck(op._op, args).items():
         assert result == "SUCCESS", (name, result)
     outs = (torch.empty(6, 8, 512, dtype=torch.bfloat16, device="cuda"),

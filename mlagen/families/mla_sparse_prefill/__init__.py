@@ -17,8 +17,8 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ... import abi
-from ...errors import LaunchError, SpecError
+from ... import abi, operands
+from ...errors import LaunchError, NoDeviceError, SpecError
 from ..base import Family, register
 
 D_V = 512
@@ -26,33 +26,43 @@ D_QK_VALUES = (576, 512)
 BLOCK_H = 64      # heads per CTA of the sm90 kernel (fewer are zero-padded)
 MAX_ROWS = 2**31 - 1
 
-PARAMS = abi.ParamStruct("Params", (
-    abi.Field("q", "const bf16*"),
-    abi.Field("kv", "const bf16*"),
-    abi.Field("indices", "const int*"),
-    abi.Field("topk_length", "const int*"),
-    abi.Field("attn_sink", "float*"),
-    abi.Field("out", "bf16*"),
-    abi.Field("max_logits", "float*"),
-    abi.Field("lse", "float*"),
-    abi.Field("q_row_stride", "i64"),
-    abi.Field("q_head_stride", "i64"),
-    abi.Field("kv_row_stride", "i64"),
-    abi.Field("kv_page_stride", "i64"),
-    abi.Field("idx_row_stride", "i64"),
-    abi.Field("o_row_stride", "i64"),
-    abi.Field("o_head_stride", "i64"),
-    abi.Field("ml_row_stride", "i64"),
-    abi.Field("lse_row_stride", "i64"),
-    abi.Field("sq", "int"),
-    abi.Field("heads", "int"),
-    abi.Field("topk", "int"),
-    abi.Field("num_kv", "int"),
-    abi.Field("page_size", "int"),
-    abi.Field("scale_log2", "float"),
-))
 
-_ABIS = {"gather": PARAMS}
+def params_for(kv_format: str = "bf16") -> abi.ParamStruct:
+    """The kernel parameter struct; only the cache pointer's type depends on the KV format (its
+    strides count elements of the cache tensor: bf16 values, or bytes of a quantized cache)."""
+    return _params(operands.get(kv_format).c_pointer)
+
+
+def _params(kv_pointer: str) -> abi.ParamStruct:
+    return abi.ParamStruct("Params", (
+        abi.Field("q", "const bf16*"),
+        abi.Field("kv", kv_pointer),
+        abi.Field("indices", "const int*"),
+        abi.Field("topk_length", "const int*"),
+        abi.Field("attn_sink", "float*"),
+        abi.Field("out", "bf16*"),
+        abi.Field("max_logits", "float*"),
+        abi.Field("lse", "float*"),
+        abi.Field("q_row_stride", "i64"),
+        abi.Field("q_head_stride", "i64"),
+        abi.Field("kv_row_stride", "i64"),
+        abi.Field("kv_page_stride", "i64"),
+        abi.Field("idx_row_stride", "i64"),
+        abi.Field("o_row_stride", "i64"),
+        abi.Field("o_head_stride", "i64"),
+        abi.Field("ml_row_stride", "i64"),
+        abi.Field("lse_row_stride", "i64"),
+        abi.Field("sq", "int"),
+        abi.Field("heads", "int"),
+        abi.Field("topk", "int"),
+        abi.Field("num_kv", "int"),
+        abi.Field("page_size", "int"),
+        abi.Field("scale_log2", "float"),
+    ))
+
+
+PARAMS = params_for("bf16")
+_ABIS = {"gather": params_for}
 _SCHEDULE_KEYS = ("roles", "gather", "consumer_split")
 
 
@@ -71,31 +81,39 @@ def _pow2_ceil(x: float) -> int:
 @dataclass(frozen=True)
 class ProblemKey:
     """Shape class of a call for tuning records: d_qk, heads and topk rounded up to powers of
-    two, and the KV layout (a flat table or a pool of strided pages: compiled separately)."""
+    two, the KV layout (a flat table or a pool of strided pages: compiled separately) and the KV
+    format (``operands.NAMES``; written only when it is not bf16, so bf16 keys read as before)."""
 
     d_qk: int
     heads: int
     topk: int
     layout: str = "flat"
+    kv_format: str = "bf16"
 
     def __str__(self) -> str:
-        return f"d{self.d_qk}/h{self.heads}/k{self.topk}/{self.layout}"
+        fmt = "" if self.kv_format == "bf16" else f"/{self.kv_format}"
+        return f"d{self.d_qk}/h{self.heads}/k{self.topk}/{self.layout}{fmt}"
 
     @classmethod
     def parse(cls, text: str) -> "ProblemKey":
         try:
-            d, h, k, layout = text.split("/")
-            if d[0] != "d" or h[0] != "h" or k[0] != "k" or layout not in ("flat", "paged"):
+            parts = text.split("/")
+            if len(parts) == 4:
+                parts.append("bf16")
+            d, h, k, layout, fmt = parts
+            if d[0] != "d" or h[0] != "h" or k[0] != "k" or layout not in ("flat", "paged") \
+                    or fmt not in operands.NAMES:
                 raise ValueError
-            key = cls(int(d[1:]), int(h[1:]), int(k[1:]), layout)
+            key = cls(int(d[1:]), int(h[1:]), int(k[1:]), layout, fmt)
             if key.d_qk not in D_QK_VALUES or min(key.heads, key.topk) < 1:
                 raise ValueError
             return key
         except (ValueError, IndexError):
-            raise ValueError(f"{text!r} is not a sparse problem key like 'd576/h128/k2048/flat'") from None
+            raise ValueError(f"{text!r} is not a sparse problem key like 'd576/h128/k2048/flat' "
+                             f"or 'd576/h128/k2048/paged/fp8_v32'") from None
 
     def distance(self, other: "ProblemKey") -> float:
-        if self.d_qk != other.d_qk or self.layout != other.layout:
+        if self.d_qk != other.d_qk or self.layout != other.layout or self.kv_format != other.kv_format:
             return math.inf
         return abs(math.log2(self.heads) - math.log2(other.heads)) + abs(math.log2(self.topk) - math.log2(other.topk))
 
@@ -103,14 +121,16 @@ class ProblemKey:
 def problem_key(call) -> ProblemKey:
     """The shape class of a Call or a Shape."""
     paged = getattr(call, "page_size", 0) > 0
-    return ProblemKey(call.d_qk, _pow2_ceil(call.heads), _pow2_ceil(max(call.topk, 1)), "paged" if paged else "flat")
+    return ProblemKey(call.d_qk, _pow2_ceil(call.heads), _pow2_ceil(max(call.topk, 1)), "paged" if paged else "flat",
+                      getattr(call, "kv_format", "bf16"))
 
 
 @dataclass(frozen=True)
 class Shape:
     """A benchmark / tuning problem: Sq query tokens, H heads, topk indices per token drawn
-    without repetition from s_kv rows (BENCHMARKS.md), d_qk, and whether the sink is on.
-    Text form: ``sq=4096,h=128,topk=2048,skv=8192[,d=576][,sink=1]``."""
+    without repetition from s_kv rows (BENCHMARKS.md), d_qk, whether the sink is on, and the KV
+    cache format (``operands.NAMES``; a quantized cache is a pool of 64-token pages).
+    Text form: ``sq=4096,h=128,topk=2048,skv=8192[,d=576][,sink=1][,kv=fp8_v32]``."""
 
     id: str
     sq: int
@@ -119,9 +139,11 @@ class Shape:
     s_kv: int
     d_qk: int = 576
     sink: bool = True
+    kv_format: str = "bf16"
 
 
-_SHAPE_KEYS = {"sq": "sq", "h": "heads", "topk": "topk", "skv": "s_kv", "d": "d_qk", "sink": "sink"}
+_SHAPE_KEYS = {"sq": "sq", "h": "heads", "topk": "topk", "skv": "s_kv", "d": "d_qk", "sink": "sink",
+               "kv": "kv_format"}
 
 #: The sparse shapes of BENCHMARKS.md (d_qk 576, sink on).
 SHAPES: dict[str, Shape] = {s.id: s for s in (
@@ -148,23 +170,31 @@ def parse_shape(text: str, id: str | None = None) -> Shape:
         k, v = item.split("=", 1)
         if k not in _SHAPE_KEYS:
             raise ValueError(f"{text!r}: unknown item {k!r}; known: {', '.join(_SHAPE_KEYS)}")
+        if k == "kv":
+            if v not in operands.NAMES:
+                raise ValueError(f"{text!r}: kv must be one of {list(operands.NAMES)}, got {v!r}")
+            values["kv_format"] = v
+            continue
         try:
             values[_SHAPE_KEYS[k]] = int(v)
         except ValueError:
             raise ValueError(f"{text!r}: {k} must be an integer, got {v!r}") from None
-    missing = [k for k, f in _SHAPE_KEYS.items() if f not in values and k not in ("d", "sink")]
+    missing = [k for k, f in _SHAPE_KEYS.items() if f not in values and k not in ("d", "sink", "kv")]
     if missing:
         raise ValueError(f"{text!r}: missing {', '.join(missing)}")
     values["sink"] = bool(values.get("sink", 1))
     shape = Shape(id or text, **values)
     if shape.d_qk not in D_QK_VALUES or min(shape.sq, shape.heads, shape.topk, shape.s_kv) < 1 or shape.topk > shape.s_kv:
         raise ValueError(f"{text!r}: needs d in {list(D_QK_VALUES)}, positive sizes and topk <= skv")
+    if shape.kv_format != "bf16" and shape.d_qk != operands.get(shape.kv_format).d_qk:
+        raise ValueError(f"{text!r}: kv={shape.kv_format} holds d={operands.get(shape.kv_format).d_qk} rows")
     return shape
 
 
 def describe_shape(shape: Shape) -> str:
+    fmt = "" if shape.kv_format == "bf16" else f",kv={shape.kv_format}"
     return (f"sq={shape.sq},h={shape.heads},topk={shape.topk},skv={shape.s_kv},d={shape.d_qk},"
-            f"sink={int(shape.sink)}")
+            f"sink={int(shape.sink)}{fmt}")
 
 
 @dataclass
@@ -188,6 +218,7 @@ class Call:
     kv_page_stride: int
     page_size: int    # 0: rows are kv_row_stride apart; else row r is (r // ps, r % ps) of a paged pool
     scale: float
+    kv_format: str = "bf16"   # operands.NAMES; strides count elements of kv (bytes when quantized)
 
     @property
     def key(self) -> ProblemKey:
@@ -219,12 +250,65 @@ def _aligned_or_copy(t):
     return t if ok else t.contiguous()
 
 
+def kv_format_of(kv_format, d_qk: int = 576) -> operands.KvFormat:
+    """The operand description of ``kv_format`` (ValueError / TypeError naming kv_format)."""
+    if not isinstance(kv_format, str):
+        _fail("kv_format", f"expected a string, one of {list(operands.NAMES)}, got {kv_format!r}", TypeError)
+    if kv_format not in operands.NAMES:
+        _fail("kv_format", f"{kv_format!r} is not one of {list(operands.NAMES)}")
+    return operands.get(kv_format, d_qk)
+
+
+def kv_layout(kv, fmt: operands.KvFormat, device=None):
+    """Check the cache tensor against its format and map it onto rows: returns (kv as the kernel
+    reads it, N rows, page_size, row stride, page stride), strides in elements of kv (bytes for a
+    quantized cache). page_size 0 means rows are one stride apart (a flat table, or pages back
+    to back); otherwise row ``r`` is page ``r // page_size``, offset ``r % page_size``.
+
+    bf16: [N, d], [N, 1, d] or [blocks, page, d]. Quantized: uint8 [N, row_bytes],
+    [blocks, page, row_bytes] or [blocks, page, 1, row_bytes] (FlashMLA's decode cache)."""
+    import torch
+
+    dtype = getattr(torch, fmt.storage)
+    what = (f"kv_format {fmt.name!r} rows are {fmt.row_bytes} bytes ({fmt.values} e4m3, {fmt.scales} fp32 "
+            f"scales, {fmt.rope} bf16)")
+    if isinstance(kv, torch.Tensor) and kv.dtype != dtype:
+        _fail("kv", f"dtype must be {dtype} for kv_format {fmt.name!r}, got {kv.dtype}", TypeError)
+    _check_tensor(torch, kv, "kv", dtype, (2, 3, 4) if fmt.quantized else (2, 3), device)
+    if kv.dim() == 4:
+        if kv.shape[2] != 1:
+            _fail("kv", f"a 4-D cache must be [num_blocks, page_size, 1, {fmt.row_elems}], got {tuple(kv.shape)}")
+        kv = kv[:, :, 0]
+    if kv.shape[-1] != fmt.row_elems:
+        if not fmt.quantized:
+            _fail("kv", f"last dimension must match q's d_qk {fmt.d_qk}, got {kv.shape[-1]}")
+        _fail("kv", f"last dimension must be {fmt.row_elems} ({what}), got {kv.shape[-1]}")
+    if kv.dim() == 2:
+        num_kv, page_size, row_stride, page_stride = kv.shape[0], 0, kv.stride(0), 0
+    else:
+        blocks, ps = kv.shape[0], kv.shape[1]
+        num_kv = blocks * ps
+        if ps == 1:
+            page_size, row_stride, page_stride = 0, kv.stride(0), 0
+        elif blocks <= 1 or kv.stride(0) == ps * kv.stride(1):
+            page_size, row_stride, page_stride = 0, kv.stride(1), 0   # pages back to back: a flat table
+        else:
+            page_size, row_stride, page_stride = ps, kv.stride(1), kv.stride(0)
+    # The gather reads 16-byte chunks: a base or stride that breaks that is copied (rows packed).
+    if kv.numel() and not (kv.data_ptr() % 16 == 0
+                           and all((s * fmt.elem_bytes) % 16 == 0 for s in (row_stride, page_stride))):
+        kv = kv.contiguous()
+        page_size, page_stride, row_stride = 0, 0, fmt.row_elems
+    return kv, num_kv, page_size, row_stride, page_stride
+
+
 def prepare(q, kv, indices, *, softmax_scale, topk_length=None, attn_sink=None, d_v=D_V, out=None,
-            max_logits=None, lse=None) -> Call:
+            max_logits=None, lse=None, kv_format="bf16") -> Call:
     """Validate the arguments (errors name the argument) and allocate the outputs. Reads no
     device values, so it never synchronises the host and can run inside CUDA graph capture."""
     import torch
 
+    kv_format_of(kv_format)
     if not isinstance(q, torch.Tensor):
         _fail("q", f"expected a torch.Tensor, got {type(q).__name__}", TypeError)
     if q.device.type != "cuda":
@@ -239,20 +323,11 @@ def prepare(q, kv, indices, *, softmax_scale, topk_length=None, attn_sink=None, 
     if d_v != D_V:
         _fail("d_v", f"must be {D_V} (V is the first 512 columns of each KV row), got {d_v!r}")
 
-    _check_tensor(torch, kv, "kv", torch.bfloat16, (2, 3), device)
-    if kv.shape[-1] != d_qk:
-        _fail("kv", f"last dimension must match q's d_qk {d_qk}, got {kv.shape[-1]}")
-    if kv.dim() == 2:
-        num_kv, page_size, row_stride, page_stride = kv.shape[0], 0, kv.stride(0), 0
-    else:
-        blocks, ps = kv.shape[0], kv.shape[1]
-        num_kv = blocks * ps
-        if ps == 1:
-            page_size, row_stride, page_stride = 0, kv.stride(0), 0
-        elif blocks <= 1 or kv.stride(0) == ps * kv.stride(1):
-            page_size, row_stride, page_stride = 0, kv.stride(1), 0   # pages back to back: a flat table
-        else:
-            page_size, row_stride, page_stride = ps, kv.stride(1), kv.stride(0)
+    fmt = kv_format_of(kv_format, d_qk)
+    if fmt.d_qk != d_qk:
+        _fail("q", f"last dimension (d_qk) must be {fmt.d_qk} for kv_format {fmt.name!r} "
+                   f"({fmt.values} latent + {fmt.rope} rope), got {d_qk}")
+    kv, num_kv, page_size, row_stride, page_stride = kv_layout(kv, fmt, device)
 
     _check_tensor(torch, indices, "indices", torch.int32, (2, 3), device)
     if indices.dim() == 3:
@@ -302,11 +377,8 @@ def prepare(q, kv, indices, *, softmax_scale, topk_length=None, attn_sink=None, 
         lse = torch.empty((sq, heads), dtype=torch.float32, device=device)
 
     q = _aligned_or_copy(q)
-    if kv.numel() and not (kv.data_ptr() % 16 == 0 and all((s * 2) % 16 == 0 for s in (row_stride, page_stride))):
-        kv = kv.contiguous()
-        page_size, page_stride, row_stride = 0, 0, d_qk
     return Call(q, kv, indices, topk_length, attn_sink, out, max_logits, lse, sq, heads, topk, d_qk,
-                min(num_kv, MAX_ROWS), row_stride, page_stride, page_size, scale)
+                min(num_kv, MAX_ROWS), row_stride, page_stride, page_size, scale, fmt.name)
 
 
 def fill_empty(call: Call) -> None:
@@ -330,7 +402,7 @@ def pack(call: Call):
         "sq": call.sq, "heads": call.heads, "topk": call.topk, "num_kv": call.num_kv,
         "page_size": call.page_size, "scale_log2": call.scale * math.log2(math.e),
     }
-    return PARAMS.pack(values)
+    return params_for(call.kv_format).pack(values)
 
 
 def grid(selection, call: Call) -> tuple[int, int, int]:
@@ -345,13 +417,23 @@ def launch(selection, call: Call, stream: int) -> None:
 
 
 def specialization(call) -> dict:
-    """The compile-time values a call (or Shape) needs: d_qk, and whether kv is a pool of strided pages."""
-    return {"d_qk": call.d_qk, "paged": getattr(call, "page_size", 0) > 0}
+    """The compile-time values a call (or Shape) needs: d_qk, whether kv is a pool of strided
+    pages, and the KV format."""
+    return {"d_qk": call.d_qk, "paged": getattr(call, "page_size", 0) > 0,
+            "kv_format": getattr(call, "kv_format", "bf16")}
 
 
 def accepts(spec, call: Call) -> bool:
     axes = dict(spec.specialize)
     return spec.abi == "gather" and all(v in axes.get(k, ()) for k, v in specialization(call).items())
+
+
+def kv_format_targets(kv_format: str) -> list[str]:
+    """The targets of the family's specs that read ``kv_format`` caches."""
+    from ...dispatch import family_specs
+
+    return sorted({t for s in family_specs(FAMILY.name) if kv_format in dict(s.specialize).get("kv_format", ())
+                   for t in s.targets})
 
 
 # --- the family (compile side) --------------------------------------------------------------
@@ -369,10 +451,10 @@ class MlaSparsePrefillFamily(Family):
         if spec.abi not in _ABIS:
             raise SpecError(spec.path, "abi", f"{spec.abi!r} is not one of {sorted(_ABIS)}")
         axes = dict(spec.specialize)
-        if set(axes) != {"d_qk", "paged"} or not set(axes["d_qk"]) <= set(D_QK_VALUES) \
-                or not set(axes["paged"]) <= {False, True}:
+        if set(axes) != {"d_qk", "paged", "kv_format"} or not set(axes["d_qk"]) <= set(D_QK_VALUES) \
+                or not set(axes["paged"]) <= {False, True} or not set(axes["kv_format"]) <= set(operands.NAMES):
             raise SpecError(spec.path, "specialize", f"this family specialises on d_qk (values from "
-                            f"{list(D_QK_VALUES)}) and paged (false, true)")
+                            f"{list(D_QK_VALUES)}), paged (false, true) and kv_format (from {list(operands.NAMES)})")
         if spec.schedule is not None:
             _validate_schedule(spec)
         from ... import expr, variant
@@ -388,6 +470,10 @@ class MlaSparsePrefillFamily(Family):
                                 f"(requires {c.require.text})")
 
     def check_variant(self, variant, target, resources) -> list[str]:
+        fmt = operands.get(variant["kv_format"], variant["d_qk"])
+        if fmt.d_qk != variant["d_qk"]:
+            return [f"kv_format {fmt.name} rows hold {fmt.values} latent + {fmt.rope} rope values: d_qk must be "
+                    f"{fmt.d_qk}"]
         if variant.spec.schedule is None:
             return []
         if not target.has("wgmma") or not target.has("setmaxnreg"):
@@ -412,7 +498,13 @@ class MlaSparsePrefillFamily(Family):
     def render_context(self, variant) -> dict:
         from ...resources import estimate
 
-        return {"params_decl": _ABIS[variant.spec.abi].c_declaration(), "smem_bytes": estimate(variant).smem_bytes}
+        fmt = operands.get(variant["kv_format"], variant["d_qk"])
+        # The operand as data for the template: its device loader and row layout.
+        kv = {"format": fmt.name, "quantized": fmt.quantized, "row_bytes": fmt.row_bytes, "value_count": fmt.values,
+              "scale_block": fmt.scale_block, "scale_offset": fmt.scale_offset, "rope_offset": fmt.rope_offset,
+              "rope": fmt.rope}
+        return {"params_decl": _ABIS[variant.spec.abi](fmt.name).c_declaration(),
+                "smem_bytes": estimate(variant).smem_bytes, "kv": kv}
 
     # --- shape classes ----------------------------------------------------------------------
 
@@ -427,7 +519,7 @@ class MlaSparsePrefillFamily(Family):
 
     def problem_specialization(self, problem: str) -> dict:
         key = ProblemKey.parse(problem)
-        return {"d_qk": key.d_qk, "paged": key.layout == "paged"}
+        return {"d_qk": key.d_qk, "paged": key.layout == "paged", "kv_format": key.kv_format}
 
     def parse_shape(self, text: str, id: str | None = None) -> Shape:
         return parse_shape(text, id)
@@ -460,20 +552,23 @@ class MlaSparsePrefillFamily(Family):
     def check_shape(self, shape) -> Shape:
         """5 tokens, up to 20 heads (a partial 64-row group), topk 200 (not a multiple of the
         64-row block, so the last pair is part-invalid) over 300 rows, the shape's d_qk."""
-        return Shape(f"check:{shape.id}", 5, min(shape.heads, 20), 200, 300, shape.d_qk, True)
+        return Shape(f"check:{shape.id}", 5, min(shape.heads, 20), 200, 300, shape.d_qk, True,
+                     getattr(shape, "kv_format", "bf16"))
 
     def call(self, inputs, *, variant=None, kernel=None, outputs=None, check=False):
         # The eager path the public call and its torch ops run (the ops module imports this one).
         out, max_logits, lse = outputs if outputs is not None else (None, None, None)
         return run(inputs["q"], inputs["kv"], inputs["indices"], softmax_scale=inputs["softmax_scale"],
-                                  topk_length=inputs.get("topk_length"), attn_sink=inputs.get("attn_sink"), out=out,
-                                  max_logits=max_logits, lse=lse, kernel=variant if variant is not None else kernel)
+                   topk_length=inputs.get("topk_length"), attn_sink=inputs.get("attn_sink"), out=out,
+                   max_logits=max_logits, lse=lse, kernel=variant if variant is not None else kernel,
+                   kv_format=inputs.get("kv_format", "bf16"))
 
     def reference(self, shape, inputs, heads: int | None = None):
         h = inputs["q"].shape[1] if heads is None else min(heads, inputs["q"].shape[1])
         sink = inputs.get("attn_sink")
         return reference(inputs["q"][:, :h], inputs["kv"], inputs["indices"], softmax_scale=inputs["softmax_scale"],
-                         topk_length=inputs.get("topk_length"), attn_sink=None if sink is None else sink[:h])
+                         topk_length=inputs.get("topk_length"), attn_sink=None if sink is None else sink[:h],
+                         kv_format=inputs.get("kv_format", "bf16"))
 
     def compare(self, got, ref):
         return compare(got, ref)
@@ -551,8 +646,12 @@ def kv_rows(kv):
 
 
 def reference(q, kv, indices, *, softmax_scale, topk_length=None, attn_sink=None, d_v=D_V, dtype=None,
-              chunk: int = 64):
+              chunk: int = 64, kv_format="bf16"):
     """MLA.md section 2 in ``dtype`` (float64 on CPU, float32 on GPU by default).
+
+    A quantized cache (``kv_format`` other than bf16) is dequantized first (fp32 product of the
+    e4m3 value and its block's scale, :func:`mlagen.operands.dequantize`, not rounded to bf16);
+    the rest is the same computation.
 
     Returns (out [Sq, H, d_v], max_logits [Sq, H], lse [Sq, H]) in that dtype, natural log. Invalid
     entries (index < 0 or >= N, or position >= topk_length) count for nothing; duplicates count
@@ -563,7 +662,8 @@ def reference(q, kv, indices, *, softmax_scale, topk_length=None, attn_sink=None
 
     if dtype is None:
         dtype = torch.float64 if q.device.type == "cpu" else torch.float32
-    rows = kv_rows(kv)
+    fmt = operands.get(kv_format, q.shape[-1])
+    rows = operands.dequantize(kv, fmt) if fmt.quantized else kv_rows(kv)
     n = rows.shape[0]
     if indices.dim() == 3:
         indices = indices[:, 0, :]
@@ -613,14 +713,14 @@ def random_indices(sq: int, topk: int, s_kv: int, device, generator=None, chunk:
 
 
 def make_inputs(shape: dict, device, seed: int = 0) -> dict:
-    """Benchmark / verification inputs for a shape {sq, heads, topk, s_kv[, d_qk][, sink]}: fresh
+    """Benchmark / verification inputs for a shape {sq, heads, topk, s_kv[, d_qk][, sink][, kv_format]}: fresh
     randn data, indices a uniform choice without repetition (BENCHMARKS.md), the sink on unless
     ``sink`` is False. Returns keyword arguments of :func:`mlagen.mla_sparse_prefill`."""
     import torch
 
     if isinstance(shape, Shape):
         shape = {"sq": shape.sq, "heads": shape.heads, "topk": shape.topk, "s_kv": shape.s_kv, "d_qk": shape.d_qk,
-                 "sink": shape.sink}
+                 "sink": shape.sink, "kv_format": shape.kv_format}
     gen = torch.Generator(device=device)
     gen.manual_seed(seed)
     sq, heads, topk, s_kv = shape["sq"], shape["heads"], shape["topk"], shape["s_kv"]
@@ -629,7 +729,16 @@ def make_inputs(shape: dict, device, seed: int = 0) -> dict:
     kv = torch.randn((s_kv, 1, d_qk), device=device, generator=gen).to(torch.bfloat16)
     indices = random_indices(sq, topk, s_kv, device, gen).view(sq, 1, topk)
     sink = torch.randn((heads,), device=device, generator=gen) if shape.get("sink", True) else None
-    return {"q": q, "kv": kv, "indices": indices, "softmax_scale": d_qk ** -0.5, "attn_sink": sink}
+    inputs = {"q": q, "kv": kv, "indices": indices, "softmax_scale": d_qk ** -0.5, "attn_sink": sink}
+    fmt = operands.get(shape.get("kv_format", "bf16"), d_qk)
+    if fmt.quantized:
+        # The same rows quantized into a pool of 64-token pages (the V3.2 serving layout).
+        pages = -(-s_kv // 64)
+        rows = torch.zeros((pages * 64, d_qk), device=device)
+        rows[:s_kv] = kv[:, 0].float()
+        inputs["kv"] = operands.quantize(rows, fmt).view(pages, 64, fmt.row_bytes)
+        inputs["kv_format"] = fmt.name
+    return inputs
 
 
 REL_TOL = 1e-2    # bf16 P and output; fp32 accumulation
@@ -690,13 +799,13 @@ def compare(got, ref) -> Check:
 
 
 def run(q, kv, indices, *, softmax_scale, topk_length=None, attn_sink=None, d_v=D_V, out=None, max_logits=None,
-        lse=None, kernel=None):
+        lse=None, kernel=None, kv_format="bf16"):
     """The eager path of one call (what the torch ops run): check, select, launch on the current
     stream; returns (out, max_logits, lse). See :func:`mlagen.mla_sparse_prefill`."""
     import torch
 
     call = prepare(q, kv, indices, softmax_scale=softmax_scale, topk_length=topk_length, attn_sink=attn_sink,
-                   d_v=d_v, out=out, max_logits=max_logits, lse=lse)
+                   d_v=d_v, out=out, max_logits=max_logits, lse=lse, kv_format=kv_format)
     if call.empty:
         if call.sq:
             fill_empty(call)
@@ -715,10 +824,24 @@ def select(call: Call, kernel=None):
     from ...variant import Variant
 
     device = call.q.device.index if call.q.device.index is not None else torch.cuda.current_device()
-    selection = dispatch.dispatcher().select(
-        FAMILY.name, str(call.key), specialization(call), device,
-        accepts=lambda spec: accepts(spec, call),
-        variant=kernel if isinstance(kernel, Variant) else None,
-        only=kernel if isinstance(kernel, str) else None,
-    )
+    if isinstance(kernel, Variant):
+        # A pinned variant skips dispatch's filter; one compiled for another layout or format
+        # would read the cache at the wrong offsets.
+        wrong = {k: v for k, v in specialization(call).items() if kernel.get(k, "bf16" if k == "kv_format" else None) != v}
+        if wrong:
+            _fail("kernel", f"variant {kernel.symbol} is compiled for "
+                            f"{ {k: kernel.get(k) for k in wrong} }, the call needs {wrong}")
+    try:
+        selection = dispatch.dispatcher().select(
+            FAMILY.name, str(call.key), specialization(call), device,
+            accepts=lambda spec: accepts(spec, call),
+            variant=kernel if isinstance(kernel, Variant) else None,
+            only=kernel if isinstance(kernel, str) else None,
+        )
+    except NoDeviceError as exc:
+        if call.kv_format == "bf16":
+            raise
+        targets = ", ".join(kv_format_targets(call.kv_format)) or "none"
+        raise NoDeviceError(f"mla_sparse_prefill: kv_format {call.kv_format!r}: no kernel for this device and "
+                            f"these inputs ({exc}); kernels reading it target: {targets}") from None
     return device, selection

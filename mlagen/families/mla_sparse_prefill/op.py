@@ -2,8 +2,8 @@
 ``torch.compile(fullgraph=True)`` traces a model that calls it without a graph break, and CUDA
 graphs capture it.
 
-* ``mlagen::mla_sparse_prefill(q, kv, indices, softmax_scale, topk_length?, attn_sink?, kernel?)
-  -> (out, max_logits, lse)``: allocates its outputs;
+* ``mlagen::mla_sparse_prefill(q, kv, indices, softmax_scale, topk_length?, attn_sink?, kernel?,
+  kv_format) -> (out, max_logits, lse)``: allocates its outputs;
 * ``mlagen::mla_sparse_prefill_out(..., out!, max_logits!, lse!) -> ()``: writes preallocated outputs.
 
 Importing this module imports torch and registers the ops.
@@ -23,34 +23,35 @@ Tensor = torch.Tensor
 
 def _shapes(q, kv, indices):
     """Output shapes from the inputs' shapes alone (the fake implementations see no data)."""
-    if q.dim() != 3 or indices.dim() not in (2, 3) or kv.dim() not in (2, 3):
-        raise ArgumentError("mla_sparse_prefill: q must be [Sq, H, d_qk], kv [N, d] / [N, 1, d] / [blocks, page, d], "
-                            "indices [Sq, topk] / [Sq, 1, topk]")
+    if q.dim() != 3 or indices.dim() not in (2, 3) or kv.dim() not in (2, 3, 4):
+        raise ArgumentError("mla_sparse_prefill: q must be [Sq, H, d_qk], kv [N, d] / [N, 1, d] / [blocks, page, d] "
+                            "(quantized: also [blocks, page, 1, row_bytes]), indices [Sq, topk] / [Sq, 1, topk]")
     return (q.shape[0], q.shape[1], D_V), (q.shape[0], q.shape[1])
 
 
 @torch.library.custom_op("mlagen::mla_sparse_prefill", mutates_args=())
 def _op(q: Tensor, kv: Tensor, indices: Tensor, softmax_scale: float, topk_length: Optional[Tensor],
-        attn_sink: Optional[Tensor], kernel: Optional[str]) -> tuple[Tensor, Tensor, Tensor]:
+        attn_sink: Optional[Tensor], kernel: Optional[str], kv_format: str) -> tuple[Tensor, Tensor, Tensor]:
     return run(q, kv, indices, softmax_scale=softmax_scale, topk_length=topk_length, attn_sink=attn_sink,
-               kernel=kernel)
+               kernel=kernel, kv_format=kv_format)
 
 
 @_op.register_fake
-def _op_fake(q, kv, indices, softmax_scale, topk_length, attn_sink, kernel):
+def _op_fake(q, kv, indices, softmax_scale, topk_length, attn_sink, kernel, kv_format):
     o, s = _shapes(q, kv, indices)
     return q.new_empty(o), q.new_empty(s, dtype=torch.float32), q.new_empty(s, dtype=torch.float32)
 
 
 @torch.library.custom_op("mlagen::mla_sparse_prefill_out", mutates_args=("out", "max_logits", "lse"))
 def _op_out(q: Tensor, kv: Tensor, indices: Tensor, softmax_scale: float, topk_length: Optional[Tensor],
-            attn_sink: Optional[Tensor], kernel: Optional[str], out: Tensor, max_logits: Tensor, lse: Tensor) -> None:
+            attn_sink: Optional[Tensor], kernel: Optional[str], kv_format: str, out: Tensor, max_logits: Tensor,
+            lse: Tensor) -> None:
     run(q, kv, indices, softmax_scale=softmax_scale, topk_length=topk_length, attn_sink=attn_sink, out=out,
-        max_logits=max_logits, lse=lse, kernel=kernel)
+        max_logits=max_logits, lse=lse, kernel=kernel, kv_format=kv_format)
 
 
 @_op_out.register_fake
-def _op_out_fake(q, kv, indices, softmax_scale, topk_length, attn_sink, kernel, out, max_logits, lse):
+def _op_out_fake(q, kv, indices, softmax_scale, topk_length, attn_sink, kernel, kv_format, out, max_logits, lse):
     _shapes(q, kv, indices)
 
 
@@ -61,7 +62,7 @@ def _tracing(q) -> bool:
 
 
 def mla_sparse_prefill(q, kv, indices, *, softmax_scale, topk_length=None, attn_sink=None, d_v=D_V, out=None,
-                       max_logits=None, lse=None, kernel=None):
+                       max_logits=None, lse=None, kernel=None, kv_format="bf16"):
     """Sparse MLA prefill (DeepSeek-V3.2 DSA, absorbed "MQA mode"), as in MLA.md section 2.
 
     Args:
@@ -70,6 +71,9 @@ def mla_sparse_prefill(q, kv, indices, *, softmax_scale, topk_length=None, attn_
         kv: the latent cache, one head shared by all query heads: [N, d_qk], [N, 1, d_qk], or a
             paged pool [num_blocks, page_size, d_qk] whose row ``r`` is page ``r // page_size``,
             offset ``r % page_size`` (pages may be strided). V is the first 512 columns of a row.
+            With a quantized ``kv_format``: uint8 [num_blocks, page_size, row_bytes] or
+            [num_blocks, page_size, 1, row_bytes] (FlashMLA's decode cache; also [N, row_bytes]),
+            row_bytes 656 for ``fp8_v32``.
         indices: [Sq, topk] or [Sq, 1, topk] int32 row ids into kv; any topk >= 0. Entries < 0 or
             >= N are invalid: they count for nothing and are never read. Duplicates count each time.
         softmax_scale: scale of q . k (natural-log units).
@@ -80,6 +84,12 @@ def mla_sparse_prefill(q, kv, indices, *, softmax_scale, topk_length=None, attn_
         out: optional preallocated [Sq, H, 512] bf16 (4-byte aligned strides).
         max_logits, lse: optional preallocated [Sq, H] fp32 outputs.
         kernel: optional spec name or Variant to force a kernel (default: dispatch).
+        kv_format: how kv rows are stored (``mlagen.operands``): ``"bf16"`` (default), or
+            ``"fp8_v32"`` (DeepSeek-V3.2: 512 e4m3 values, 4 fp32 scales one per 128 values,
+            64 bf16 rope values; 656 bytes), ``"fp8_b64"`` / ``"fp8_b32"`` (a scale per 64 / 32
+            values), ``"fp8_b0"`` (no scales). Quantized rows are dequantized in the kernel
+            (fp32 product of value and scale, rounded to bf16) and need d_qk 576; the result
+            is the bf16 kernel's on those dequantized rows. sm_90a only.
 
     Returns:
         (out, max_logits, lse): out [Sq, H, 512] bf16; max_logits and lse [Sq, H] fp32, natural
@@ -93,12 +103,14 @@ def mla_sparse_prefill(q, kv, indices, *, softmax_scale, topk_length=None, attn_
     """
     if kernel is not None and not isinstance(kernel, str) or not _tracing(q):
         return run(q, kv, indices, softmax_scale=softmax_scale, topk_length=topk_length, attn_sink=attn_sink, d_v=d_v,
-                   out=out, max_logits=max_logits, lse=lse, kernel=kernel)
+                   out=out, max_logits=max_logits, lse=lse, kernel=kernel, kv_format=kv_format)
     if d_v != D_V:
         raise ArgumentError(f"mla_sparse_prefill: d_v: must be {D_V}, got {d_v!r}")
     if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float)):
         raise TypeError(f"mla_sparse_prefill: softmax_scale: expected a float, got {softmax_scale!r}")
-    args = (q, kv, indices, float(softmax_scale), topk_length, attn_sink, kernel)
+    if not isinstance(kv_format, str):
+        raise TypeError(f"mla_sparse_prefill: kv_format: expected a string, got {kv_format!r}")
+    args = (q, kv, indices, float(softmax_scale), topk_length, attn_sink, kernel, kv_format)
     if out is None and max_logits is None and lse is None:
         return torch.ops.mlagen.mla_sparse_prefill(*args)
     o, s = _shapes(q, kv, indices)

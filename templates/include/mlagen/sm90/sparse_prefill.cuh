@@ -1,10 +1,11 @@
 // Sparse MLA prefill for Hopper (sm_90a), DeepSeek-V3.2 DSA (../../../../../shared/MLA.md section 2).
 //
 // One CTA per (query token, group of 64 heads); three warpgroups. The producer warpgroup gathers
-// the token's selected KV rows, 64 at a time, into two shared-memory buffers with 16-byte
-// cp.async (8 threads per 128-byte row, rows zero-filled and never read when invalid), each
+// the token's selected KV rows, 64 at a time, into two shared-memory buffers of bf16 tiles, each
 // buffer in two halves (columns 0-255 and 256-575) with their own mbarriers so that Q K^T can
-// start on the first half. Consumer 0 computes the scores of even blocks (buffer 0), consumer 1
+// start on the first half. How rows are read is the KV operand's (Cfg::Kv, one header per kind:
+// sparse_kv_bf16.cuh gathers bf16 rows with cp.async, sparse_kv_fp8.cuh dequantizes FP8 rows);
+// everything after the tiles are filled is the same for every operand. Consumer 0 computes the scores of even blocks (buffer 0), consumer 1
 // of odd blocks (buffer 1), both as S = Q K^T over 64 heads x 64 keys (wgmma, Q and K in shared
 // memory). V is the K buffer read transposed (columns 0-511 of each row), so nothing is loaded
 // twice. Consumer 0 owns output columns 0-255 and consumer 1 columns 256-511: each multiplies its
@@ -82,94 +83,6 @@ __device__ __forceinline__ int num_pairs(int len) { return (len + 2 * kBlockK - 
 // Byte offset of (row, 16-byte chunk) in a 128-byte-swizzled tile (the wgmma/TMA 128B pattern).
 __device__ __forceinline__ u32 swizzled(int row, int chunk) { return row * 128 + ((chunk ^ (row % 8)) << 4); }
 
-// ------------------------------------------------------------------------------------------------
-// Producer warpgroup: thread = (row group g of 16, chunk c of 8); it copies chunk c of every tile
-// of rows g, g + 16, g + 32, g + 48 of each block.
-
-template <class Cfg, class Params>
-__device__ void producer(const Params& p, u32 smem, const Barriers& bar, int t, int head0) {
-  using L = Layout<Cfg>;
-  const int tid = threadIdx.x % 128;
-  const int g = tid / 8, c = tid % 8;
-  const u64 policy = Cfg::kEvictLast ? l2_policy_evict_last() : 0;
-
-  const int len = valid_length(p, t);
-  const int pairs = num_pairs(len);
-  const int* idx_row = p.indices + (i64)t * p.idx_row_stride;
-  const u16* kv = p.kv + c * 8;
-  for (int pair = 0; pair < pairs; ++pair) {
-    const u32 phase = (pair & 1) ^ 1;
-    // Where each of this pair's rows starts (element offset), -1 where the entry is invalid; read
-    // early so the index latency hides behind the waits below. A flat table (PAGED false) folds
-    // the stride in here, as 64-bit offsets (row * stride overflows 32 bits past 2**31 elements),
-    // keeping the copy loop free of branches; a paged pool keeps 32-bit row ids (the 72-register
-    // producer cannot hold eight 64-bit offsets beside its division temporaries) and splits
-    // them into page and offset at copy time.
-    using Slot = typename Cfg::GatherSlot;
-    Slot rows[2][4];
-#pragma unroll
-    for (int b = 0; b < 2; ++b) {
-#pragma unroll
-      for (int r = 0; r < 4; ++r) {
-        const int pos = (2 * pair + b) * kBlockK + g + 16 * r;
-        int row = -1;
-        if (pos < len) row = __ldg(idx_row + pos);
-        const bool ok = row >= 0 && row < p.num_kv;
-        if constexpr (Cfg::kPaged) rows[b][r] = ok ? row : -1;
-        else rows[b][r] = ok ? (i64)row * p.kv_row_stride : (i64)-1;
-      }
-    }
-    auto copy = [&](int b, int half) {
-      const u32 buf = smem + (b == 0 ? L::kK0 : L::kK1);
-      const int first = half == 0 ? 0 : kHalfTiles;
-      const int last = half == 0 ? kHalfTiles : L::kDTiles;
-#pragma unroll
-      for (int r = 0; r < 4; ++r) {
-        const bool ok = rows[b][r] >= 0;
-        i64 off;
-        if constexpr (Cfg::kPaged) {
-          const int row = ok ? (int)rows[b][r] : 0;
-          off = (i64)(row / p.page_size) * p.kv_page_stride + (i64)(row % p.page_size) * p.kv_row_stride;
-        } else {
-          off = ok ? rows[b][r] : 0;
-        }
-        const u16* src = kv + off;
-#pragma unroll
-        for (int tile = first; tile < last; ++tile)
-          cp_async_16<Cfg::kEvictLast>(buf + tile * kTileBytes + swizzled(g + 16 * r, c), src + tile * kTileCols, ok,
-                                       policy);
-      }
-    };
-    auto publish_valid = [&](int b) {
-      // Plain stores then a plain (release) arrival on the same barrier as the rows.
-      if (c == 0) {
-#pragma unroll
-        for (int r = 0; r < 4; ++r)
-          asm volatile("st.shared.u8 [%0], %1;\n" ::"r"(smem + L::kValid + b * 64 + g + 16 * r),
-                       "h"((u16)(rows[b][r] >= 0))
-                       : "memory");
-        mbar_arrive(bar.ready(b, 1));
-      }
-    };
-    // The order follows when each part is released: buffer 0's first half by consumer 0's own
-    // P V, buffer 1's second half by consumer 1's own P V, the others after the exchanged P V.
-    mbar_wait(bar.free(0, 0), phase);
-    copy(0, 0);
-    cp_async_arrive_noinc(bar.ready(0, 0));
-    mbar_wait(bar.free(1, 1), phase);
-    copy(1, 1);
-    cp_async_arrive_noinc(bar.ready(1, 1));
-    publish_valid(1);
-    mbar_wait(bar.free(0, 1), phase);
-    copy(0, 1);
-    cp_async_arrive_noinc(bar.ready(0, 1));
-    publish_valid(0);
-    mbar_wait(bar.free(1, 0), phase);
-    copy(1, 0);
-    cp_async_arrive_noinc(bar.ready(1, 0));
-  }
-}
-
 // Q, gathered by the two consumer warpgroups (idle until it lands) so that the producer starts
 // on the indices and the first KV rows at once; heads past H become zero rows.
 template <class Cfg, class Params>
@@ -202,16 +115,7 @@ struct ConsumerRegs {
   float l[2];     // running sum of this consumer's probabilities
 };
 
-// A descriptor's start address is its low 14 bits (address / 16): moving it by a byte offset
-// inside shared memory is an add that never carries out of the field.
-__device__ __forceinline__ u64 desc_offset(u32 bytes) { return bytes >> 4; }
-
-// Hide a value from the optimiser so that per-MMA descriptors are formed at their use (one add
-// each) instead of being hoisted out of the loop into dozens of live 64-bit registers.
-__device__ __forceinline__ u64 opaque(u64 x) {
-  asm volatile("" : "+l"(x));
-  return x;
-}
+// desc_offset and opaque (forming each MMA's descriptor from a base): mlagen/sm90/wgmma.cuh.
 
 // Wait for gathered data. The rows were written by cp.async and are read by wgmma (the async
 // proxy); the memory model asks for a proxy fence in each reading thread after the barrier
@@ -609,8 +513,8 @@ __device__ __forceinline__ Barriers init_barriers(u32 smem) {
   if (threadIdx.x == 0) {
     mbar_init(bar.q_full(), 256);  // every consumer thread copies part of Q
     for (int b = 0; b < 2; ++b) {
-      mbar_init(bar.ready(b, 0), 128);
-      mbar_init(bar.ready(b, 1), 128 + 16);  // + the 16 threads publishing the validity flags
+      mbar_init(bar.ready(b, 0), Cfg::Kv::kReadyFirst);  // as many as the KV operand's loader arrives with
+      mbar_init(bar.ready(b, 1), Cfg::Kv::kReadySecond);
       mbar_init(bar.free(b, 0), 128);        // one consumer warpgroup releases each part
       mbar_init(bar.free(b, 1), 128);
     }

@@ -1,0 +1,91 @@
+"""Sparse MLA prefill straight from an FP8 latent cache (issue 10) on the GPU.
+
+The matrix of mlagen.bench_sparse.fp8_cases (H in {1, 16, 64, 128} x topk in {1, 33, 640, 2048};
+fp8_v32 and scale blocks 64 / 32 / none; page sizes 64 and 1, FlashMLA's 4-D decode form and
+strided pages; per-block scales spread over four orders of magnitude; -1, negative, >= N and
+2**31 - 1 indices; duplicates; topk_length; every sink mode; outputs poisoned with NaN): each
+case against the float32 reference (dequantized first), and bit for bit against the bf16
+kernel on the bf16 copy of the dequantized rows.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+torch = pytest.importorskip("torch")
+
+import mlagen  # noqa: E402
+from mlagen import bench_sparse, operands  # noqa: E402
+from mlagen.errors import NoDeviceError  # noqa: E402
+from mlagen.families import mla_sparse_prefill as fam  # noqa: E402
+
+CASES = bench_sparse.fp8_cases()
+
+
+@pytest.mark.parametrize("i", range(len(CASES)))
+def test_fp8_cache_matches_reference_and_bf16_kernel(i):
+    ok, msg = bench_sparse.check_fp8_case(torch, CASES[i], seed=2000 + i)
+    assert ok, f"{CASES[i]}: {msg}"
+
+
+def _inputs(seed=4):
+    return fam.make_inputs({"sq": 16, "heads": 64, "topk": 256, "s_kv": 1000, "kv_format": "fp8_v32"}, "cuda",
+                           seed=seed)
+
+
+def test_fp8_cuda_graph_capture_and_replay():
+    inp = _inputs()
+    mlagen.mla_sparse_prefill(**inp)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        o, ml, lse = mlagen.mla_sparse_prefill(**inp)
+    new = _inputs(seed=5)
+    for k in ("q", "kv", "indices", "attn_sink"):
+        inp[k].copy_(new[k])
+    g.replay()
+    ro, rml, rlse = mlagen.mla_sparse_prefill(**new)
+    torch.cuda.synchronize()
+    assert torch.equal(o, ro) and torch.equal(lse, rlse) and torch.equal(ml, rml)
+
+
+def test_fp8_through_the_torch_op():
+    inp = _inputs()
+    eager = mlagen.mla_sparse_prefill(**inp)
+    compiled = torch.compile(lambda **kw: mlagen.mla_sparse_prefill(**kw), fullgraph=True)(**inp)
+    for a, b in zip(eager, compiled):
+        assert torch.equal(a, b)
+
+
+def test_fp8_opcheck():
+    from mlagen.families.mla_sparse_prefill import op
+
+    inp = _inputs()
+    args = (inp["q"], inp["kv"], inp["indices"], 0.04, None, inp["attn_sink"], None, "fp8_v32")
+    for name, result in torch.library.opcheck(op._op, args).items():
+        assert result == "SUCCESS", (name, result)
+
+
+def test_a_pinned_variant_of_another_format_is_refused():
+    from mlagen import spec, variant
+
+    inp = _inputs()
+    bf16_variant = variant.make(spec.load("mla_sparse_prefill_sm90"), {})
+    with pytest.raises(ValueError, match="kernel: variant .* the call needs"):
+        mlagen.mla_sparse_prefill(**inp, kernel=bf16_variant)
+
+
+def test_the_sm80_fallback_names_kv_format_and_its_targets():
+    inp = _inputs()
+    with pytest.raises(NoDeviceError, match="kv_format 'fp8_v32'.*target: sm_90a"):
+        mlagen.mla_sparse_prefill(**inp, kernel="mla_sparse_prefill_sm80")
+
+
+def test_scale_blocks_64_32_and_none_match_their_references():
+    for name in ("fp8_b64", "fp8_b32", "fp8_b0"):
+        case = {"sq": 5, "heads": 128, "topk": 300, "n": 900, "kv": "p64", "kv_format": name, "sink": "finite"}
+        ok, msg = bench_sparse.check_fp8_case(torch, case, seed=7)
+        assert ok, f"{name}: {msg}"
+    assert operands.get("fp8_b0").scales == 0

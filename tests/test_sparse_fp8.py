@@ -218,8 +218,22 @@ def test_the_benchmarks_serving_pass_makes_the_kernels_bf16_copy():
     assert torch.equal(bench_sparse.serving_dequant(torch, cache, fmt, buf), operands.dequantize(cache, fmt, round_bf16=True))
 
 
-def test_judge_tolerances_are_parameters():
-    ref = (torch.ones(2, 3, 512), torch.zeros(2, 3), torch.full((2, 3), 10.0))
-    got = ((ref[0] * 1.02).to(torch.bfloat16), ref[1], ref[2] + 0.2)
-    assert not bench_sparse.judge(torch, got, ref)[0]
-    assert bench_sparse.judge(torch, got, ref, bench_sparse.FP8_OUT_TOL, bench_sparse.FP8_STAT_TOL)[0]
+def test_the_rounding_bound_holds_on_the_reference_and_catches_more():
+    # What the bf16 compute mode may differ from fp32-dequantized rows by: the reference on the
+    # bf16-rounded rows stays within logit_bound of the reference on the fp32 rows (scales spread
+    # over 10**+-2), and a max_logits moved past the bound fails.
+    fmt = operands.get("fp8_v32")
+    g = torch.Generator().manual_seed(11)
+    cache = bench_sparse.make_fp8_kv(torch, "p64", 300, fmt, g, "cpu")
+    n = cache.shape[0] * cache.shape[1]
+    q = torch.randn(6, 8, 576, generator=g).to(torch.bfloat16)
+    idx = bench_sparse.fuzzed_indices(torch, 6, 64, n, g, "cpu")
+    scale = 576 ** -0.5
+    ref32 = fam.reference(q, cache, idx, softmax_scale=scale, kv_format=fmt.name)
+    ref16 = fam.reference(q, operands.dequantize(cache, fmt, round_bf16=True), idx, softmax_scale=scale)
+    bound = bench_sparse.logit_bound(torch, q, operands.dequantize(cache, fmt), idx, None, scale)
+    assert (bound > 0).any()
+    ok, msg = bench_sparse.judge_bounded(torch, ref16, ref32, bound)
+    assert ok, msg
+    moved = torch.where(torch.isinf(ref16[1]), ref16[1], ref16[1] + 2 * bound + 0.1)
+    assert not bench_sparse.judge_bounded(torch, (ref16[0], moved, ref16[2]), ref32, bound)[0]

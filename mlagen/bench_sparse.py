@@ -444,7 +444,7 @@ def bench_fp8(shapes, rounds, iters) -> None:
         times = {k: [] for k in fns}
         for _ in range(rounds):
             for k, f in fns.items():
-                times[k].append(measure.median(measure.time_calls(f, iters, flush)))
+                times[k].append(measure.median(measure.time_calls(f, iters, flush)) * 1e3)   # ms
         med = {k: measure.median(v) for k, v in times.items()}
         row = {"shape": shape.id, **{f"{k}_ms": v for k, v in med.items()},
                **{f"{k}_tflops": fl / v / 1e9 for k, v in med.items()},

@@ -76,6 +76,23 @@ def sink_for(torch, mode, heads, gen, device):
     raise ValueError(mode)
 
 
+def case_indices(torch, case: dict, n_rows: int, gen, device):
+    """A case's indices (fuzzed; [Sq, 1, topk] with ``idx3``), topk_length (one row 0, one row
+    topk, with "long" one past topk: clamped) and sink, drawn in that order from ``gen``."""
+    sq, heads, topk = case["sq"], case["heads"], case["topk"]
+    idx = fuzzed_indices(torch, sq, topk, n_rows, gen, device, invalid=case.get("invalid", 0.2))
+    if case.get("idx3"):
+        idx = idx.view(sq, 1, topk)
+    length = None
+    if case.get("topk_length"):
+        length = torch.randint(0, topk + 1, (sq,), generator=gen, device=device, dtype=torch.int32)
+        length[sq // 2] = 0
+        length[-1] = topk
+        if case["topk_length"] == "long":
+            length[1] = topk + 100
+    return idx, length, sink_for(torch, case.get("sink", "none"), heads, gen, device)
+
+
 def check_case(torch, case: dict, seed: int, kernel=None) -> tuple[bool, str]:
     """Run one case through mlagen.mla_sparse_prefill and the float32 reference; (ok, summary)."""
     import mlagen
@@ -89,17 +106,7 @@ def check_case(torch, case: dict, seed: int, kernel=None) -> tuple[bool, str]:
     q = q_big[:, 1:heads + 1, :d_qk]
     kv = make_kv(torch, case.get("kv", "flat"), n, d_qk, gen, device)
     n_rows = kv.shape[0] * (kv.shape[1] if kv.dim() == 3 else 1)
-    idx = fuzzed_indices(torch, sq, topk, n_rows, gen, device, invalid=case.get("invalid", 0.2))
-    if case.get("idx3"):
-        idx = idx.view(sq, 1, topk)
-    length = None
-    if case.get("topk_length"):
-        length = torch.randint(0, topk + 1, (sq,), generator=gen, device=device, dtype=torch.int32)
-        length[sq // 2] = 0
-        length[-1] = topk
-        if case["topk_length"] == "long":
-            length[1] = topk + 100  # past topk: clamped
-    sink = sink_for(torch, case.get("sink", "none"), heads, gen, device)
+    idx, length, sink = case_indices(torch, case, n_rows, gen, device)
     scale = d_qk ** -0.5
     out = torch.full((sq, heads, 512), math.nan, dtype=torch.bfloat16, device=device)
     o, ml, lse = mlagen.mla_sparse_prefill(q, kv, idx, softmax_scale=scale, topk_length=length, attn_sink=sink,
@@ -109,10 +116,10 @@ def check_case(torch, case: dict, seed: int, kernel=None) -> tuple[bool, str]:
     return judge(torch, (o, ml, lse), (ro, rml, rlse))
 
 
-def judge(torch, got, ref, out_tol: float = 1e-2, stat_tol: float = 2e-3) -> tuple[bool, str]:
+def judge(torch, got, ref, out_tol: float = 1e-2, stat_tol: float = 2e-3, bound=None) -> tuple[bool, str]:
     """A result against the float32 reference: no NaN, out within ``out_tol`` relative L2, exact
     zeros and infinities where the reference has them, lse and max_logits within ``stat_tol``
-    (relative to 1 + |value|)."""
+    (relative to 1 + |value|) plus ``bound`` ([Sq, H], e.g. :func:`logit_bound`) if given."""
     o, ml, lse = got
     ro, rml, rlse = ref
     problems = []
@@ -126,17 +133,18 @@ def judge(torch, got, ref, out_tol: float = 1e-2, stat_tol: float = 2e-3) -> tup
     if (of[zero_rows] != 0).any():
         problems.append("nonzero out where the reference is exactly 0")
     stat_err = 0.0
-    for name, a, b, tol in (("lse", lse, rlse, stat_tol), ("max_logits", ml, rml, stat_tol)):
+    for name, a, b in (("lse", lse, rlse), ("max_logits", ml, rml)):
         inf_a, inf_b = torch.isinf(a), torch.isinf(b)
         if not torch.equal(inf_a, inf_b) or not torch.equal(a[inf_a], b[inf_b]):
             problems.append(f"{name}: inf pattern differs")
             continue
         fin = ~inf_b
         if fin.any():
-            d = ((a[fin] - b[fin]).abs() / (1 + b[fin].abs())).max().item()
-            stat_err = max(stat_err, d)
-            if d > tol:
-                problems.append(f"{name} err {d:.2e}")
+            diff = (a - b).abs()
+            stat_err = max(stat_err, (diff[fin] / (1 + b[fin].abs())).max().item())
+            allowed = stat_tol * (1 + b.abs()) + (bound if bound is not None else 0.0)
+            if (diff[fin] > allowed[fin]).any():
+                problems.append(f"{name} err {(diff / allowed)[fin].max().item():.2f}x the allowed")
     ok = not problems
     return ok, f"out_err={err:.2e} stat_err={stat_err:.2e} " + ("ok" if ok else "; ".join(problems))
 
@@ -163,21 +171,29 @@ def verify_cases() -> list[dict]:
     return cases
 
 
-def verify(kernel=None) -> int:
+def run_cases(name: str, cases: list, check, seed0: int, kernel=None, extra=()) -> int:
+    """Each case through ``check(torch, case, seed, kernel)`` (then each ``extra(torch)``), a
+    PASS / FAIL line apiece; exit code 1 if any failed."""
     import torch
 
     failures = 0
     t0 = time.time()
-    for i, case in enumerate(verify_cases()):
-        ok, msg = check_case(torch, case, seed=1000 + i, kernel=kernel)
+    for i, case in enumerate(cases):
+        ok, msg = check(torch, case, seed=seed0 + i, kernel=kernel)
         failures += not ok
         desc = " ".join(f"{k}={v}" for k, v in case.items())
         print(f"{'PASS' if ok else 'FAIL'} [{i:2d}] {desc}: {msg}", flush=True)
-    extra = check_graph(torch)
-    failures += not extra[0]
-    print(f"{'PASS' if extra[0] else 'FAIL'} cuda graph capture + replay: {extra[1]}")
-    print(f"verify ({kernel or 'dispatched kernel'}): {failures} failure(s), {time.time() - t0:.1f}s")
+    for label, fn in extra:
+        ok, msg = fn(torch)
+        failures += not ok
+        print(f"{'PASS' if ok else 'FAIL'} {label}: {msg}")
+    print(f"{name} ({kernel or 'dispatched kernel'}): {failures} failure(s), {time.time() - t0:.1f}s")
     return 1 if failures else 0
+
+
+def verify(kernel=None) -> int:
+    return run_cases("verify", verify_cases(), check_case, 1000, kernel,
+                     extra=[("cuda graph capture + replay", check_graph)])
 
 
 def check_graph(torch) -> tuple[bool, str]:
@@ -292,30 +308,6 @@ def logit_bound(torch, q, rows32, idx, length, scale: float):
     return scale * 2.0 ** -9 * dots.amax(-1)
 
 
-def judge_bounded(torch, got, ref, bound) -> tuple[bool, str]:
-    """``got`` against the fp32-dequantized reference: out within FP8_OUT_TOL relative L2, the
-    same infinities, lse and max_logits within ``bound`` (+ 2e-3 of 1 + |value| for the fp32
-    accumulation)."""
-    o, ml, lse = got
-    ro, rml, rlse = ref
-    ok, msg = judge(torch, (o, rml, rlse), ref, FP8_OUT_TOL)    # out only: the stats are judged below
-    problems = [] if ok else [msg]
-    worst = 0.0
-    for name, a, b in (("lse", lse, rlse), ("max_logits", ml, rml)):
-        inf_a, inf_b = torch.isinf(a), torch.isinf(b)
-        if not torch.equal(inf_a, inf_b) or not torch.equal(a[inf_a], b[inf_b]):
-            problems.append(f"{name}: inf pattern differs")
-            continue
-        fin = ~inf_b
-        if fin.any():
-            excess = ((a - b).abs() - bound - 2e-3 * (1 + b.abs()))[fin]
-            worst = max(worst, ((a - b).abs()[fin] / (bound[fin] + 2e-3 * (1 + b[fin].abs()))).max().item())
-            if (excess > 0).any():
-                problems.append(f"{name} beyond the rounding bound (x{worst:.2f})")
-    return not problems, f"{msg.split(' ')[0]} stats at x{worst:.2f} of the rounding bound " + (
-        "ok" if not problems else "; ".join(problems))
-
-
 def check_fp8_case(torch, case: dict, seed: int, kernel=None) -> tuple[bool, str]:
     """One FP8-cache case, outputs poisoned with NaN first: the kernel against the float32
     reference on the values it computes with (dequantized, rounded to bf16) at the bf16
@@ -334,17 +326,7 @@ def check_fp8_case(torch, case: dict, seed: int, kernel=None) -> tuple[bool, str
     q = q_big[:, 1:heads + 1, :576]
     cache = make_fp8_kv(torch, case.get("kv", "p64"), n, fmt, gen, device)
     n_rows = cache.shape[0] * cache.shape[1]
-    idx = fuzzed_indices(torch, sq, topk, n_rows, gen, device, invalid=case.get("invalid", 0.2))
-    if case.get("idx3"):
-        idx = idx.view(sq, 1, topk)
-    length = None
-    if case.get("topk_length"):
-        length = torch.randint(0, topk + 1, (sq,), generator=gen, device=device, dtype=torch.int32)
-        length[sq // 2] = 0
-        length[-1] = topk
-        if case["topk_length"] == "long":
-            length[1] = topk + 100
-    sink = sink_for(torch, case.get("sink", "none"), heads, gen, device)
+    idx, length, sink = case_indices(torch, case, n_rows, gen, device)
     scale = 576 ** -0.5
 
     def poisoned():
@@ -359,7 +341,7 @@ def check_fp8_case(torch, case: dict, seed: int, kernel=None) -> tuple[bool, str
     ok, msg = judge(torch, got, strict)
     ref32 = fam.reference(q, cache, idx, softmax_scale=scale, topk_length=length, attn_sink=sink, kv_format=fmt.name)
     bound = logit_bound(torch, q, operands.dequantize(cache, fmt), idx, length, scale)
-    ok32, msg32 = judge_bounded(torch, got, ref32, bound)
+    ok32, msg32 = judge(torch, got, ref32, FP8_OUT_TOL, bound=bound)
     ok, msg = ok and ok32, f"vs bf16-rounded rows: {msg}; vs fp32-dequantized rows: {msg32}"
     out2, ml2, lse2 = poisoned()
     same = mlagen.mla_sparse_prefill(q, copy, idx, softmax_scale=scale, topk_length=length, attn_sink=sink, out=out2,
@@ -373,17 +355,7 @@ def check_fp8_case(torch, case: dict, seed: int, kernel=None) -> tuple[bool, str
 
 
 def verify_fp8(kernel=None) -> int:
-    import torch
-
-    failures = 0
-    t0 = time.time()
-    for i, case in enumerate(fp8_cases()):
-        ok, msg = check_fp8_case(torch, case, seed=2000 + i, kernel=kernel)
-        failures += not ok
-        desc = " ".join(f"{k}={v}" for k, v in case.items())
-        print(f"{'PASS' if ok else 'FAIL'} [{i:2d}] {desc}: {msg}", flush=True)
-    print(f"verify-fp8 ({kernel or 'dispatched kernel'}): {failures} failure(s), {time.time() - t0:.1f}s")
-    return 1 if failures else 0
+    return run_cases("verify-fp8", fp8_cases(), check_fp8_case, 2000, kernel)
 
 
 def serving_dequant(torch, cache, fmt, out):

@@ -281,11 +281,11 @@ __device__ __forceinline__ void issue_qk(ConsumerRegs<Cfg>& r, u32 smem, int wg,
 #pragma unroll
   for (int kk = 0; kk < Cfg::kDQk / 16; ++kk) {
     const int col = kk * 16;
-    const u64 b = k_desc + desc_offset((col / L::kCbK) * L::kKCbBytes + (col % L::kCbK) * 2);
+    const u64 b = desc_advance(k_desc, (col / L::kCbK) * L::kKCbBytes + (col % L::kCbK) * 2);
     if constexpr (Cfg::kQInRegs) {
       Wgmma<Cfg::kBlockN>::template rs<0>(r.s, r.q[kk], b, kk > 0);
     } else {
-      const u64 a = q_desc + desc_offset((col / L::kCbQ) * L::kQCbBytes + (col % L::kCbQ) * 2);
+      const u64 a = desc_advance(q_desc, (col / L::kCbQ) * L::kQCbBytes + (col % L::kCbQ) * 2);
       Wgmma<Cfg::kBlockN>::ss(r.s, a, b, kk > 0);
     }
   }
@@ -301,23 +301,28 @@ __device__ __forceinline__ void issue_pv(ConsumerRegs<Cfg>& r, u32 smem, int sta
   wgmma_fence();
 #pragma unroll
   for (int kt = 0; kt < Cfg::kBlockN / 16; ++kt)
-    Wgmma<Cfg::kDV>::template rs<1>(r.o, r.p[kt], v_desc + desc_offset(kt * 16 * Cfg::kSwV), 1);
+    Wgmma<Cfg::kDV>::template rs<1>(r.o, r.p[kt], desc_advance(v_desc, kt * 16 * Cfg::kSwV), 1);
   wgmma_commit();
 }
 
-// Scores of keys past the sequence or right of the causal diagonal become -inf.
+// Scores of keys past the sequence or right of the causal diagonal become -inf. Each row gets one
+// limit (the first invisible column, relative to this thread's first column), so every score
+// costs one compare with an immediate and one select.
 template <class Cfg>
 __device__ __forceinline__ void apply_mask(ConsumerRegs<Cfg>& r, const QueryTile& qt, int n, int row_base) {
   const int lane = threadIdx.x % 32;
-  const int offset = qt.seq.len_k - qt.seq.len_q;
+  const int col0 = n * Cfg::kBlockN + 2 * (lane % 4);
 #pragma unroll
-  for (int j = 0; j < ConsumerRegs<Cfg>::kSFrags; ++j) {
+  for (int h = 0; h < 2; ++h) {
+    const int row = qt.row0 + row_base + lane / 4 + 8 * h;
+    int limit = qt.seq.len_k;
+    if constexpr (Cfg::kCausal) limit = min(limit, row + (qt.seq.len_k - qt.seq.len_q) + 1);
+    limit -= col0;
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int row = qt.row0 + row_base + lane / 4 + 8 * (e / 2);
-      const int col = n * Cfg::kBlockN + j * 8 + 2 * (lane % 4) + (e % 2);
-      const bool visible = col < qt.seq.len_k && (!Cfg::kCausal || col <= row + offset);
-      if (!visible) r.s[4 * j + e] = neg_inf();
+    for (int j = 0; j < ConsumerRegs<Cfg>::kSFrags; ++j) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e)
+        if (j * 8 + e >= limit) r.s[4 * j + 2 * h + e] = neg_inf();
     }
   }
 }

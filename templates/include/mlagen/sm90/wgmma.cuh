@@ -50,6 +50,16 @@ __device__ __forceinline__ u64 desc_mn_major(u32 smem_addr, u32 column_block_byt
 // and, a shift and an or). Valid while the address stays inside the 256 KB shared window.
 __device__ __forceinline__ constexpr u64 desc_offset(u32 bytes) { return bytes >> 4; }
 
+// `desc` advanced by `bytes` with a 32-bit add on its low word, which holds the start address (bits
+// 0-13) and the leading byte offset: the address stays inside shared memory, so nothing carries
+// into the high word. A 64-bit add costs ptxas two adds with carry and two moves per MMA when the
+// descriptor feeds a wgmma with two shared-memory operands; this costs one add.
+__device__ __forceinline__ u64 desc_advance(u64 desc, u32 bytes) {
+  u64 out;
+  asm("mov.b64 %0, {%1, %2};" : "=l"(out) : "r"((u32)desc + (bytes >> 4)), "r"((u32)(desc >> 32)));
+  return out;
+}
+
 // Hide a value from the optimiser so that per-MMA descriptors are formed at their use (one add
 // each) instead of being hoisted out of the loop into dozens of live 64-bit registers.
 __device__ __forceinline__ u64 opaque(u64 x) {

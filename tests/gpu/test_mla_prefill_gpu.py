@@ -277,6 +277,13 @@ SCHEDULES = [
     {"q_operand": "regs", "epilogue": "direct", "block_n": 112, "scheduler": "static"},
     {"block_n": 80, "swizzle_q": 32, "swizzle_k": 64, "swizzle_v": 32, "order": "none"},
     {"q_operand": "regs", "epilogue": "direct", "block_n": 96, "order": "none", "scheduler": "static"},
+    # Where the P V in flight is waited for and O rescaled (schedule_boundary keeps the late wait
+    # after the softmax; the rescale runs under Q K^T or right after the softmax).
+    {"pv_wait": "late", "rescale": "overlapped"},
+    {"pv_wait": "late", "rescale": "first", "order": "none", "scheduler": "persistent", "epilogue": "direct"},
+    {"pv_wait": "late", "rescale": "overlapped", "q_operand": "regs", "scheduler": "static", "epilogue": "direct",
+     "block_n": 112},
+    {"pv_wait": "early", "rescale": "first", "block_n": 96, "load_warps": 1},
     # 2-CTA clusters sharing K/V tiles by multicast (the ragged case leaves a CTA with no rows, and
     # causal pairs where one CTA only releases the leading key tiles).
     {"cluster": 2, "scheduler": "persistent"},

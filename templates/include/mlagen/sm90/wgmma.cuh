@@ -68,12 +68,16 @@ __device__ __forceinline__ u64 opaque(u64 x) {
 }
 
 // End the basic block here without a cost worth counting: a branch on a kernel argument that the
-// host guarantees is positive, so it is never taken, but ptxas cannot know that. ptxas's scheduler
-// hoists `wgmma.wait_group` to the top of its basic block (13.0: above the whole softmax, which
-// then no longer overlaps the P V in flight; docs/notes.md), and a block boundary stops it.
+// host guarantees is positive, so it always jumps over the instruction after it, but ptxas cannot
+// know that. ptxas's scheduler hoists `wgmma.wait_group` to the top of its basic block (13.0: above
+// the whole softmax, which then no longer overlaps the P V in flight; docs/notes.md), and a block
+// boundary stops it. The skipped instruction must not end the thread: with a `trap` there (the
+// first version) ptxas 13.0 serialised every wgmma of the kernel for "insufficient register
+// resources" (C7512) and spilled 232 bytes, whatever the register budget.
 __device__ __forceinline__ void schedule_boundary(int positive) {
   // Inline asm, not an `if`: the optimiser would hoist a loop-invariant test and unswitch the loop.
-  asm volatile("{\n.reg .pred p;\nsetp.le.s32 p, %0, 0;\n@p trap;\n}\n" ::"r"(positive));
+  // Labels inside a { } block are local to it, so the asm can be inlined any number of times.
+  asm volatile("{\n.reg .pred p;\nsetp.gt.s32 p, %0, 0;\n@p bra.uni SKIP;\nnanosleep.u32 1;\nSKIP:\n}\n" ::"r"(positive));
 }
 
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }

@@ -284,6 +284,12 @@ SCHEDULES = [
     {"pv_wait": "late", "rescale": "overlapped", "q_operand": "regs", "scheduler": "static", "epilogue": "direct",
      "block_n": 112},
     {"pv_wait": "early", "rescale": "first", "block_n": 96, "load_warps": 1},
+    # The output staged in the last V stage (released after the TMA store has read it): the ragged
+    # case also takes the predicated-store path, which must release the stage too.
+    {"epilogue": "vtma"},
+    {"epilogue": "vtma", "scheduler": "persistent", "cluster": 2},
+    {"epilogue": "vtma", "q_operand": "regs", "scheduler": "static", "block_n": 128, "pv_wait": "late"},
+    {"epilogue": "vtma", "consumers": 1, "order": "none", "block_n": 64, "stages": 3, "scheduler": "persistent"},
     # 2-CTA clusters sharing K/V tiles by multicast (the ragged case leaves a CTA with no rows, and
     # causal pairs where one CTA only releases the leading key tiles).
     {"cluster": 2, "scheduler": "persistent"},

@@ -29,7 +29,10 @@ TOP_KEYS = ("roles", "pipelines", "consumer_order", "intra_warpgroup_overlap", "
             "swizzle")
 ORDERS = ("none", "pingpong")
 SCHEDULERS = ("static", "persistent", "dynamic")
-EPILOGUES = ("tma", "direct")  # through shared memory and a TMA store, or registers straight to global
+# The output through shared memory and a TMA store, staged in the Q tile (tma) or in the V stage the
+# last P V read (vtma, which lets the next tile's Q load under this tile's last P V and epilogue),
+# or registers straight to global (direct).
+EPILOGUES = ("tma", "vtma", "direct")
 SWIZZLES = (32, 64, 128)
 CLUSTERS = (1, 2)  # CTAs per cluster; 2 shares each K/V tile between a pair of query tiles (multicast)
 OPERANDS = ("q", "k", "v")
@@ -222,6 +225,12 @@ def check_variant(variant, target, resources) -> list[str]:
         reasons.append(f"scheduler {s.scheduler!r} is not one of {list(SCHEDULERS)}")
     if s.epilogue not in EPILOGUES:
         reasons.append(f"epilogue {s.epilogue!r} is not one of {list(EPILOGUES)}")
+    elif s.epilogue == "vtma" and env["block_n"] < env["block_m"]:
+        reasons.append(f"epilogue vtma stages the {env['block_m']}-row output in one V stage of block_n "
+                       f"{env['block_n']} rows: needs block_n >= block_m")
+    elif s.epilogue == "vtma" and not s.overlap:
+        reasons.append("epilogue vtma keeps the last P V's V stage until the output is stored; without overlap "
+                       "that stage is released inside the last step (use tma or direct)")
     if s.cluster not in CLUSTERS:
         reasons.append(f"cluster {s.cluster}: must be one of {list(CLUSTERS)} CTAs")
     elif s.cluster > 1 and s.scheduler == "dynamic":

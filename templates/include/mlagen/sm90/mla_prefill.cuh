@@ -397,9 +397,12 @@ __device__ __forceinline__ void write_empty_rows(const Params& p, const QueryTil
     p.lse[(i64)(qt.seq.q_start + qt.row0 + wg * 64 + tid) * p.lse_row_stride + head] = pos_inf();
 }
 
+// The output leaves through a TMA store from a staging tile (the Q tile, or with VTMA the V stage
+// `v_stage` that the last P V read, which this warpgroup releases only once the store has read it),
+// or straight from registers.
 template <class Cfg, class Params>
 __device__ __forceinline__ void epilogue(const Params& p, ConsumerRegs<Cfg>& r, const QueryTile& qt, int head, int wg,
-                                         u32 smem, const Barriers& bar) {
+                                         u32 smem, const Barriers& bar, int v_stage) {
   using L = Layout<Cfg>;
   const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
   float inv[2], lse[2];
@@ -416,7 +419,10 @@ __device__ __forceinline__ void epilogue(const Params& p, ConsumerRegs<Cfg>& r, 
   // TMA stores clip at the end of the tensor but not at the end of a packed sequence, so a slice
   // that ends inside another sequence's rows is written with predicated stores instead. With the
   // direct epilogue the Q buffer was released after the last Q K^T and registers go straight out.
-  const bool tma_ok = Cfg::kTmaEpilogue && (slice_row0 + 64 <= qt.rows || qt.seq.q_start + qt.seq.len_q == p.total_q);
+  constexpr bool kStaged = Cfg::kTmaEpilogue || Cfg::kVtmaEpilogue;
+  const bool tma_ok = kStaged && (slice_row0 + 64 <= qt.rows || qt.seq.q_start + qt.seq.len_q == p.total_q);
+  // Staging tile: column blocks of kCbQ columns x BLOCK_M rows, swizzled like Q (the TMA map of O).
+  const u32 stage = smem + (Cfg::kVtmaEpilogue ? L::kV + v_stage * L::kVBytes : L::kQ);
   if (tma_ok) {
 #pragma unroll
     for (int j = 0; j < ConsumerRegs<Cfg>::kOFrags; ++j) {
@@ -424,7 +430,7 @@ __device__ __forceinline__ void epilogue(const Params& p, ConsumerRegs<Cfg>& r, 
       for (int h = 0; h < 2; ++h) {
         const int col = 8 * j + 2 * (lane % 4);
         const int row = slice_row0 + row_in_slice + 8 * h;
-        const u32 addr = smem + L::kQ + (col / L::kCbQ) * L::kQCbBytes +
+        const u32 addr = stage + (col / L::kCbQ) * L::kQCbBytes +
                          swizzle_offset<Cfg::kSwQ>(row * Cfg::kSwQ + (col % L::kCbQ) * 2);
         const u32 packed = pack_bf16x2(r.o[4 * j + 2 * h] * inv[h], r.o[4 * j + 2 * h + 1] * inv[h]);
         asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr), "r"(packed) : "memory");
@@ -435,7 +441,7 @@ __device__ __forceinline__ void epilogue(const Params& p, ConsumerRegs<Cfg>& r, 
     if (tid == 0) {
 #pragma unroll
       for (int cb = 0; cb < Cfg::kDV / L::kCbQ; ++cb)
-        tma_store_3d(&p.tma_o, smem + L::kQ + cb * L::kQCbBytes + slice_row0 * Cfg::kSwQ, cb * L::kCbQ, head,
+        tma_store_3d(&p.tma_o, stage + cb * L::kQCbBytes + slice_row0 * Cfg::kSwQ, cb * L::kCbQ, head,
                      qt.seq.q_start + qt.row0 + slice_row0);
       tma_store_commit();
       tma_store_wait_read();
@@ -456,6 +462,7 @@ __device__ __forceinline__ void epilogue(const Params& p, ConsumerRegs<Cfg>& r, 
     }
   }
   if constexpr (Cfg::kTmaEpilogue) mbar_arrive(bar.q_empty());
+  if constexpr (Cfg::kVtmaEpilogue) release_kv<Cfg>(bar.v_empty(v_stage));
 }
 
 // One key step without overlap: S = Q K^T, softmax, and (without overlap) P V. With overlap this
@@ -562,10 +569,10 @@ __device__ void consumer(const Params& p, u32 smem, const Barriers& bar, int wg)
         issue_pv<Cfg>(r, smem, s);
         turn_pass<Cfg>(wg);
         wgmma_wait<0>();
-        release_kv<Cfg>(bar.v_empty(s));
+        if constexpr (!Cfg::kVtmaEpilogue) release_kv<Cfg>(bar.v_empty(s));  // else after the store
       }
       pin_registers(r.o);
-      epilogue<Cfg>(p, r, qt, head, wg, smem, bar);
+      epilogue<Cfg>(p, r, qt, head, wg, smem, bar, s);
     }
     if constexpr (Cfg::kScheduler == Scheduler::kDynamic) {
       t = next_published_tile<L>(smem, bar, id_iter & 1, id_iter);

@@ -423,6 +423,9 @@ __device__ __forceinline__ void epilogue(const Params& p, ConsumerRegs<Cfg>& r, 
   const bool tma_ok = kStaged && (slice_row0 + 64 <= qt.rows || qt.seq.q_start + qt.seq.len_q == p.total_q);
   // Staging tile: column blocks of kCbQ columns x BLOCK_M rows, swizzled like Q (the TMA map of O).
   const u32 stage = smem + (Cfg::kVtmaEpilogue ? L::kV + v_stage * L::kVBytes : L::kQ);
+  // Every consumer warpgroup reads the whole V tile, so the stage may be overwritten only once all
+  // of them have finished their last P V (the Q tile, by contrast, holds each warpgroup's own rows).
+  if constexpr (Cfg::kVtmaEpilogue && Cfg::kConsumers > 1) named_sync(5, 128 * Cfg::kConsumers);
   if (tma_ok) {
 #pragma unroll
     for (int j = 0; j < ConsumerRegs<Cfg>::kOFrags; ++j) {

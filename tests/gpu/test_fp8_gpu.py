@@ -1,10 +1,10 @@
 """FP8 (e4m3) inputs of dense MLA prefill on the GPU.
 
-On a device with an FP8 kernel (gfx950: OCP e4m3; gfx942: FNUZ e4m3) every FP8 spec targeting
-it runs ragged, causal and non-causal batches with per-head and per-tensor descales against the
-float32 reference on the dequantized inputs (``FP8_REL_TOL``; the emulated error is ~2.4%, see
-tests/test_hip_mfma_layout.py). On any other device (the H100 today) an FP8 call must fail with
-one clear line naming the dtype and the targets that have FP8 kernels.
+On a device with an FP8 kernel (sm_90a and gfx950: OCP e4m3; gfx942: FNUZ e4m3) every FP8 spec
+targeting it runs ragged, causal and non-causal batches with per-head and per-tensor descales
+against the float32 reference on the dequantized inputs (``FP8_REL_TOL``; the emulated error is
+~2.4%, see tests/test_hip_mfma_layout.py). An fp8 dtype with no kernel for the device (FNUZ on the
+H100) must fail with one clear line naming the dtype and the targets that have FP8 kernels.
 """
 
 from __future__ import annotations
@@ -34,7 +34,8 @@ def _target() -> str | None:
 TARGET = _target()
 FP8_SPECS = {s.name: dict(s.problem)["dtype"] for s in family_specs("mla_prefill")
              if TARGET in s.targets and dict(s.problem)["dtype"].startswith("fp8")}
-needs_fp8_kernel = pytest.mark.skipif(not FP8_SPECS, reason=f"no FP8 kernel targets {TARGET} (gfx942/gfx950 only)")
+needs_fp8_kernel = pytest.mark.skipif(not FP8_SPECS, reason=f"no FP8 kernel targets {TARGET} (sm_90a, gfx942, gfx950)")
+TORCH_FP8 = {"fp8_e4m3": "float8_e4m3fn", "fp8_e4m3fnuz": "float8_e4m3fnuz"}
 
 
 def _check(spec, dtype, shape):
@@ -65,12 +66,33 @@ def test_fp8_long_causal_prefix(spec):
     _check(spec, FP8_SPECS[spec], Shape("fp8", (256,), (1280,), 16, True))
 
 
-@pytest.mark.skipif(TARGET is None or bool(FP8_SPECS), reason="needs a GPU without FP8 kernels (e.g. the H100)")
-def test_fp8_inputs_without_a_kernel_fail_in_one_line():
-    q = torch.zeros(8, 2, 192, device="cuda").to(torch.float8_e4m3fn)
-    k = torch.zeros(8, 2, 128, device="cuda").to(torch.float8_e4m3fn)
-    kr = torch.zeros(8, 1, 64, device="cuda").to(torch.float8_e4m3fn)
-    with pytest.raises(TypeError, match=rf"fp8_e4m3 inputs \(torch.float8_e4m3fn\) have no kernel for {TARGET}; "
-                                        r"fp8 kernels: float8_e4m3fn on gfx950; float8_e4m3fnuz on gfx942") as exc:
+@pytest.mark.skipif(TARGET is None, reason="needs a GPU")
+@pytest.mark.parametrize("dtype", sorted(TORCH_FP8))
+def test_fp8_inputs_without_a_kernel_fail_in_one_line(dtype):
+    if dtype in FP8_SPECS.values():
+        pytest.skip(f"{TARGET} has a {dtype} kernel")
+    fp8 = getattr(torch, TORCH_FP8[dtype])
+    q = torch.zeros(8, 2, 192, device="cuda").to(fp8)
+    k = torch.zeros(8, 2, 128, device="cuda").to(fp8)
+    kr = torch.zeros(8, 1, 64, device="cuda").to(fp8)
+    with pytest.raises(TypeError, match=rf"{dtype} inputs \(torch.{TORCH_FP8[dtype]}\) have no kernel for {TARGET}; "
+                                        r"fp8 kernels: ") as exc:
         mlagen.mla_prefill(q, k, k, k_rope=kr)
     assert "\n" not in str(exc.value)
+
+
+@needs_fp8_kernel
+@pytest.mark.parametrize("spec", sorted(FP8_SPECS))
+def test_fp8_per_tensor_descales_and_a_large_head_count(spec):
+    """Per-tensor q and v descales (make_inputs gives per-head ones) on 128 heads, non-causal,
+    against the reference with the same factors."""
+    shape = Shape("fp8", (300, 129), (300, 129), 128, False)
+    dtype = FP8_SPECS[spec]
+    inputs = FAMILY.make_inputs(shape, "cuda", seed=3, dtype=dtype)
+    for name in ("q_descale", "v_descale"):
+        inputs[name] = inputs[name].max().reshape(1).contiguous()
+    got = FAMILY.call(inputs, kernel=spec, check=True)
+    torch.cuda.synchronize()
+    ref = FAMILY.reference(shape, inputs, heads=None)
+    check = FAMILY.compare(got, ref, dtype=dtype)
+    assert check.ok, f"{spec} {shape}: {check.problem}"

@@ -96,3 +96,33 @@ def test_fp8_per_tensor_descales_and_a_large_head_count(spec):
     ref = FAMILY.reference(shape, inputs, heads=None)
     check = FAMILY.compare(got, ref, dtype=dtype)
     assert check.ok, f"{spec} {shape}: {check.problem}"
+
+
+# Schedule options of the sm_90a FP8 kernel: ring depth, wider key tiles (V^T swizzle below 128 B),
+# no ordering, no overlap, clusters (V^T rows split between the CTAs), Q in registers (e4m3 A
+# fragments by ldmatrix), one consumer, one load warp, the narrowest swizzles.
+SM90_FP8_SCHEDULES = [
+    {},
+    {"stages": 3, "block_n": 192, "swizzle_v": 64},
+    {"order": "none", "overlap": False, "block_n": 64, "swizzle_v": 64},
+    {"cluster": 2, "scheduler": "persistent", "block_n": 96, "swizzle_v": 32},
+    {"q_operand": "regs", "scheduler": "static", "block_n": 160, "swizzle_v": 32},
+    {"consumers": 1, "order": "none", "load_warps": 1, "swizzle_q": 32, "swizzle_k": 32},
+]
+
+
+@pytest.mark.skipif("mla_prefill_sm90_fp8" not in FP8_SPECS, reason=f"the sm_90a FP8 kernel does not target {TARGET}")
+@pytest.mark.parametrize("schedule", SM90_FP8_SCHEDULES, ids=lambda s: "-".join(f"{k}={v}" for k, v in s.items()) or "default")
+@pytest.mark.parametrize("causal", [True, False])
+def test_sm90_fp8_schedules(schedule, causal):
+    """Ragged sequences whose key starts are not 16-aligned (V^T's per-sequence columns), a
+    length-1 and an empty sequence, a prefix, a sequence with no keys."""
+    from mlagen import spec, variant
+
+    v = variant.make(spec.load("mla_prefill_sm90_fp8"), {**schedule, "mask": "causal" if causal else "none"})
+    shape = Shape("fp8", (5, 1, 0, 129, 300, 2), (5, 1, 0, 200, 300, 0) if causal else (5, 1, 3, 200, 300, 0), 16, causal)
+    inputs = FAMILY.make_inputs(shape, "cuda", seed=21, dtype="fp8_e4m3")
+    got = FAMILY.call(inputs, variant=v, check=True)
+    torch.cuda.synchronize()
+    check = FAMILY.compare(got, FAMILY.reference(shape, inputs, heads=None), dtype="fp8_e4m3")
+    assert check.ok, f"{v.symbol}: {check.problem}"

@@ -141,6 +141,20 @@ class CudaKernel:
         self._smem_configured = 0
         self._smem_limit = smem_limit
         self._lock = threading.Lock()
+        self._entries: dict[str, "CudaKernel"] = {}
+
+    def entry(self, name: str) -> "CudaKernel":
+        """Another entry point of the same module (e.g. a pre-pass the launcher runs first)."""
+        kernel = self._entries.get(name)
+        if kernel is None:
+            with self._lock:
+                kernel = self._entries.get(name)
+                if kernel is None:
+                    d = _driver()
+                    function = check(d.cuModuleGetFunction(self.module, name.encode()), f"cuModuleGetFunction({name})")
+                    kernel = CudaKernel(self.module, function, self.binary, self._smem_limit)
+                    self._entries[name] = kernel
+        return kernel
 
     def _ensure_smem(self, smem: int) -> None:
         if smem <= self._smem_configured:

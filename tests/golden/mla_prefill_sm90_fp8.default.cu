@@ -2,6 +2,7 @@
 // Variant: mask=causal consumers=2 block_n=128 stages=2 q_operand=smem order=pingpong overlap=1 rescale=overlapped pv_wait=early scheduler=dynamic epilogue=direct load_warps=2 producer_regs=32 consumer_regs=232 swizzle_q=64 swizzle_k=64 swizzle_v=128 cluster=1
 // Entry point: mla_prefill_sm90_fp8_causal_c2_n128_s2_qsmem_opingpong_ov1_rsoverlapped_pwearly_schdynamic_epdirect_lw2_rp32_rc232_sq64_sk64_sv128_cl1
 #include "mlagen/sm90/mla_prefill.cuh"
+#include "mlagen/sm90/transpose_v.cuh"
 
 namespace {
 
@@ -85,6 +86,19 @@ struct Params {
 static_assert(sizeof(Params) == 832, "Params must be 832 bytes, as the launcher packs it");
 static_assert(alignof(Params) == 64, "Params must be 64-byte aligned, as the launcher packs it");
 
+struct VtParams {
+  const mlagen::u8* v;
+  mlagen::u8* vt;
+  const int* cu_seqlens_k;
+  mlagen::i64 v_row_stride;
+  mlagen::i64 v_head_stride;
+  int total_k;
+  int batch;
+  int width;
+};
+static_assert(sizeof(VtParams) == 56, "VtParams must be 56 bytes, as the launcher packs it");
+static_assert(alignof(VtParams) == 8, "VtParams must be 8-byte aligned, as the launcher packs it");
+
 }  // namespace
 
 extern "C" __global__ void __launch_bounds__(Config::kThreads, 1)mla_prefill_sm90_fp8_causal_c2_n128_s2_qsmem_opingpong_ov1_rsoverlapped_pwearly_schdynamic_epdirect_lw2_rp32_rc232_sq64_sk64_sv128_cl1(const __grid_constant__ Params p) {
@@ -102,4 +116,10 @@ extern "C" __global__ void __launch_bounds__(Config::kThreads, 1)mla_prefill_sm9
     mlagen::sm90::set_max_registers_inc<232>();
     mlagen::sm90::consumer<Config>(p, smem, bar, wg - 1);
   }
+}
+
+// The V^T pre-pass the launcher runs before the kernel (FP8: P V reads V^T K-major).
+extern "C" __global__ void __launch_bounds__(mlagen::sm90::kVtThreads)
+mla_prefill_sm90_fp8_causal_c2_n128_s2_qsmem_opingpong_ov1_rsoverlapped_pwearly_schdynamic_epdirect_lw2_rp32_rc232_sq64_sk64_sv128_cl1_vt(const __grid_constant__ VtParams p) {
+  mlagen::sm90::transpose_v<Config::kDV>(p);
 }

@@ -126,3 +126,30 @@ def test_sm90_fp8_schedules(schedule, causal):
     torch.cuda.synchronize()
     check = FAMILY.compare(got, FAMILY.reference(shape, inputs, heads=None), dtype="fp8_e4m3")
     assert check.ok, f"{v.symbol}: {check.problem}"
+
+
+@pytest.mark.skipif("mla_prefill_sm90_fp8" not in FP8_SPECS, reason=f"the sm_90a FP8 kernel does not target {TARGET}")
+@pytest.mark.parametrize("lengths", [(8192,), (5, 1, 0, 200, 77, 301), (16, 33, 0)])
+def test_sm90_fp8_transpose_v_kernel_writes_the_torch_layout(lengths):
+    """The pre-pass kernel's V^T, byte for byte, is tma.transpose_v's (the layout the CPU tests
+    hold against the kernel's vt_column and pack_p), on a V whose heads are a strided slice."""
+    import importlib
+
+    from mlagen.families.mla_prefill import call as call_mod
+    from mlagen.families.mla_prefill import entry
+
+    tma = importlib.import_module("mlagen.families.mla_prefill.tma")
+    total, heads = sum(lengths), 4
+    cu = None if len(lengths) == 1 else torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()],
+                                                     dtype=torch.int32, device="cuda")
+    big = torch.randint(0, 120, (total, 2 * heads, 128), dtype=torch.uint8, device="cuda")
+    v = big[:, 1::2].view(torch.float8_e4m3fn)  # finite e4m3 bit patterns, head stride 256 bytes
+    q = torch.zeros(total, heads, 192, device="cuda").to(torch.float8_e4m3fn)
+    k = torch.zeros(total, heads, 128, device="cuda").to(torch.float8_e4m3fn)
+    kr = torch.zeros(total, 1, 64, device="cuda").to(torch.float8_e4m3fn)
+    c = call_mod.prepare(q, k, v, k_rope=kr, cu_seqlens_q=cu, cu_seqlens_k=cu)
+    _, selection = entry.select(c, "mla_prefill_sm90_fp8")
+    got = tma.launch_transpose_v(selection, c, torch.cuda.current_stream().cuda_stream)
+    want = tma.transpose_v(v, cu, total, len(lengths))
+    torch.cuda.synchronize()
+    assert torch.equal(got, want)

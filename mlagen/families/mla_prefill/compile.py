@@ -6,7 +6,7 @@ from ... import expr, resources, variant
 from ...errors import SpecError
 from . import schedule
 from .call import FP8_DTYPES, INPUT_DTYPES
-from .params import ABIS, FP8_ABIS, TMA_ABIS
+from .params import ABIS, FP8_ABIS, TMA_ABIS, VT_PARAMS
 from .problem import D_NOPE, D_ROPE, D_V, MASKS
 
 
@@ -55,4 +55,6 @@ def render_context(v) -> dict:
     if v.spec.abi in TMA_ABIS:
         ctx["schedule"] = schedule.render_schedule(v)
         ctx["elem_bytes"] = schedule.element_bytes(v.spec)
+        if ctx["elem_bytes"] == 1:
+            ctx["vt_params_decl"] = VT_PARAMS.c_declaration()
     return ctx

@@ -70,6 +70,20 @@ SIMT_FP8_PARAMS = abi.ParamStruct("Params", tuple(
 # factors as in simt_fp8.
 TMA_FP8_PARAMS = abi.ParamStruct("Params", TMA_PARAMS.fields + _DESCALE_FIELDS)
 
+# The FP8 kernel's V^T pre-pass (a second entry point of its module, ``<symbol>_vt``;
+# templates/include/mlagen/sm90/transpose_v.cuh): V [total_k, H, d_v] bytes in, V^T
+# [H, d_v, width] out.
+VT_PARAMS = abi.ParamStruct("VtParams", (
+    abi.Field("v", "const u8*"),
+    abi.Field("vt", "u8*"),
+    abi.Field("cu_seqlens_k", "const int*"),
+    abi.Field("v_row_stride", "i64"),
+    abi.Field("v_head_stride", "i64"),
+    abi.Field("total_k", "int"),
+    abi.Field("batch", "int"),
+    abi.Field("width", "int"),
+))
+
 ABIS = {"simt": SIMT_PARAMS, "simt_fp8": SIMT_FP8_PARAMS, "tma": TMA_PARAMS, "tma_fp8": TMA_FP8_PARAMS}
 FP8_ABIS = ("simt_fp8", "tma_fp8")
 TMA_ABIS = ("tma", "tma_fp8")

@@ -6,12 +6,13 @@ shapes, strides and the variant's boxes, so they are cached: repeated calls on t
 (the serving case, and CUDA graph capture) encode nothing.
 
 FP8 (``tma_fp8``): the e4m3 wgmma reads both operands K-major, so P V needs V^T (keys
-contiguous). ``transpose_v`` writes it before the kernel, with torch ops on the launch stream (no
-host synchronisation, so graphs can capture it): [heads, d_v, vt_width] bytes, each sequence's
-keys starting at column round_up(k_start, 16) + 16 * b, and inside every 16 keys the column order
-PERM16 that makes the kernel's S registers, converted to e4m3, the A fragment of P V
-(mla_prefill.cuh: pack_p). Columns that hold no key of their sequence repeat one of its keys
-(finite; the kernel's P is 0 there).
+contiguous). A pre-pass kernel of the same module (``<symbol>_vt``, transpose_v.cuh) writes it on
+the launch stream just before the kernel (no host synchronisation, so graphs capture both):
+[heads, d_v, vt_width] bytes, each sequence's keys starting at column round_up(k_start, 16) +
+16 * b, and inside every 16 keys the column order PERM16 that makes the kernel's S registers,
+converted to e4m3, the A fragment of P V (mla_prefill.cuh: pack_p). Columns that hold no key of
+their sequence repeat one of its keys (finite; the kernel's P is 0 there). ``transpose_v`` below
+is the same layout in torch: the reference the tests hold the pre-pass to.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from collections import OrderedDict
 from ...runtime import device_info, encode_tensor_map
 from .call import Call
 from .pack import common_values, num_virtual_tiles
-from .params import ABIS
+from .params import ABIS, VT_PARAMS
 from .schedule import evaluate
 
 # Position p of a 16-key group of V^T holds key PERM16[p]: thread t of a quad holds S columns
@@ -86,7 +87,8 @@ def vt_sources(cu_k, total_k: int, batch: int, device):
 
 
 def transpose_v(v, cu_k, total_k: int, batch: int):
-    """V^T of one-byte V [total_k, H, d_v] for the FP8 kernel: uint8 [H, d_v, vt_width(...)]."""
+    """V^T of one-byte V [total_k, H, d_v] for the FP8 kernel: uint8 [H, d_v, vt_width(...)], in
+    torch (the layout the pre-pass kernel writes; tests compare the two)."""
     import torch
 
     heads, dv = v.shape[1], v.shape[2]
@@ -96,14 +98,31 @@ def transpose_v(v, cu_k, total_k: int, batch: int):
     return v.view(torch.uint8).index_select(0, src).permute(1, 2, 0).contiguous()
 
 
-def _vt_on(call: Call, stream: int):
-    """transpose_v on the launch stream (the caller's current torch stream, or ``stream``)."""
+VT_COLUMNS, VT_THREADS = 64, 256  # transpose_v.cuh: kVtColumns, kVtThreads
+
+
+def launch_transpose_v(selection, call: Call, stream: int):
+    """V^T by the module's pre-pass kernel on ``stream``; returns the new uint8 tensor. It is
+    allocated on the caller's current torch stream; when ``stream`` is another one, the caching
+    allocator is told the tensor is used there too."""
     import torch
 
-    if call.v.device.type != "cuda" or torch.cuda.current_stream(call.v.device).cuda_stream == stream:
-        return transpose_v(call.v, call.cu_k, call.total_k, call.batch)
-    with torch.cuda.stream(torch.cuda.ExternalStream(stream, device=call.v.device)):
-        return transpose_v(call.v, call.cu_k, call.total_k, call.batch)
+    heads, dv = call.v.shape[1], call.v.shape[2]
+    width = vt_width(call.total_k, call.batch)
+    vt = torch.empty(heads, dv, width, dtype=torch.uint8, device=call.v.device)
+    if call.total_k == 0:
+        return vt.zero_()
+    params = VT_PARAMS.pack({
+        "v": call.v.data_ptr(), "vt": vt.data_ptr(),
+        "cu_seqlens_k": call.cu_k.data_ptr() if call.cu_k is not None else 0,
+        "v_row_stride": call.v.stride(0), "v_head_stride": call.v.stride(1),
+        "total_k": call.total_k, "batch": call.batch, "width": width,
+    })
+    kernel = selection.kernel.entry(f"{selection.variant.symbol}_vt")
+    kernel.launch((-(-width // VT_COLUMNS), heads, 1), (VT_THREADS, 1, 1), 0, stream, params)
+    if torch.cuda.current_stream(call.v.device).cuda_stream != stream:
+        vt.record_stream(torch.cuda.ExternalStream(stream, device=call.v.device))
+    return vt
 
 
 def launch(selection, call: Call, env: dict, stream: int) -> None:
@@ -117,7 +136,7 @@ def launch(selection, call: Call, env: dict, stream: int) -> None:
     kv_rows = bn // s.cluster  # in a cluster, each CTA loads its share of every K/V tile
     if fp8:
         # V^T as [d_v rows, heads, columns]; boxes of sw_v keys by all d_v rows (a cluster's share).
-        vt = _vt_on(call, stream)
+        vt = launch_transpose_v(selection, call, stream)
         v_map = tensor_map(vt.permute(1, 0, 2), sw_v, vt.size(1) // s.cluster, sw_v, "v (transposed)")
     else:
         v_map = tensor_map(call.v, sw_v // 2, kv_rows, sw_v, "v")

@@ -98,7 +98,7 @@ def transpose_v(v, cu_k, total_k: int, batch: int):
     return v.view(torch.uint8).index_select(0, src).permute(1, 2, 0).contiguous()
 
 
-VT_COLUMNS, VT_THREADS = 64, 256  # transpose_v.cuh: kVtColumns, kVtThreads
+VT_COLUMNS, VT_THREADS = 128, 256  # transpose_v.cuh: kVtColumns, kVtThreads
 
 
 def launch_transpose_v(selection, call: Call, stream: int):
@@ -119,7 +119,7 @@ def launch_transpose_v(selection, call: Call, stream: int):
         "total_k": call.total_k, "batch": call.batch, "width": width,
     })
     kernel = selection.kernel.entry(f"{selection.variant.symbol}_vt")
-    kernel.launch((-(-width // VT_COLUMNS), heads, 1), (VT_THREADS, 1, 1), 0, stream, params)
+    kernel.launch((heads, min(-(-width // VT_COLUMNS), 65535), 1), (VT_THREADS, 1, 1), 0, stream, params)
     if torch.cuda.current_stream(call.v.device).cuda_stream != stream:
         vt.record_stream(torch.cuda.ExternalStream(stream, device=call.v.device))
     return vt

@@ -7,15 +7,18 @@
 // sequence's first key (finite values; the main kernel's P is 0 there). tma.py: PERM16 and
 // vt_sources are the same layout in torch (the CPU tests compare them).
 //
-// A block of 256 threads makes 64 columns of one head: it loads the 64 source rows (D_V bytes
-// each, 16-byte loads) into shared memory, then each thread gathers 32 bytes of one d row and
-// writes them as one 32-byte sector.
+// A block of 256 threads makes 128 columns of one head: it loads the 128 source rows (D_V bytes
+// each, 16-byte loads) into shared memory, then writes V^T 16 bytes at a time, 8 lanes per d row
+// (128 contiguous bytes per row and instruction). Staged row r keeps its 16-byte chunk c at
+// position c ^ (r / 16 % 8), so the lanes gathering one column from 8 groups of 16 rows read 8
+// different banks. Heads are the grid's fast dimension: the blocks running together read whole
+// key rows (all heads) instead of one head's 256 bytes of each.
 #pragma once
 #include "mlagen/common/types.cuh"
 
 namespace mlagen::sm90 {
 
-constexpr int kVtColumns = 64;   // V^T columns per block
+constexpr int kVtColumns = 128;  // V^T columns per block
 constexpr int kVtThreads = 256;
 
 __device__ __forceinline__ int perm16(int p) { return 8 * ((p & 3) >> 1) + 2 * (p >> 2) + (p & 1); }
@@ -46,34 +49,39 @@ __device__ __forceinline__ int vt_source(const P& p, int x) {
 
 template <int D_V, class P>
 __device__ __forceinline__ void transpose_v(const P& p) {
-  static_assert(D_V % 16 == 0 && D_V * 2 == kVtThreads, "one thread per (d row, 32-column half)");
-  constexpr int kPitch = D_V + 16;  // bytes per staged row
-  __shared__ __align__(16) u8 tile[kVtColumns * kPitch];
+  static_assert(D_V == 128, "staged rows are 128 bytes: 8 chunks, one per 16-row group of a column block");
+  __shared__ __align__(16) u8 tile[kVtColumns * D_V];
   __shared__ int src[kVtColumns];
-  const int head = blockIdx.y, x0 = blockIdx.x * kVtColumns, tid = threadIdx.x;
+  const int head = blockIdx.x, tid = threadIdx.x;
+  // Column blocks stride by the grid (its y extent is capped at 65535 blocks).
+  for (int x0 = blockIdx.y * kVtColumns; x0 < p.width; x0 += gridDim.y * kVtColumns) {
   if (tid < kVtColumns) src[tid] = vt_source(p, min(x0 + tid, p.width - 1));
   __syncthreads();
   constexpr int kChunks = D_V / 16;
 #pragma unroll
   for (int i = tid; i < kVtColumns * kChunks; i += kVtThreads) {
-    const int c = i / kChunks, ch = i % kChunks;
-    const u8* row = p.v + (i64)src[c] * p.v_row_stride + (i64)head * p.v_head_stride + ch * 16;
-    *reinterpret_cast<uint4*>(tile + c * kPitch + ch * 16) = *reinterpret_cast<const uint4*>(row);
+    const int r = i / kChunks, c = i % kChunks;
+    const u8* row = p.v + (i64)src[r] * p.v_row_stride + (i64)head * p.v_head_stride + c * 16;
+    *reinterpret_cast<uint4*>(tile + r * D_V + ((c ^ (r / 16 % 8)) * 16)) = *reinterpret_cast<const uint4*>(row);
   }
   __syncthreads();
-  // Lanes take consecutive d (distinct words of one staged row: no bank conflict).
-  const int d = tid % D_V, half = tid / D_V;
-  const int x = x0 + 32 * half;
-  if (x >= p.width) return;  // width is a multiple of 16; the last block may hold 16 or 48 columns
-  u32 w[8];
+  constexpr int kGroups = kVtColumns / 16;  // 16-column groups per d row
 #pragma unroll
-  for (int j = 0; j < 8; ++j) {
-    const u8* t = tile + (32 * half + 4 * j) * kPitch + d;
-    w[j] = u32(t[0]) | (u32(t[kPitch]) << 8) | (u32(t[2 * kPitch]) << 16) | (u32(t[3 * kPitch]) << 24);
+  for (int i = tid; i < D_V * kGroups; i += kVtThreads) {
+    const int d = i / kGroups, q = i % kGroups;
+    const int x = x0 + 16 * q;
+    if (x >= p.width) continue;  // width is a multiple of 16
+    const u8* t = tile + 16 * q * D_V + (((d / 16) ^ q) * 16) + d % 16;
+    u32 w[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const u8* tj = t + 4 * j * D_V;
+      w[j] = u32(tj[0]) | (u32(tj[D_V]) << 8) | (u32(tj[2 * D_V]) << 16) | (u32(tj[3 * D_V]) << 24);
+    }
+    *reinterpret_cast<uint4*>(p.vt + ((i64)head * D_V + d) * p.width + x) = make_uint4(w[0], w[1], w[2], w[3]);
   }
-  u8* dst = p.vt + ((i64)head * D_V + d) * p.width + x;
-  *reinterpret_cast<uint4*>(dst) = make_uint4(w[0], w[1], w[2], w[3]);
-  if (x + 16 < p.width) *reinterpret_cast<uint4*>(dst + 16) = make_uint4(w[4], w[5], w[6], w[7]);
+  __syncthreads();  // the tile and src are refilled for the next column block
+  }
 }
 
 }  // namespace mlagen::sm90

@@ -108,6 +108,8 @@ SM90_FP8_SCHEDULES = [
     {"cluster": 2, "scheduler": "persistent", "block_n": 96, "swizzle_v": 32},
     {"q_operand": "regs", "scheduler": "static", "block_n": 160, "swizzle_v": 32},
     {"consumers": 1, "order": "none", "load_warps": 1, "swizzle_q": 32, "swizzle_k": 32},
+    # The shipped D3 record (mlagen/tuned/h100.json).
+    {"scheduler": "static", "load_warps": 1, "producer_regs": 24, "consumer_regs": 240},
 ]
 
 

@@ -155,3 +155,87 @@ def test_sm90_fp8_transpose_v_kernel_writes_the_torch_layout(lengths):
     want = tma.transpose_v(v, cu, total, len(lengths))
     torch.cuda.synchronize()
     assert torch.equal(got, want)
+
+
+def _e4m3(x):
+    """(e4m3 tensor, fp32 [1] descale) of float ``x``: its largest magnitude maps to 448."""
+    d = (x.abs().amax().float().clamp_min(1e-12) / 448.0).reshape(1)
+    return (x / d).clamp(-448, 448).to(torch.float8_e4m3fn), d
+
+
+def _fp8_case(lq, lk, heads, rope="shared", strided=False, seed=0):
+    """Packed FP8 inputs with per-tensor descales; like test_mla_prefill_gpu.make, views are
+    taken after quantizing so that strided stays strided."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    tq, tk = sum(lq), sum(lk)
+
+    def rnd(*shape):
+        return torch.randn(*shape, generator=g, device="cuda")
+
+    if strided:
+        qb, qd = _e4m3(rnd(tq, heads + 1, 256))
+        kvb, kd = _e4m3(rnd(tk, heads, 384))
+        q, k, v, vd = qb[:, 1:, :192], kvb[:, :, :128], kvb[:, :, 256:384], kd
+    else:
+        (q, qd), (k, kd), (v, vd) = _e4m3(rnd(tq, heads, 192)), _e4m3(rnd(tk, heads, 128 + 64 * (rope == "folded"))), \
+            _e4m3(rnd(tk, heads, 128))
+    k_rope = None
+    if rope in ("shared", "per_head"):
+        k_rope = (rnd(tk, 1 if rope == "shared" else heads, 64) / kd).clamp(-448, 448).to(torch.float8_e4m3fn)
+    cu = lambda ls: torch.tensor([0, *torch.tensor(ls).cumsum(0).tolist()], dtype=torch.int32, device="cuda")  # noqa: E731
+    return dict(q=q, k=k, v=v, k_rope=k_rope, cu_seqlens_q=cu(lq), cu_seqlens_k=cu(lk), q_descale=qd, k_descale=kd,
+                v_descale=vd)
+
+
+def _check_fp8_call(a, causal=True, scale=None, out=None):
+    from mlagen.families.mla_prefill import reference as ref_fn
+    from mlagen.families.mla_prefill.reference import FP8_REL_TOL
+
+    got, lse = mlagen.mla_prefill(**a, causal=causal, softmax_scale=scale, out=out, kernel="mla_prefill_sm90_fp8")
+    torch.cuda.synchronize()
+    ref, ref_lse = ref_fn(**a, causal=causal, softmax_scale=scale)
+    assert not torch.isnan(got.float()).any() and not torch.isnan(lse).any()
+    rel = float((got.float() - ref).norm() / ref.norm())
+    assert rel < FP8_REL_TOL, f"relative L2 error {rel:.3e}"
+    assert float((lse - ref_lse).abs().max()) < 2e-3
+    return got, lse
+
+
+needs_sm90_fp8 = pytest.mark.skipif("mla_prefill_sm90_fp8" not in FP8_SPECS,
+                                    reason=f"the sm_90a FP8 kernel does not target {TARGET}")
+
+
+@needs_sm90_fp8
+@pytest.mark.parametrize("rope", ["shared", "per_head", "folded"])
+@pytest.mark.parametrize("causal", [True, False])
+def test_sm90_fp8_rope_layouts(rope, causal):
+    _check_fp8_call(_fp8_case([100, 33], [150, 33], 16, rope=rope, seed=2), causal)
+
+
+@needs_sm90_fp8
+def test_sm90_fp8_strided_inputs_and_output_and_scale():
+    a = _fp8_case([70, 190], [70, 250], 16, strided=True, seed=4)
+    assert not a["q"].is_contiguous() and not a["v"].is_contiguous()
+    out = torch.full((260, 16, 256), float("nan"), dtype=torch.bfloat16, device="cuda")[:, :, 64:192]
+    got, _ = _check_fp8_call(a, causal=False, scale=0.3, out=out)
+    assert got.data_ptr() == out.data_ptr()
+
+
+@needs_sm90_fp8
+def test_sm90_fp8_deterministic_and_graph_capture():
+    a = _fp8_case([128, 64], [128, 96], 16, seed=8)
+    out = torch.empty(192, 16, 128, dtype=torch.bfloat16, device="cuda")
+    first, _ = _check_fp8_call(a, out=out)
+    first = first.clone()
+    graph = torch.cuda.CUDAGraph()
+    out.fill_(float("nan"))
+    with torch.cuda.graph(graph):
+        mlagen.mla_prefill(**a, out=out, kernel="mla_prefill_sm90_fp8")
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, first), "a graph replay differs from the eager call (or two runs differ: a race)"
+    a["v"].copy_((torch.randn(a["v"].shape, device="cuda") / a["v_descale"]).to(torch.float8_e4m3fn))
+    graph.replay()  # the captured V^T pre-pass reads the new V
+    torch.cuda.synchronize()
+    _check_fp8_call(a)  # eager on the new V
+    assert torch.equal(out, mlagen.mla_prefill(**a, kernel="mla_prefill_sm90_fp8")[0])

@@ -272,9 +272,10 @@ SCHEDULES = [
     {"block_n": 112, "producer_regs": 40, "consumer_regs": 232},
     {"load_warps": 1, "scheduler": "dynamic", "epilogue": "direct"},
     {"load_warps": 1, "scheduler": "persistent", "order": "none", "block_n": 80, "stages": 3},
-    {"q_operand": "regs", "epilogue": "direct", "block_n": 112},
+    # Q in registers only on the static scheduler (the spec's constraint since 2026-11-23; docs/notes.md).
+    {"q_operand": "regs", "epilogue": "direct", "block_n": 112, "scheduler": "static"},
     {"block_n": 80, "swizzle_q": 32, "swizzle_k": 64, "swizzle_v": 32, "order": "none"},
-    {"q_operand": "regs", "epilogue": "direct", "block_n": 96, "order": "none", "scheduler": "persistent"},
+    {"q_operand": "regs", "epilogue": "direct", "block_n": 96, "order": "none", "scheduler": "static"},
     # 2-CTA clusters sharing K/V tiles by multicast (the ragged case leaves a CTA with no rows, and
     # causal pairs where one CTA only releases the leading key tiles).
     {"cluster": 2, "scheduler": "persistent"},
@@ -282,7 +283,7 @@ SCHEDULES = [
      "stages": 3},
     {"cluster": 2, "scheduler": "persistent", "consumers": 1, "order": "none", "load_warps": 1, "block_n": 96,
      "swizzle_v": 64},
-    {"cluster": 2, "scheduler": "persistent", "q_operand": "regs", "epilogue": "direct", "block_n": 112},
+    {"cluster": 2, "scheduler": "static", "q_operand": "regs", "epilogue": "direct", "block_n": 112},
 ]
 
 
@@ -320,6 +321,8 @@ def test_shipped_winners(shipped):
     target = device_info(torch.cuda.current_device()).target.name
     if target not in shipped.spec.targets:
         pytest.skip(f"{shipped.spec.name} does not target {target}")
+    if dict(shipped.spec.problem)["dtype"] != "bf16":
+        pytest.skip(f"{shipped.spec.name} takes fp8 inputs: its shipped schedules run in test_fp8_gpu.py")
     causal = shipped["mask"] == "causal"
     q, k, v, k_rope, cu_q, cu_k = make([5, 1, 0, 129, 300, 2], [5, 1, 0, 200, 300, 0], 16, seed=23)
     run_and_check(shipped, q, k, v, k_rope, cu_q, cu_k, causal)

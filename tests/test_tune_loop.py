@@ -656,7 +656,7 @@ def test_worker_protocol_verifies_once_then_times(monkeypatch):
     verified, timed = [], []
 
     class FakeVerifier:
-        def __init__(self, family, shape, device, seed):
+        def __init__(self, family, shape, device, seed, dtype="bf16"):
             assert family.name == "mla_prefill" and shape.id == "D1"
 
         def verify(self, v):

@@ -55,32 +55,32 @@ __device__ __forceinline__ void transpose_v(const P& p) {
   const int head = blockIdx.x, tid = threadIdx.x;
   // Column blocks stride by the grid (its y extent is capped at 65535 blocks).
   for (int x0 = blockIdx.y * kVtColumns; x0 < p.width; x0 += gridDim.y * kVtColumns) {
-  if (tid < kVtColumns) src[tid] = vt_source(p, min(x0 + tid, p.width - 1));
-  __syncthreads();
-  constexpr int kChunks = D_V / 16;
+    if (tid < kVtColumns) src[tid] = vt_source(p, min(x0 + tid, p.width - 1));
+    __syncthreads();
+    constexpr int kChunks = D_V / 16;
 #pragma unroll
-  for (int i = tid; i < kVtColumns * kChunks; i += kVtThreads) {
-    const int r = i / kChunks, c = i % kChunks;
-    const u8* row = p.v + (i64)src[r] * p.v_row_stride + (i64)head * p.v_head_stride + c * 16;
-    *reinterpret_cast<uint4*>(tile + r * D_V + ((c ^ (r / 16 % 8)) * 16)) = *reinterpret_cast<const uint4*>(row);
-  }
-  __syncthreads();
-  constexpr int kGroups = kVtColumns / 16;  // 16-column groups per d row
-#pragma unroll
-  for (int i = tid; i < D_V * kGroups; i += kVtThreads) {
-    const int d = i / kGroups, q = i % kGroups;
-    const int x = x0 + 16 * q;
-    if (x >= p.width) continue;  // width is a multiple of 16
-    const u8* t = tile + 16 * q * D_V + (((d / 16) ^ q) * 16) + d % 16;
-    u32 w[4];
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const u8* tj = t + 4 * j * D_V;
-      w[j] = u32(tj[0]) | (u32(tj[D_V]) << 8) | (u32(tj[2 * D_V]) << 16) | (u32(tj[3 * D_V]) << 24);
+    for (int i = tid; i < kVtColumns * kChunks; i += kVtThreads) {
+      const int r = i / kChunks, c = i % kChunks;
+      const u8* row = p.v + (i64)src[r] * p.v_row_stride + (i64)head * p.v_head_stride + c * 16;
+      *reinterpret_cast<uint4*>(tile + r * D_V + ((c ^ (r / 16 % 8)) * 16)) = *reinterpret_cast<const uint4*>(row);
     }
-    *reinterpret_cast<uint4*>(p.vt + ((i64)head * D_V + d) * p.width + x) = make_uint4(w[0], w[1], w[2], w[3]);
-  }
-  __syncthreads();  // the tile and src are refilled for the next column block
+    __syncthreads();
+    constexpr int kGroups = kVtColumns / 16;  // 16-column groups per d row
+#pragma unroll
+    for (int i = tid; i < D_V * kGroups; i += kVtThreads) {
+      const int d = i / kGroups, q = i % kGroups;
+      const int x = x0 + 16 * q;
+      if (x >= p.width) continue;  // width is a multiple of 16
+      const u8* t = tile + 16 * q * D_V + (((d / 16) ^ q) * 16) + d % 16;
+      u32 w[4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const u8* tj = t + 4 * j * D_V;
+        w[j] = u32(tj[0]) | (u32(tj[D_V]) << 8) | (u32(tj[2 * D_V]) << 16) | (u32(tj[3 * D_V]) << 24);
+      }
+      *reinterpret_cast<uint4*>(p.vt + ((i64)head * D_V + d) * p.width + x) = make_uint4(w[0], w[1], w[2], w[3]);
+    }
+    __syncthreads();  // the tile and src are refilled for the next column block
   }
 }
 

@@ -17,6 +17,7 @@ _KINDS = {
     "const bf16*": ("const mlagen::u16*", 8, 8, "Q"),
     "bf16*": ("mlagen::u16*", 8, 8, "Q"),
     "const u8*": ("const mlagen::u8*", 8, 8, "Q"),
+    "u8*": ("mlagen::u8*", 8, 8, "Q"),
     "float*": ("float*", 8, 8, "Q"),
     "const int*": ("const int*", 8, 8, "Q"),
     "int*": ("int*", 8, 8, "Q"),

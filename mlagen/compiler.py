@@ -84,7 +84,8 @@ def parse_ptxas_report(log: str, symbol: str) -> KernelResources:
         m = _ENTRY.search(line)
         if m:
             current = m.group(1)
-        if current == symbol or "Function properties for " + symbol in line:
+        # Whole-name match: a module may hold other entries whose names extend this one (<symbol>_vt).
+        if current == symbol or line.rstrip().endswith("Function properties for " + symbol):
             section.append(line)
     text = "\n".join(section) if section else log
     props = _PROPS.search(text)

@@ -141,6 +141,20 @@ class CudaKernel:
         self._smem_configured = 0
         self._smem_limit = smem_limit
         self._lock = threading.Lock()
+        self._entries: dict[str, "CudaKernel"] = {}
+
+    def entry(self, name: str) -> "CudaKernel":
+        """Another entry point of the same module (e.g. a pre-pass the launcher runs first)."""
+        kernel = self._entries.get(name)
+        if kernel is None:
+            with self._lock:
+                kernel = self._entries.get(name)
+                if kernel is None:
+                    d = _driver()
+                    function = check(d.cuModuleGetFunction(self.module, name.encode()), f"cuModuleGetFunction({name})")
+                    kernel = CudaKernel(self.module, function, self.binary, self._smem_limit)
+                    self._entries[name] = kernel
+        return kernel
 
     def _ensure_smem(self, smem: int) -> None:
         if smem <= self._smem_configured:
@@ -272,14 +286,23 @@ def runtime():
 def encode_tensor_map_bf16(address: int, dims: list[int], strides_bytes: list[int], box: list[int],
                            swizzle_bytes: int, what: str) -> bytes:
     """A TMA descriptor (128 bytes) for a bf16 tensor; dims innermost first, strides for dims[1:]."""
+    return encode_tensor_map(address, dims, strides_bytes, box, swizzle_bytes, what, 2)
+
+
+def encode_tensor_map(address: int, dims: list[int], strides_bytes: list[int], box: list[int],
+                      swizzle_bytes: int, what: str, element_bytes: int) -> bytes:
+    """A TMA descriptor (128 bytes) for a tensor of bf16 (``element_bytes`` 2) or of bytes (1: fp8,
+    moved as uint8); dims innermost first, strides for dims[1:]."""
     d = _driver()
+    dtype = {2: d.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+             1: d.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_UINT8}[element_bytes]
     sw = {0: d.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_NONE,
           32: d.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_32B,
           64: d.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_64B,
           128: d.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B}[swizzle_bytes]
     rank = len(dims)
     tmap = check(d.cuTensorMapEncodeTiled(
-        d.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, rank, address,
+        dtype, rank, address,
         [d.cuuint64_t(x) for x in dims], [d.cuuint64_t(x) for x in strides_bytes],
         [d.cuuint32_t(x) for x in box], [d.cuuint32_t(1)] * rank,
         d.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE, sw,

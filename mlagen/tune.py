@@ -172,7 +172,7 @@ def _worker_main(conn, spec_path: str, shape, seed: int, warmup: int, visible: s
         spec = spec_mod.load(spec_path)
         family = family_of(spec)
         device = torch.device("cuda", torch.cuda.current_device())
-        trial = verify.Verifier(family, shape, device, seed)
+        trial = verify.Verifier(family, shape, device, seed, dtype=str(dict(spec.problem).get("dtype", "bf16")))
         flush = measure.L2Flush(device)
         info = device_info(device.index)
         conn.send(("ready", {"device": info.name, "sm_count": info.sm_count, "driver": info.driver_version}))

@@ -20,12 +20,15 @@ class Verifier:
     """Inputs, references and checks of one shape for one family, made once and used for every
     variant (a GPU worker holds one). Nothing here names a family."""
 
-    def __init__(self, family, shape, device, seed: int = 0, heads: int = CHECK_HEADS):
+    def __init__(self, family, shape, device, seed: int = 0, heads: int = CHECK_HEADS, dtype: str = "bf16"):
+        """``dtype``: the input type of the kernels verified (the spec's ``problem.dtype``); a
+        family that takes other types than bf16 accepts it in make_inputs and compare."""
         self.family, self.shape, self.device = family, shape, device
-        self.inputs = family.make_inputs(shape, device, seed)
+        self._dtype = {} if dtype == "bf16" else {"dtype": dtype}
+        self.inputs = family.make_inputs(shape, device, seed, **self._dtype)
         self.ref = family.reference(shape, self.inputs, heads)
         self.small = family.check_shape(shape)
-        self.small_inputs = family.make_inputs(self.small, device, seed + 1)
+        self.small_inputs = family.make_inputs(self.small, device, seed + 1, **self._dtype)
         self.small_ref = family.reference(self.small, self.small_inputs)
 
     def verify(self, variant: Any = None, kernel: str | None = None) -> tuple[str | None, float]:
@@ -37,7 +40,7 @@ class Verifier:
             outputs = self.family.make_outputs(shape, self.device)
             got = self.family.call(inputs, variant=variant, kernel=kernel, outputs=outputs, check=True)
             _synchronize(self.device)
-            result = self.family.compare(got, ref)
+            result = self.family.compare(got, ref, **self._dtype)
             if not result.ok:
                 return f"{label}: {result.problem}", result.rel_l2
             errors.append(result.rel_l2)

@@ -63,7 +63,7 @@ def test_specs(run):
     assert lines[0].split() == ["spec", "family", "abi", "priority", "targets", "variants", "file", "executed"]
     rows = {line.split()[0]: line.split() for line in lines[2:] if line.startswith("mla_")}
     assert set(rows) == {"mla_prefill_sm80", "mla_prefill_sm90", "mla_prefill_gfx942", "mla_prefill_gfx950",
-                         "mla_prefill_gfx942_fp8", "mla_prefill_gfx950_fp8", "mla_sparse_prefill_sm80",
+                         "mla_prefill_gfx942_fp8", "mla_prefill_gfx950_fp8", "mla_prefill_sm90_fp8", "mla_sparse_prefill_sm80",
                          "mla_sparse_prefill_sm90"}
     assert rows["mla_prefill_gfx942_fp8"][7:] == ["none", "(compiled", "only)"]
     assert rows["mla_prefill_sm90"][7] == "sm_90a" and rows["mla_prefill_gfx950"][7:] == ["none", "(compiled", "only)"]

@@ -136,14 +136,15 @@ def test_record_keys_and_spec_filter_by_dtype():
     assert launch.accepts(specs["mla_prefill_gfx950_fp8"], call)
     assert not launch.accepts(specs["mla_prefill_gfx950"], call)
     assert not launch.accepts(specs["mla_prefill_gfx942_fp8"], call)
-    assert entry.dtype_targets("fp8_e4m3") == {"gfx950": ["mla_prefill_gfx950_fp8"]}
+    assert launch.spec_dtype(specs["mla_prefill_sm90_fp8"]) == "fp8_e4m3"
+    assert entry.dtype_targets("fp8_e4m3") == {"gfx950": ["mla_prefill_gfx950_fp8"], "sm_90a": ["mla_prefill_sm90_fp8"]}
     assert entry.dtype_targets("fp8_e4m3fnuz") == {"gfx942": ["mla_prefill_gfx942_fp8"]}
 
 
 @pytest.mark.parametrize("device, arch_name, dtype, match", [
-    ("NVIDIA H100 80GB HBM3", "", "fp8_e4m3",
-     r"^mla_prefill: q: fp8_e4m3 inputs \(torch.float8_e4m3fn\) have no kernel for sm_90a; fp8 kernels: "
-     r"float8_e4m3fn on gfx950; float8_e4m3fnuz on gfx942$"),
+    ("NVIDIA H100 80GB HBM3", "", "fp8_e4m3fnuz",
+     r"^mla_prefill: q: fp8_e4m3fnuz inputs \(torch.float8_e4m3fnuz\) have no kernel for sm_90a; fp8 kernels: "
+     r"float8_e4m3fn on gfx950, sm_90a; float8_e4m3fnuz on gfx942$"),
     ("AMD Instinct MI300X", "gfx942", "fp8_e4m3", "fp8_e4m3 inputs .* have no kernel for gfx942"),
     ("AMD Instinct MI355X", "gfx950", "fp8_e4m3fnuz", "fp8_e4m3fnuz inputs .* have no kernel for gfx950"),
 ])

@@ -35,7 +35,7 @@ S90 = spec_mod.load("mla_prefill_sm90")
 # --- golden files ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("spec_name", ["mla_prefill_sm80", "mla_prefill_sm90", "mla_prefill_gfx942",
+@pytest.mark.parametrize("spec_name", ["mla_prefill_sm80", "mla_prefill_sm90", "mla_prefill_sm90_fp8", "mla_prefill_gfx942",
                                        "mla_prefill_gfx942_fp8", "mla_prefill_gfx950", "mla_prefill_gfx950_fp8"])
 def test_default_variant_matches_golden(spec_name):
     text = render.render(variant.default(spec_mod.load(spec_name))).text

@@ -46,7 +46,8 @@ def test_packaged_specs_are_available():
     assert [p.name for p in spec.available()] == ["mla_prefill_gfx942.yaml", "mla_prefill_gfx942_fp8.yaml",
                                                   "mla_prefill_gfx950.yaml",
                                                   "mla_prefill_gfx950_fp8.yaml", "mla_prefill_sm80.yaml",
-                                                  "mla_prefill_sm90.yaml", "mla_sparse_prefill_sm80.yaml",
+                                                  "mla_prefill_sm90.yaml", "mla_prefill_sm90_fp8.yaml",
+                                                  "mla_sparse_prefill_sm80.yaml",
                                                   "mla_sparse_prefill_sm90.yaml"]
 
 
@@ -217,7 +218,7 @@ CASES_80 = [
     ("bad priority", _set(["priority"], "high"), "priority", ["expected an integer, got 'high'"]),
     ("bool priority", _set(["priority"], True), "priority", ["expected an integer, got True"]),
     ("unknown family", _set(["family"], "gemm"), "family", ["'gemm' is not one of ['mla_prefill', 'mla_sparse_prefill']"]),
-    ("bad abi", _set(["abi"], "wgmma"), "abi", ["'wgmma' is not one of ['simt', 'simt_fp8', 'tma']"]),
+    ("bad abi", _set(["abi"], "wgmma"), "abi", ["'wgmma' is not one of ['simt', 'simt_fp8', 'tma', 'tma_fp8']"]),
     ("abi not an identifier", _set(["abi"], "S I M T"), "abi", ["must be a lowercase identifier"]),
     ("missing template", _set(["template"], "nope.cu.j2"), "template",
      ["'nope.cu.j2' is not a file under templates/"]),

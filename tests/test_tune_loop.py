@@ -656,7 +656,7 @@ def test_worker_protocol_verifies_once_then_times(monkeypatch):
     verified, timed = [], []
 
     class FakeVerifier:
-        def __init__(self, family, shape, device, seed):
+        def __init__(self, family, shape, device, seed, dtype="bf16"):
             assert family.name == "mla_prefill" and shape.id == "D1"
 
         def verify(self, v):
@@ -713,3 +713,35 @@ def test_worker_protocol_verifies_once_then_times(monkeypatch):
 def test_shape_classes_read_texts_with_the_specs_family():
     with pytest.raises(ShapeError, match="unknown shape id 'S1'; choose from D1"):
         shape_classes(["D1", "S1"], DENSE)
+
+
+@pytest.mark.parametrize("spec_name, dtype", [("mla_prefill_sm90", "bf16"), ("mla_prefill_sm90_fp8", "fp8_e4m3")])
+def test_worker_verifies_with_the_specs_input_dtype(monkeypatch, spec_name, dtype):
+    """The GPU worker builds its inputs and references in the spec's problem.dtype, so an FP8
+    spec is tuned on e4m3 inputs (with descales) and compared with the FP8 tolerance."""
+    import multiprocessing
+
+    import torch
+
+    from mlagen import measure, runtime, verify
+    from mlagen import tune as tune_mod
+
+    seen = []
+
+    class FakeVerifier:
+        def __init__(self, family, shape, device, seed, dtype="bf16"):
+            seen.append(dtype)
+
+    monkeypatch.setattr(verify, "Verifier", FakeVerifier)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(measure, "L2Flush", lambda device: None)
+    monkeypatch.setattr(runtime, "device_info", lambda i: type("I", (), {"name": "Fake", "sm_count": 132,
+                                                                        "driver_version": "13.0"})())
+    parent, child = multiprocessing.Pipe()
+    thread = threading.Thread(target=tune_mod._worker_main,
+                              args=(child, spec_mod.load(spec_name).path, SHAPES["D1"], 0, 2, None))
+    thread.start()
+    assert parent.recv()[0] == "ready"
+    parent.send(None)
+    thread.join(5)
+    assert seen == [dtype]

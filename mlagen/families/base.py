@@ -153,7 +153,9 @@ class Family(ABC):
 
     @abstractmethod
     def make_inputs(self, shape, device, seed: int = 0) -> dict[str, Any]:
-        """Fresh random inputs of ``shape`` on ``device`` (never zeros or constants)."""
+        """Fresh random inputs of ``shape`` on ``device`` (never zeros or constants). A family
+        with specs for other input types than bf16 also takes ``dtype`` (the spec's
+        ``problem.dtype``) here and in :meth:`compare`; ``tune`` passes it for those specs."""
 
     @abstractmethod
     def make_outputs(self, shape, device, fill: float = float("nan")):

@@ -10,6 +10,7 @@ struct Config {
   static constexpr int kDRope = 64;
   static constexpr int kDQk = 192;
   static constexpr int kDV = 128;
+  static constexpr int kElemBytes = 2;  // of Q, K and V: 2 (bf16) or 1 (e4m3)
   static constexpr int kConsumers = 2;
   static constexpr int kBlockM = 128;
   static constexpr int kBlockN = 128;
@@ -38,13 +39,18 @@ static_assert(!Config::kPingpong || Config::kConsumers == 2, "pingpong alternate
 static_assert(Config::kLoadWarps == 1 || Config::kLoadWarps == 2, "Q, K and V are loaded by one warp or two");
 static_assert(!Config::kQInRegs || !Config::kTmaEpilogue,
               "with Q in registers its buffer is refilled early, so the output cannot be staged there");
-static_assert(!Config::kVtmaEpilogue || (Config::kBlockN >= Config::kBlockM && Config::kOverlap),
-              "the vtma epilogue stages the output in the last V stage: block_n >= block_m, overlapped loop");
-static_assert(Config::kBlockN % 16 == 0 && Config::kBlockN <= 256, "block_n must be a multiple of 16, at most 256");
-static_assert(Config::kDNope % (Config::kSwK / 2) == 0 && Config::kDRope % (Config::kSwK / 2) == 0,
-              "the K swizzle width must divide both the nope and the rope columns");
-static_assert(Config::kDV % (Config::kSwV / 2) == 0 && Config::kDV % (Config::kSwQ / 2) == 0,
-              "the V and O swizzle widths must divide d_v");
+static_assert(!Config::kVtmaEpilogue || (mlagen::sm90::Layout<Config>::kVBytes >= Config::kBlockM * Config::kDV * 2 &&
+                                        Config::kOverlap),
+              "the vtma epilogue stages the bf16 output in the last V stage (it must hold it) of the overlapped loop");
+static_assert(Config::kBlockN % (32 / Config::kElemBytes) == 0 && Config::kBlockN <= 256,
+              "block_n must be a multiple of the P V k-step (16 bf16, 32 e4m3), at most 256");
+static_assert(Config::kDNope % (Config::kSwK / Config::kElemBytes) == 0 &&
+                  Config::kDRope % (Config::kSwK / Config::kElemBytes) == 0 &&
+                  Config::kDQk % (Config::kSwQ / Config::kElemBytes) == 0,
+              "the K and Q swizzle widths must divide the nope and the rope columns");
+static_assert(Config::kElemBytes == 2 ? Config::kDV % (Config::kSwV / 2) == 0 : Config::kBlockN % Config::kSwV == 0,
+              "the V swizzle width must divide d_v (bf16) or block_n (V^T, e4m3)");
+static_assert(Config::kDV % (Config::kSwQ / 2) == 0, "the O swizzle width must divide d_v");
 static_assert(Config::kCluster == 1 || (Config::kCluster == 2 && Config::kScheduler != mlagen::sm90::Scheduler::kDynamic),
               "a cluster is two CTAs on a static or persistent schedule");
 static_assert(Config::kBlockN % (8 * Config::kCluster) == 0,

@@ -1,10 +1,10 @@
 """FP8 (e4m3) inputs of dense MLA prefill on the GPU.
 
-On a device with an FP8 kernel (gfx950: OCP e4m3; gfx942: FNUZ e4m3) every FP8 spec targeting
-it runs ragged, causal and non-causal batches with per-head and per-tensor descales against the
-float32 reference on the dequantized inputs (``FP8_REL_TOL``; the emulated error is ~2.4%, see
-tests/test_hip_mfma_layout.py). On any other device (the H100 today) an FP8 call must fail with
-one clear line naming the dtype and the targets that have FP8 kernels.
+On a device with an FP8 kernel (sm_90a and gfx950: OCP e4m3; gfx942: FNUZ e4m3) every FP8 spec
+targeting it runs ragged, causal and non-causal batches with per-head and per-tensor descales
+against the float32 reference on the dequantized inputs (``FP8_REL_TOL``; the emulated error is
+~2.4%, see tests/test_hip_mfma_layout.py). An fp8 dtype with no kernel for the device (FNUZ on the
+H100) must fail with one clear line naming the dtype and the targets that have FP8 kernels.
 """
 
 from __future__ import annotations
@@ -34,7 +34,8 @@ def _target() -> str | None:
 TARGET = _target()
 FP8_SPECS = {s.name: dict(s.problem)["dtype"] for s in family_specs("mla_prefill")
              if TARGET in s.targets and dict(s.problem)["dtype"].startswith("fp8")}
-needs_fp8_kernel = pytest.mark.skipif(not FP8_SPECS, reason=f"no FP8 kernel targets {TARGET} (gfx942/gfx950 only)")
+needs_fp8_kernel = pytest.mark.skipif(not FP8_SPECS, reason=f"no FP8 kernel targets {TARGET} (sm_90a, gfx942, gfx950)")
+TORCH_FP8 = {"fp8_e4m3": "float8_e4m3fn", "fp8_e4m3fnuz": "float8_e4m3fnuz"}
 
 
 def _check(spec, dtype, shape):
@@ -65,12 +66,177 @@ def test_fp8_long_causal_prefix(spec):
     _check(spec, FP8_SPECS[spec], Shape("fp8", (256,), (1280,), 16, True))
 
 
-@pytest.mark.skipif(TARGET is None or bool(FP8_SPECS), reason="needs a GPU without FP8 kernels (e.g. the H100)")
-def test_fp8_inputs_without_a_kernel_fail_in_one_line():
-    q = torch.zeros(8, 2, 192, device="cuda").to(torch.float8_e4m3fn)
-    k = torch.zeros(8, 2, 128, device="cuda").to(torch.float8_e4m3fn)
-    kr = torch.zeros(8, 1, 64, device="cuda").to(torch.float8_e4m3fn)
-    with pytest.raises(TypeError, match=rf"fp8_e4m3 inputs \(torch.float8_e4m3fn\) have no kernel for {TARGET}; "
-                                        r"fp8 kernels: float8_e4m3fn on gfx950; float8_e4m3fnuz on gfx942") as exc:
+@pytest.mark.skipif(TARGET is None, reason="needs a GPU")
+@pytest.mark.parametrize("dtype", sorted(TORCH_FP8))
+def test_fp8_inputs_without_a_kernel_fail_in_one_line(dtype):
+    if dtype in FP8_SPECS.values():
+        pytest.skip(f"{TARGET} has a {dtype} kernel")
+    fp8 = getattr(torch, TORCH_FP8[dtype])
+    q = torch.zeros(8, 2, 192, device="cuda").to(fp8)
+    k = torch.zeros(8, 2, 128, device="cuda").to(fp8)
+    kr = torch.zeros(8, 1, 64, device="cuda").to(fp8)
+    with pytest.raises(TypeError, match=rf"{dtype} inputs \(torch.{TORCH_FP8[dtype]}\) have no kernel for {TARGET}; "
+                                        r"fp8 kernels: ") as exc:
         mlagen.mla_prefill(q, k, k, k_rope=kr)
     assert "\n" not in str(exc.value)
+
+
+@needs_fp8_kernel
+@pytest.mark.parametrize("spec", sorted(FP8_SPECS))
+def test_fp8_per_tensor_descales_and_a_large_head_count(spec):
+    """Per-tensor q and v descales (make_inputs gives per-head ones) on 128 heads, non-causal,
+    against the reference with the same factors."""
+    shape = Shape("fp8", (300, 129), (300, 129), 128, False)
+    dtype = FP8_SPECS[spec]
+    inputs = FAMILY.make_inputs(shape, "cuda", seed=3, dtype=dtype)
+    for name in ("q_descale", "v_descale"):
+        inputs[name] = inputs[name].max().reshape(1).contiguous()
+    got = FAMILY.call(inputs, kernel=spec, check=True)
+    torch.cuda.synchronize()
+    ref = FAMILY.reference(shape, inputs, heads=None)
+    check = FAMILY.compare(got, ref, dtype=dtype)
+    assert check.ok, f"{spec} {shape}: {check.problem}"
+
+
+# Schedule options of the sm_90a FP8 kernel: ring depth, wider key tiles (V^T swizzle below 128 B),
+# no ordering, no overlap, clusters (V^T rows split between the CTAs), Q in registers (e4m3 A
+# fragments by ldmatrix), one consumer, one load warp, the narrowest swizzles.
+SM90_FP8_SCHEDULES = [
+    {},
+    {"stages": 3, "block_n": 192, "swizzle_v": 64},
+    {"order": "none", "overlap": False, "block_n": 64, "swizzle_v": 64},
+    {"cluster": 2, "scheduler": "persistent", "block_n": 96, "swizzle_v": 32},
+    {"q_operand": "regs", "scheduler": "static", "block_n": 160, "swizzle_v": 32},
+    {"consumers": 1, "order": "none", "load_warps": 1, "swizzle_q": 32, "swizzle_k": 32},
+    # The shipped D3 record (mlagen/tuned/h100.json).
+    {"scheduler": "static", "load_warps": 1, "producer_regs": 24, "consumer_regs": 240},
+]
+
+
+@pytest.mark.skipif("mla_prefill_sm90_fp8" not in FP8_SPECS, reason=f"the sm_90a FP8 kernel does not target {TARGET}")
+@pytest.mark.parametrize("schedule", SM90_FP8_SCHEDULES, ids=lambda s: "-".join(f"{k}={v}" for k, v in s.items()) or "default")
+@pytest.mark.parametrize("causal", [True, False])
+def test_sm90_fp8_schedules(schedule, causal):
+    """Ragged sequences whose key starts are not 16-aligned (V^T's per-sequence columns), a
+    length-1 and an empty sequence, a prefix, a sequence with no keys."""
+    from mlagen import spec, variant
+
+    v = variant.make(spec.load("mla_prefill_sm90_fp8"), {**schedule, "mask": "causal" if causal else "none"})
+    shape = Shape("fp8", (5, 1, 0, 129, 300, 2), (5, 1, 0, 200, 300, 0) if causal else (5, 1, 3, 200, 300, 0), 16, causal)
+    inputs = FAMILY.make_inputs(shape, "cuda", seed=21, dtype="fp8_e4m3")
+    got = FAMILY.call(inputs, variant=v, check=True)
+    torch.cuda.synchronize()
+    check = FAMILY.compare(got, FAMILY.reference(shape, inputs, heads=None), dtype="fp8_e4m3")
+    assert check.ok, f"{v.symbol}: {check.problem}"
+
+
+@pytest.mark.skipif("mla_prefill_sm90_fp8" not in FP8_SPECS, reason=f"the sm_90a FP8 kernel does not target {TARGET}")
+@pytest.mark.parametrize("lengths", [(8192,), (5, 1, 0, 200, 77, 301), (16, 33, 0)])
+def test_sm90_fp8_transpose_v_kernel_writes_the_torch_layout(lengths):
+    """The pre-pass kernel's V^T, byte for byte, is tma.transpose_v's (the layout the CPU tests
+    hold against the kernel's vt_column and pack_p), on a V whose heads are a strided slice."""
+    import importlib
+
+    from mlagen.families.mla_prefill import call as call_mod
+    from mlagen.families.mla_prefill import entry
+
+    tma = importlib.import_module("mlagen.families.mla_prefill.tma")
+    total, heads = sum(lengths), 4
+    cu = None if len(lengths) == 1 else torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()],
+                                                     dtype=torch.int32, device="cuda")
+    big = torch.randint(0, 120, (total, 2 * heads, 128), dtype=torch.uint8, device="cuda")
+    v = big[:, 1::2].view(torch.float8_e4m3fn)  # finite e4m3 bit patterns, head stride 256 bytes
+    q = torch.zeros(total, heads, 192, device="cuda").to(torch.float8_e4m3fn)
+    k = torch.zeros(total, heads, 128, device="cuda").to(torch.float8_e4m3fn)
+    kr = torch.zeros(total, 1, 64, device="cuda").to(torch.float8_e4m3fn)
+    c = call_mod.prepare(q, k, v, k_rope=kr, cu_seqlens_q=cu, cu_seqlens_k=cu)
+    _, selection = entry.select(c, "mla_prefill_sm90_fp8")
+    got = tma.launch_transpose_v(selection, c, torch.cuda.current_stream().cuda_stream)
+    want = tma.transpose_v(v, cu, total, len(lengths))
+    torch.cuda.synchronize()
+    assert torch.equal(got, want)
+
+
+def _e4m3(x):
+    """(e4m3 tensor, fp32 [1] descale) of float ``x``: its largest magnitude maps to 448."""
+    d = (x.abs().amax().float().clamp_min(1e-12) / 448.0).reshape(1)
+    return (x / d).clamp(-448, 448).to(torch.float8_e4m3fn), d
+
+
+def _fp8_case(lq, lk, heads, rope="shared", strided=False, seed=0):
+    """Packed FP8 inputs with per-tensor descales; like test_mla_prefill_gpu.make, views are
+    taken after quantizing so that strided stays strided."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    tq, tk = sum(lq), sum(lk)
+
+    def rnd(*shape):
+        return torch.randn(*shape, generator=g, device="cuda")
+
+    if strided:
+        qb, qd = _e4m3(rnd(tq, heads + 1, 256))
+        kvb, kd = _e4m3(rnd(tk, heads, 384))
+        q, k, v, vd = qb[:, 1:, :192], kvb[:, :, :128], kvb[:, :, 256:384], kd
+    else:
+        (q, qd), (k, kd), (v, vd) = _e4m3(rnd(tq, heads, 192)), _e4m3(rnd(tk, heads, 128 + 64 * (rope == "folded"))), \
+            _e4m3(rnd(tk, heads, 128))
+    k_rope = None
+    if rope in ("shared", "per_head"):
+        k_rope = (rnd(tk, 1 if rope == "shared" else heads, 64) / kd).clamp(-448, 448).to(torch.float8_e4m3fn)
+    cu = lambda ls: torch.tensor([0, *torch.tensor(ls).cumsum(0).tolist()], dtype=torch.int32, device="cuda")  # noqa: E731
+    return dict(q=q, k=k, v=v, k_rope=k_rope, cu_seqlens_q=cu(lq), cu_seqlens_k=cu(lk), q_descale=qd, k_descale=kd,
+                v_descale=vd)
+
+
+def _check_fp8_call(a, causal=True, scale=None, out=None):
+    from mlagen.families.mla_prefill import reference as ref_fn
+    from mlagen.families.mla_prefill.reference import FP8_REL_TOL, LSE_TOL
+
+    got, lse = mlagen.mla_prefill(**a, causal=causal, softmax_scale=scale, out=out, kernel="mla_prefill_sm90_fp8")
+    torch.cuda.synchronize()
+    ref, ref_lse = ref_fn(**a, causal=causal, softmax_scale=scale)
+    assert not torch.isnan(got.float()).any() and not torch.isnan(lse).any()
+    rel = float((got.float() - ref).norm() / ref.norm())
+    assert rel < FP8_REL_TOL, f"relative L2 error {rel:.3e}"
+    # FAMILY.compare's bound (the H100 measured 9.3e-3 here at softmax_scale 0.3, 5e-4 on D1 at the default).
+    assert float((lse - ref_lse).abs().max()) < LSE_TOL
+    return got, lse
+
+
+needs_sm90_fp8 = pytest.mark.skipif("mla_prefill_sm90_fp8" not in FP8_SPECS,
+                                    reason=f"the sm_90a FP8 kernel does not target {TARGET}")
+
+
+@needs_sm90_fp8
+@pytest.mark.parametrize("rope", ["shared", "per_head", "folded"])
+@pytest.mark.parametrize("causal", [True, False])
+def test_sm90_fp8_rope_layouts(rope, causal):
+    _check_fp8_call(_fp8_case([100, 33], [150, 33], 16, rope=rope, seed=2), causal)
+
+
+@needs_sm90_fp8
+def test_sm90_fp8_strided_inputs_and_output_and_scale():
+    a = _fp8_case([70, 190], [70, 250], 16, strided=True, seed=4)
+    assert not a["q"].is_contiguous() and not a["v"].is_contiguous()
+    out = torch.full((260, 16, 256), float("nan"), dtype=torch.bfloat16, device="cuda")[:, :, 64:192]
+    got, _ = _check_fp8_call(a, causal=False, scale=0.3, out=out)
+    assert got.data_ptr() == out.data_ptr()
+
+
+@needs_sm90_fp8
+def test_sm90_fp8_deterministic_and_graph_capture():
+    a = _fp8_case([128, 64], [128, 96], 16, seed=8)
+    out = torch.empty(192, 16, 128, dtype=torch.bfloat16, device="cuda")
+    first, _ = _check_fp8_call(a, out=out)
+    first = first.clone()
+    graph = torch.cuda.CUDAGraph()
+    out.fill_(float("nan"))
+    with torch.cuda.graph(graph):
+        mlagen.mla_prefill(**a, out=out, kernel="mla_prefill_sm90_fp8")
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, first), "a graph replay differs from the eager call (or two runs differ: a race)"
+    a["v"].copy_((torch.randn(a["v"].shape, device="cuda") / a["v_descale"]).clamp(-448, 448).to(torch.float8_e4m3fn))
+    graph.replay()  # the captured V^T pre-pass reads the new V
+    torch.cuda.synchronize()
+    _check_fp8_call(a)  # eager on the new V
+    assert torch.equal(out, mlagen.mla_prefill(**a, kernel="mla_prefill_sm90_fp8")[0])

@@ -335,6 +335,8 @@ def test_shipped_winners(shipped):
     target = device_info(torch.cuda.current_device()).target.name
     if target not in shipped.spec.targets:
         pytest.skip(f"{shipped.spec.name} does not target {target}")
+    if dict(shipped.spec.problem)["dtype"] != "bf16":
+        pytest.skip(f"{shipped.spec.name} takes fp8 inputs: its shipped schedules run in test_fp8_gpu.py")
     causal = shipped["mask"] == "causal"
     q, k, v, k_rope, cu_q, cu_k = make([5, 1, 0, 129, 300, 2], [5, 1, 0, 200, 300, 0], 16, seed=23)
     run_and_check(shipped, q, k, v, k_rope, cu_q, cu_k, causal)

@@ -6,7 +6,7 @@ from ... import expr, resources, variant
 from ...errors import SpecError
 from . import schedule
 from .call import FP8_DTYPES, INPUT_DTYPES
-from .params import ABIS
+from .params import ABIS, FP8_ABIS, TMA_ABIS, VT_PARAMS
 from .problem import D_NOPE, D_ROPE, D_V, MASKS
 
 
@@ -24,13 +24,13 @@ def validate_spec(spec) -> None:
         raise SpecError(spec.path, "problem.dtype", f"{dtype!r}: the input types are {', '.join(INPUT_DTYPES)}")
     if spec.abi not in ABIS:
         raise SpecError(spec.path, "abi", f"{spec.abi!r} is not one of {sorted(ABIS)}")
-    if (spec.abi == "simt_fp8") != (dtype in FP8_DTYPES):
+    if (spec.abi in FP8_ABIS) != (dtype in FP8_DTYPES):
         raise SpecError(spec.path, "abi", f"{spec.abi!r} with problem.dtype {dtype!r}: fp8 inputs take the "
-                                          f"simt_fp8 launcher, bf16 inputs simt or tma")
+                                          f"simt_fp8 or tma_fp8 launcher, bf16 inputs simt or tma")
     axes = dict(spec.specialize)
     if set(axes) != {"mask"} or not set(axes["mask"]) <= set(MASKS):
         raise SpecError(spec.path, "specialize", f"this family specialises on mask only, values from {list(MASKS)}")
-    if spec.abi == "tma":
+    if spec.abi in TMA_ABIS:
         schedule.validate_spec(spec)
     default = variant.make(spec, {})
     env = default.env()
@@ -45,13 +45,16 @@ def validate_spec(spec) -> None:
 
 
 def check_variant(v, target, res) -> list[str]:
-    if v.spec.abi == "tma":
+    if v.spec.abi in TMA_ABIS:
         return schedule.check_variant(v, target, res)
     return []
 
 
 def render_context(v) -> dict:
     ctx = {"params_decl": ABIS[v.spec.abi].c_declaration(), "smem_bytes": resources.estimate(v).smem_bytes}
-    if v.spec.abi == "tma":
+    if v.spec.abi in TMA_ABIS:
         ctx["schedule"] = schedule.render_schedule(v)
+        ctx["elem_bytes"] = schedule.element_bytes(v.spec)
+        if ctx["elem_bytes"] == 1:
+            ctx["vt_params_decl"] = VT_PARAMS.c_declaration()
     return ctx

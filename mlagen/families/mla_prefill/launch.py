@@ -9,6 +9,7 @@ from __future__ import annotations
 from . import tma
 from .call import Call
 from .pack import num_virtual_tiles, pack_simt, pack_simt_fp8
+from .params import TMA_ABIS
 
 
 def spec_dtype(spec) -> str:
@@ -20,7 +21,7 @@ def accepts(spec, call: Call) -> bool:
     """Whether ``spec``'s kernels can take this call's tensors (their dtype, and TMA's alignment)."""
     if spec_dtype(spec) != call.dtype:
         return False
-    return spec.abi != "tma" or call.tma_compatible() is None
+    return spec.abi not in TMA_ABIS or call.tma_compatible() is None
 
 
 def launch(selection, call: Call, stream: int) -> None:

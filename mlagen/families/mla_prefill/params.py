@@ -3,6 +3,8 @@
 * ``simt``: pointer-and-stride parameters; cp.async loads (sm80 kernel, any NVIDIA target).
 * ``simt_fp8``: the same with fp8 e4m3 inputs and descale factors (gfx9 FP8 kernels).
 * ``tma``: TMA descriptors for Q, K, K-rope, V and O (sm90 warp-specialized kernel).
+* ``tma_fp8``: the same over e4m3 inputs (``tma_v`` describes V^T, see tma.py: transpose_v),
+  plus the descale factors.
 """
 
 from __future__ import annotations
@@ -50,16 +52,38 @@ TMA_PARAMS = abi.ParamStruct("Params", (
     abi.Field("rope_shared", "int"),
 ) + _COMMON_FIELDS)
 
-# ``simt_fp8``: the simt fields with one-byte (fp8 e4m3) inputs, and the descale factors (fp32
-# pointers, null for 1.0; head stride 0 for one factor per tensor, 1 for one per head).
-SIMT_FP8_PARAMS = abi.ParamStruct("Params", tuple(
-    abi.Field(f.name, "const u8*") if f.kind == "const bf16*" else f for f in SIMT_PARAMS.fields) + (
+_DESCALE_FIELDS = (
     abi.Field("q_descale", "float*"),
     abi.Field("k_descale", "float*"),
     abi.Field("v_descale", "float*"),
     abi.Field("qd_head_stride", "int"),
     abi.Field("kd_head_stride", "int"),
     abi.Field("vd_head_stride", "int"),
+)
+
+# ``simt_fp8``: the simt fields with one-byte (fp8 e4m3) inputs, and the descale factors (fp32
+# pointers, null for 1.0; head stride 0 for one factor per tensor, 1 for one per head).
+SIMT_FP8_PARAMS = abi.ParamStruct("Params", tuple(
+    abi.Field(f.name, "const u8*") if f.kind == "const bf16*" else f for f in SIMT_PARAMS.fields) + _DESCALE_FIELDS)
+
+# ``tma_fp8``: the tma fields (descriptors of one-byte tensors; tma_v over V^T) and the descale
+# factors as in simt_fp8.
+TMA_FP8_PARAMS = abi.ParamStruct("Params", TMA_PARAMS.fields + _DESCALE_FIELDS)
+
+# The FP8 kernel's V^T pre-pass (a second entry point of its module, ``<symbol>_vt``;
+# templates/include/mlagen/sm90/transpose_v.cuh): V [total_k, H, d_v] bytes in, V^T
+# [H, d_v, width] out.
+VT_PARAMS = abi.ParamStruct("VtParams", (
+    abi.Field("v", "const u8*"),
+    abi.Field("vt", "u8*"),
+    abi.Field("cu_seqlens_k", "const int*"),
+    abi.Field("v_row_stride", "i64"),
+    abi.Field("v_head_stride", "i64"),
+    abi.Field("total_k", "int"),
+    abi.Field("batch", "int"),
+    abi.Field("width", "int"),
 ))
 
-ABIS = {"simt": SIMT_PARAMS, "simt_fp8": SIMT_FP8_PARAMS, "tma": TMA_PARAMS}
+ABIS = {"simt": SIMT_PARAMS, "simt_fp8": SIMT_FP8_PARAMS, "tma": TMA_PARAMS, "tma_fp8": TMA_FP8_PARAMS}
+FP8_ABIS = ("simt_fp8", "tma_fp8")
+TMA_ABIS = ("tma", "tma_fp8")

@@ -43,6 +43,11 @@ TMA_BOX_MAX = 256
 ROLE_ENTRY = {"producer": ("producer", PRODUCER_TASKS), "consumer": ("consumer", CONSUMER_TASKS)}
 
 
+def element_bytes(spec) -> int:
+    """Bytes per element of Q, K and V: 2 for bf16, 1 for the fp8 types (problem.dtype)."""
+    return 2 if dict(spec.problem).get("dtype", "bf16") == "bf16" else 1
+
+
 def _section(spec) -> dict:
     sched = spec.schedule
     if not isinstance(sched, dict):
@@ -247,13 +252,21 @@ def check_variant(variant, target, resources) -> list[str]:
     for name, rows in (("block_m", block_m), ("block_n", block_n)):
         if rows > TMA_BOX_MAX:
             reasons.append(f"{name} {rows} exceeds the TMA box limit of {TMA_BOX_MAX} rows by {rows - TMA_BOX_MAX}")
-    if block_n % 16:
-        reasons.append(f"block_n {block_n} must be a multiple of 16 (the k-step of P V)")
+    elem = element_bytes(variant.spec)
+    mma_k = 32 // elem
+    if block_n % mma_k:
+        reasons.append(f"block_n {block_n} must be a multiple of {mma_k} (the k-step of P V)")
+    if elem == 1 and s.epilogue == "tma":
+        reasons.append("epilogue tma stages the bf16 output in the Q tile, which is too small with fp8 inputs "
+                       f"({env['d_v'] * 2} B rows vs {env['d_qk']} B); use epilogue direct")
     if s.cluster in CLUSTERS and s.cluster > 1 and block_n % (8 * s.cluster):
         reasons.append(f"cluster {s.cluster}: each CTA loads block_n / {s.cluster} = {block_n / s.cluster:g} rows of "
                        "every K/V tile, which must be a whole number of 8-row swizzle atoms")
-    rows = {"q": block_m, "k": block_n, "v": block_n}
-    widths = {"q": [env["d_qk"], env["d_v"]], "k": [env["d_nope"], env["d_rope"]], "v": [env["d_v"]]}
+    # Row bytes of each operand's tiles (V^T with fp8: d_v rows of block_n keys); Q's swizzle
+    # also lays out the bf16 output staged in the Q tile.
+    rows = {"q": block_m, "k": block_n, "v": block_n if elem == 2 else env["d_v"]}
+    widths = {"q": [env["d_qk"] * elem, env["d_v"] * 2], "k": [env["d_nope"] * elem, env["d_rope"] * elem],
+              "v": [env["d_v"] * 2] if elem == 2 else [block_n]}
     for op, sw in s.swizzle.items():
         if sw in SWIZZLES and (rows[op] * sw) % (8 * sw):
             reasons.append(f"swizzle.{op}: a box of {rows[op]} rows of {sw} B does not end on the {8 * sw}-byte "
@@ -262,9 +275,9 @@ def check_variant(variant, target, resources) -> list[str]:
         if sw not in SWIZZLES:
             reasons.append(f"swizzle.{op} {sw}: must be one of {list(SWIZZLES)} bytes")
             continue
-        for cols in widths[op]:
-            if (cols * 2) % sw:
-                reasons.append(f"swizzle.{op} {sw} B does not divide the {cols * 2} B rows of that operand")
+        for row_bytes in widths[op]:
+            if row_bytes % sw:
+                reasons.append(f"swizzle.{op} {sw} B does not divide the {row_bytes} B rows of that operand")
     return reasons
 
 

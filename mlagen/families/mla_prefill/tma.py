@@ -4,6 +4,15 @@ Builds the five TMA descriptors (Q, K nope, K rope, V, O) for the call's tensors
 for the tile scheduler, and packs the parameter struct. Descriptors depend only on pointers,
 shapes, strides and the variant's boxes, so they are cached: repeated calls on the same buffers
 (the serving case, and CUDA graph capture) encode nothing.
+
+FP8 (``tma_fp8``): the e4m3 wgmma reads both operands K-major, so P V needs V^T (keys
+contiguous). A pre-pass kernel of the same module (``<symbol>_vt``, transpose_v.cuh) writes it on
+the launch stream just before the kernel (no host synchronisation, so graphs capture both):
+[heads, d_v, vt_width] bytes, each sequence's keys starting at column round_up(k_start, 16) +
+16 * b, and inside every 16 keys the column order PERM16 that makes the kernel's S registers,
+converted to e4m3, the A fragment of P V (mla_prefill.cuh: pack_p). Columns that hold no key of
+their sequence repeat one of its keys (finite; the kernel's P is 0 there). ``transpose_v`` below
+is the same layout in torch: the reference the tests hold the pre-pass to.
 """
 
 from __future__ import annotations
@@ -11,11 +20,16 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 
-from ...runtime import device_info, encode_tensor_map_bf16
+from ...runtime import device_info, encode_tensor_map
 from .call import Call
 from .pack import common_values, num_virtual_tiles
-from .params import TMA_PARAMS
+from .params import ABIS, VT_PARAMS
 from .schedule import evaluate
+
+# Position p of a 16-key group of V^T holds key PERM16[p]: thread t of a quad holds S columns
+# 2t, 2t+1, 8+2t, 9+2t of each 16 (the wgmma accumulator layout) and the k32 e4m3 A fragment wants
+# positions 4t .. 4t+3 from it.
+PERM16 = tuple(8 * ((p % 4) // 2) + 2 * (p // 4) + p % 2 for p in range(16))
 
 _CACHE_SIZE = 512
 _maps: "OrderedDict[tuple, bytes]" = OrderedDict()
@@ -23,19 +37,20 @@ _lock = threading.Lock()
 
 
 def tensor_map(t, box_cols: int, box_rows: int, swizzle: int, what: str) -> bytes:
-    """Descriptor of a [rows, heads, cols] bf16 view (last dim contiguous) with a
-    (box_cols, 1 head, box_rows) box."""
+    """Descriptor of a [rows, heads, cols] bf16 or one-byte (fp8) view (last dim contiguous) with
+    a (box_cols, 1 head, box_rows) box."""
     rows, heads, cols = t.shape
-    row_stride = t.stride(0) * 2
-    head_stride = t.stride(1) * 2 if heads > 1 else row_stride  # any 16-byte multiple will do for one head
-    key = (t.data_ptr(), rows, heads, cols, row_stride, head_stride, box_cols, box_rows, swizzle)
+    elem = t.element_size()
+    row_stride = t.stride(0) * elem
+    head_stride = t.stride(1) * elem if heads > 1 else row_stride  # any 16-byte multiple will do for one head
+    key = (t.data_ptr(), elem, rows, heads, cols, row_stride, head_stride, box_cols, box_rows, swizzle)
     with _lock:
         hit = _maps.get(key)
         if hit is not None:
             _maps.move_to_end(key)
             return hit
-    encoded = encode_tensor_map_bf16(t.data_ptr(), [cols, heads, max(rows, 1)], [head_stride, row_stride],
-                                     [box_cols, 1, box_rows], swizzle, what)
+    encoded = encode_tensor_map(t.data_ptr(), [cols, heads, max(rows, 1)], [head_stride, row_stride],
+                                [box_cols, 1, box_rows], swizzle, what, elem)
     with _lock:
         _maps[key] = encoded
         if len(_maps) > _CACHE_SIZE:
@@ -43,18 +58,93 @@ def tensor_map(t, box_cols: int, box_rows: int, swizzle: int, what: str) -> byte
     return encoded
 
 
+def vt_width(total_k: int, batch: int) -> int:
+    """Columns of V^T: every sequence starts on a 16-column boundary (at most 16 more per sequence)."""
+    return -(-total_k // 16) * 16 + 16 * batch
+
+
+def vt_sources(cu_k, total_k: int, batch: int, device):
+    """The key (row of V) that each column of V^T holds, as a long tensor of vt_width columns.
+    Offsets are clamped like the kernel's load_seq, so unchecked cu_seqlens stay in bounds."""
+    import torch
+
+    width = vt_width(total_k, batch)
+    x = torch.arange(width, device=device)
+    if cu_k is None:
+        k_start = torch.zeros(1, dtype=torch.long, device=device)
+        length = torch.full((1,), total_k, dtype=torch.long, device=device)
+    else:
+        cu = cu_k.to(torch.long)
+        k_start = cu[:-1].clamp(0, total_k)
+        length = torch.minimum(torch.maximum(cu[1:], k_start), torch.full_like(k_start, total_k)) - k_start
+    vt_start = (k_start + 15) // 16 * 16 + 16 * torch.arange(k_start.numel(), device=device)
+    b = (torch.searchsorted(vt_start, x, right=True) - 1).clamp(0, k_start.numel() - 1)
+    rel = x - vt_start[b]
+    perm = torch.tensor(PERM16, dtype=torch.long, device=device)
+    key = rel // 16 * 16 + perm[rel % 16]
+    valid = (rel >= 0) & (key < length[b])
+    return torch.where(valid, k_start[b] + key, k_start[b].clamp(max=max(total_k - 1, 0)))
+
+
+def transpose_v(v, cu_k, total_k: int, batch: int):
+    """V^T of one-byte V [total_k, H, d_v] for the FP8 kernel: uint8 [H, d_v, vt_width(...)], in
+    torch (the layout the pre-pass kernel writes; tests compare the two)."""
+    import torch
+
+    heads, dv = v.shape[1], v.shape[2]
+    if total_k == 0:
+        return torch.zeros(heads, dv, vt_width(0, batch), dtype=torch.uint8, device=v.device)
+    src = vt_sources(cu_k, total_k, batch, v.device)
+    return v.view(torch.uint8).index_select(0, src).permute(1, 2, 0).contiguous()
+
+
+VT_COLUMNS, VT_THREADS = 128, 256  # transpose_v.cuh: kVtColumns, kVtThreads
+
+
+def launch_transpose_v(selection, call: Call, stream: int):
+    """V^T by the module's pre-pass kernel on ``stream``; returns the new uint8 tensor. It is
+    allocated on the caller's current torch stream; when ``stream`` is another one, the caching
+    allocator is told the tensor is used there too."""
+    import torch
+
+    heads, dv = call.v.shape[1], call.v.shape[2]
+    width = vt_width(call.total_k, call.batch)
+    vt = torch.empty(heads, dv, width, dtype=torch.uint8, device=call.v.device)
+    if call.total_k == 0:
+        return vt.zero_()
+    params = VT_PARAMS.pack({
+        "v": call.v.data_ptr(), "vt": vt.data_ptr(),
+        "cu_seqlens_k": call.cu_k.data_ptr() if call.cu_k is not None else 0,
+        "v_row_stride": call.v.stride(0), "v_head_stride": call.v.stride(1),
+        "total_k": call.total_k, "batch": call.batch, "width": width,
+    })
+    kernel = selection.kernel.entry(f"{selection.variant.symbol}_vt")
+    kernel.launch((heads, min(-(-width // VT_COLUMNS), 65535), 1), (VT_THREADS, 1, 1), 0, stream, params)
+    if torch.cuda.current_stream(call.v.device).cuda_stream != stream:
+        vt.record_stream(torch.cuda.ExternalStream(stream, device=call.v.device))
+    return vt
+
+
 def launch(selection, call: Call, env: dict, stream: int) -> None:
     import torch
 
     s = evaluate(selection.variant)
+    fp8 = selection.spec.abi == "tma_fp8"
+    elem = 1 if fp8 else 2
     bm, bn = env["block_m"], env["block_n"]
     sw_q, sw_k, sw_v = s.swizzle["q"], s.swizzle["k"], s.swizzle["v"]
     kv_rows = bn // s.cluster  # in a cluster, each CTA loads its share of every K/V tile
+    if fp8:
+        # V^T as [d_v rows, heads, columns]; boxes of sw_v keys by all d_v rows (a cluster's share).
+        vt = launch_transpose_v(selection, call, stream)
+        v_map = tensor_map(vt.permute(1, 0, 2), sw_v, vt.size(1) // s.cluster, sw_v, "v (transposed)")
+    else:
+        v_map = tensor_map(call.v, sw_v // 2, kv_rows, sw_v, "v")
     maps = {
-        "tma_q": tensor_map(call.q, sw_q // 2, bm, sw_q, "q"),
-        "tma_k": tensor_map(call.k, sw_k // 2, kv_rows, sw_k, "k"),
-        "tma_k_rope": tensor_map(call.k_rope, sw_k // 2, kv_rows, sw_k, "k_rope"),
-        "tma_v": tensor_map(call.v, sw_v // 2, kv_rows, sw_v, "v"),
+        "tma_q": tensor_map(call.q, sw_q // elem, bm, sw_q, "q"),
+        "tma_k": tensor_map(call.k, sw_k // elem, kv_rows, sw_k, "k"),
+        "tma_k_rope": tensor_map(call.k_rope, sw_k // elem, kv_rows, sw_k, "k_rope"),
+        "tma_v": v_map,
         "tma_o": tensor_map(call.out, sw_q // 2, 64, sw_q, "out"),
     }
     # Tiles are numbered per cluster: a cluster of C CTAs takes C * block_m query rows.
@@ -73,6 +163,11 @@ def launch(selection, call: Call, env: dict, stream: int) -> None:
         "rope_shared": int(call.k_rope.size(1) == 1),
         **common_values(call),
     }
-    params = TMA_PARAMS.pack(values)
+    if fp8:
+        for name in ("q", "k", "v"):
+            t = getattr(call, f"{name}_descale")
+            values[f"{name}_descale"] = 0 if t is None else t.data_ptr()
+            values[f"{name[0]}d_head_stride"] = 0 if t is None or t.numel() == 1 else t.stride(0)
+    params = ABIS[selection.spec.abi].pack(values)
     res = selection.resources
     selection.kernel.launch((grid, 1, 1), (res.threads, 1, 1), res.smem_bytes, stream, params)

@@ -16,6 +16,15 @@
 // consumers of both CTAs have released it (one arrival per consumer warp on each CTA's empty
 // barrier). When causal, the lower half needs fewer key tiles than the cluster streams; its
 // consumers release those stages without computing.
+//
+// FP8 (Cfg::kElemBytes == 1, e4m3 inputs): both products run on the k32 e4m3 wgmma, which takes
+// no transpose, so every shared-memory operand is K-major. Q and K are naturally; V is read from
+// V^T, a [heads, d_v, columns] copy the launcher makes before the kernel (tma.py: transpose_v),
+// keys contiguous, each sequence starting on a 16-column boundary (vt_column). Inside every 16
+// keys, V^T's column order is permuted (position 4t + i holds key 8 (i / 2) + 2 t + i % 2) so that
+// the fp32 S accumulator a thread holds, converted to e4m3, already is the k32 A fragment of P V:
+// no shuffle. q_descale * k_descale is folded into the softmax scale, v_descale into the output
+// normalisation; P (in [0, 1]) is rounded to e4m3.
 #pragma once
 #include "mlagen/cuda/online_softmax.cuh"
 #include "mlagen/common/tile_index.cuh"
@@ -31,15 +40,22 @@ enum class Scheduler { kStatic, kPersistent, kDynamic };
 // Shared memory of one CTA; every offset is a multiple of 1024 bytes (the 128-byte swizzle atom).
 template <class Cfg>
 struct Layout {
-  static constexpr int kCbQ = Cfg::kSwQ / 2;  // bf16 columns per TMA box / column block
-  static constexpr int kCbK = Cfg::kSwK / 2;
-  static constexpr int kCbV = Cfg::kSwV / 2;
+  static constexpr int kE = Cfg::kElemBytes;  // 2 (bf16) or 1 (e4m3)
+  static constexpr bool kFp8 = kE == 1;
+  static constexpr int kCbQ = Cfg::kSwQ / kE;  // columns per TMA box / column block
+  static constexpr int kCbK = Cfg::kSwK / kE;
+  static constexpr int kCbV = Cfg::kSwV / kE;  // bf16: V columns (d_v); fp8: V^T columns (keys)
+  static constexpr int kCbO = Cfg::kSwQ / 2;   // the bf16 output staged in the Q tile
+  // A V tile is BLOCK_N key rows of d_v (bf16), or d_v rows of BLOCK_N keys (fp8: V^T).
+  static constexpr int kVRows = kFp8 ? Cfg::kDV : Cfg::kBlockN;
   static constexpr int kQCbBytes = Cfg::kBlockM * Cfg::kSwQ;
   static constexpr int kKCbBytes = Cfg::kBlockN * Cfg::kSwK;
-  static constexpr int kVCbBytes = Cfg::kBlockN * Cfg::kSwV;
-  static constexpr int kQBytes = Cfg::kBlockM * Cfg::kDQk * 2;
-  static constexpr int kKBytes = Cfg::kBlockN * Cfg::kDQk * 2;
-  static constexpr int kVBytes = Cfg::kBlockN * Cfg::kDV * 2;
+  static constexpr int kVCbBytes = kVRows * Cfg::kSwV;
+  static constexpr int kQBytes = Cfg::kBlockM * Cfg::kDQk * kE;
+  static constexpr int kKBytes = Cfg::kBlockN * Cfg::kDQk * kE;
+  static constexpr int kVBytes = Cfg::kBlockN * Cfg::kDV * kE;
+  // K along one wgmma: 16 bf16 or 32 e4m3 (32 bytes either way).
+  static constexpr int kMmaK = 32 / kE;
   static constexpr int kQ = 0;
   static constexpr int kK = kQ + kQBytes;
   static constexpr int kV = kK + Cfg::kStages * kKBytes;
@@ -56,7 +72,7 @@ struct Layout {
                     kVCbBytes % (8 * Cfg::kSwV) == 0 && kQBytes % 1024 == 0 && kKBytes % 1024 == 0 &&
                     kVBytes % 1024 == 0,
                 "every TMA box must start on its swizzle atom, every tile on a 1024-byte boundary");
-  static_assert(Cfg::kDV * 2 <= Cfg::kDQk * 2, "the output staging tile reuses the Q tile");
+  static_assert(!Cfg::kTmaEpilogue || Cfg::kDV * 2 <= Cfg::kDQk * kE, "the output staging tile reuses the Q tile");
 };
 
 // Per-warp arrivals on a stage's empty barrier: every consumer thread (one CTA), or one elected
@@ -79,14 +95,15 @@ __device__ __forceinline__ void release_kv(u32 bar) {
   }
 }
 
-// Load rows [row0, row0 + BLOCK_N) of one column block of K or V into a ring slot. In a cluster,
-// each CTA loads its share of the rows and multicasts it to the same slot of every CTA.
-template <class Cfg, int SW>
+// Load rows [row0, row0 + ROWS) of one column block of K or V (ROWS = BLOCK_N key rows; d_v rows
+// of V^T with FP8) into a ring slot. In a cluster, each CTA loads its share of the rows and
+// multicasts it to the same slot of every CTA.
+template <class Cfg, int SW, int ROWS = Cfg::kBlockN>
 __device__ __forceinline__ void load_kv_box(u32 dst, const TensorMap* map, u32 bar, int col, int head, int row0) {
   if constexpr (Cfg::kCluster == 1) {
     tma_load_3d(dst, map, bar, col, head, row0);
   } else {
-    constexpr int kPart = Cfg::kBlockN / Cfg::kCluster;
+    constexpr int kPart = ROWS / Cfg::kCluster;
     const int rank = static_cast<int>(cluster_cta_rank());
     tma_load_3d_multicast(dst + rank * kPart * SW, map, bar, col, head, row0 + rank * kPart,
                           static_cast<u16>((1 << Cfg::kCluster) - 1));
@@ -148,6 +165,13 @@ __device__ __forceinline__ QueryTile query_tile(const Params& p, int t, int& hea
   return split_tile<Cfg::kBlockM, Cfg::kBlockN, Cfg::kCausal>(whole, static_cast<int>(cluster_cta_rank()));
 }
 
+// Column of V^T (FP8) holding the first key of the tile that starts at packed key `key0`: each
+// sequence's keys start on a 16-column boundary, round_up(k_start, 16) + 16 * batch (the launcher's
+// transpose_v writes the same layout), so the key permutation inside 16-key groups is tile-relative.
+__device__ __forceinline__ int vt_column(const QueryTile& qt, int key0) {
+  return ((qt.seq.k_start + 15) & ~15) + 16 * qt.batch + (key0 - qt.seq.k_start);
+}
+
 // ------------------------------------------------------------------------------------------------
 // Producer: warp 0 loads Q and K and runs the dynamic tile queue; with LOAD_WARPS = 2, warp 1
 // loads V (else warp 0 does). Separate warps keep a K load from waiting behind a V slot (V is
@@ -170,6 +194,7 @@ __device__ void producer(const Params& p, u32 smem, const Barriers& bar) {
     const bool computes = qt.rows > 0 && qt.n_blocks > 0;  // else the consumers only release stages
     if (kv_blocks > 0) {
       const int rope_head = p.rope_shared ? 0 : head;
+      const int vt0 = L::kFp8 ? vt_column(qt, qt.seq.k_start) : 0;  // V^T column of the sequence's first key
       for (int i = 0; i < kv_blocks; ++i, ++kv_iter) {
         const int key0 = qt.seq.k_start + (kv_blocks - 1 - i) * Cfg::kBlockN;
         const int s = kv_iter % Cfg::kStages;
@@ -206,10 +231,19 @@ __device__ void producer(const Params& p, u32 smem, const Barriers& bar) {
           mbar_wait(bar.v_empty(s), phase);
           if (lane == 0) {
             mbar_arrive_expect_tx(bar.v_full(s), L::kVBytes);
+            if constexpr (L::kFp8) {
+              // V^T: column blocks of kCbV keys, all d_v rows each.
+              const int col0 = vt0 + (key0 - qt.seq.k_start);
 #pragma unroll
-            for (int cb = 0; cb < Cfg::kDV / L::kCbV; ++cb)
-              load_kv_box<Cfg, Cfg::kSwV>(smem + L::kV + s * L::kVBytes + cb * L::kVCbBytes, &p.tma_v, bar.v_full(s),
-                                          cb * L::kCbV, head, key0);
+              for (int cb = 0; cb < Cfg::kBlockN / L::kCbV; ++cb)
+                load_kv_box<Cfg, Cfg::kSwV, Cfg::kDV>(smem + L::kV + s * L::kVBytes + cb * L::kVCbBytes, &p.tma_v,
+                                                      bar.v_full(s), col0 + cb * L::kCbV, head, 0);
+            } else {
+#pragma unroll
+              for (int cb = 0; cb < Cfg::kDV / L::kCbV; ++cb)
+                load_kv_box<Cfg, Cfg::kSwV>(smem + L::kV + s * L::kVBytes + cb * L::kVCbBytes, &p.tma_v,
+                                            bar.v_full(s), cb * L::kCbV, head, key0);
+            }
           }
         }
       }
@@ -244,25 +278,42 @@ template <class Cfg>
 struct ConsumerRegs {
   static constexpr int kSFrags = Cfg::kBlockN / 8;
   static constexpr int kOFrags = Cfg::kDV / 8;
+  static constexpr int kMmaK = Layout<Cfg>::kMmaK;
   float s[kSFrags * 4];
   float o[kOFrags * 4];
-  u32 p[Cfg::kBlockN / 16][4];
-  u32 q[Cfg::kQInRegs ? Cfg::kDQk / 16 : 1][4];  // Q as wgmma A fragments (QK with A in registers)
+  u32 p[Cfg::kBlockN / kMmaK][4];
+  u32 q[Cfg::kQInRegs ? Cfg::kDQk / kMmaK : 1][4];  // Q as wgmma A fragments (QK with A in registers)
   RowStats stats;
 };
 
+// The MMA of an element type: Wgmma (bf16, k16) or WgmmaE4m3 (e4m3, k32, no transpose).
+template <class Cfg, int N>
+struct Mma {
+  __device__ __forceinline__ static void ss(float* d, u64 a, u64 b, int acc) {
+    if constexpr (Cfg::kElemBytes == 1) WgmmaE4m3<N>::ss(d, a, b, acc);
+    else Wgmma<N>::ss(d, a, b, acc);
+  }
+  // B K-major (Q K^T), or with TRANS_B MN-major (bf16 V; FP8 reads V^T K-major instead).
+  template <int TRANS_B>
+  __device__ __forceinline__ static void rs(float* d, const u32 (&a)[4], u64 b, int acc) {
+    if constexpr (Cfg::kElemBytes == 1) WgmmaE4m3<N>::rs(d, a, b, acc);
+    else Wgmma<N>::template rs<TRANS_B>(d, a, b, acc);
+  }
+};
+
 // Load this warpgroup's 64 Q rows from the swizzled Q tile into A fragments (the wgmma A layout
-// of each warp's 16 rows is the mma.sync one, so ldmatrix.x4 produces it directly).
+// of each warp's 16 rows is the mma.sync one, so ldmatrix.x4 produces it directly; for e4m3 the
+// k32 fragment, 4 consecutive bytes per thread and row, is the same 8x16-byte matrices).
 template <class Cfg>
 __device__ __forceinline__ void load_q_fragments(ConsumerRegs<Cfg>& r, u32 smem, int wg) {
   using L = Layout<Cfg>;
   const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
   const int row = wg * 64 + warp * 16 + (lane % 8) + 8 * ((lane / 8) % 2);
 #pragma unroll
-  for (int kk = 0; kk < Cfg::kDQk / 16; ++kk) {
-    const int col = kk * 16 + 8 * (lane / 16);
+  for (int kk = 0; kk < Cfg::kDQk / L::kMmaK; ++kk) {
+    const int col = kk * L::kMmaK + (16 / L::kE) * (lane / 16);
     const u32 addr = smem + L::kQ + (col / L::kCbQ) * L::kQCbBytes +
-                     swizzle_offset<Cfg::kSwQ>(row * Cfg::kSwQ + (col % L::kCbQ) * 2);
+                     swizzle_offset<Cfg::kSwQ>(row * Cfg::kSwQ + (col % L::kCbQ) * L::kE);
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                  : "=r"(r.q[kk][0]), "=r"(r.q[kk][1]), "=r"(r.q[kk][2]), "=r"(r.q[kk][3])
                  : "r"(addr));
@@ -279,14 +330,14 @@ __device__ __forceinline__ void issue_qk(ConsumerRegs<Cfg>& r, u32 smem, int wg,
   if constexpr (Cfg::kQInRegs) pin_registers(r.q);
   wgmma_fence();
 #pragma unroll
-  for (int kk = 0; kk < Cfg::kDQk / 16; ++kk) {
-    const int col = kk * 16;
-    const u64 b = desc_advance(k_desc, (col / L::kCbK) * L::kKCbBytes + (col % L::kCbK) * 2);
+  for (int kk = 0; kk < Cfg::kDQk / L::kMmaK; ++kk) {
+    const int col = kk * L::kMmaK;
+    const u64 b = desc_advance(k_desc, (col / L::kCbK) * L::kKCbBytes + (col % L::kCbK) * L::kE);
     if constexpr (Cfg::kQInRegs) {
-      Wgmma<Cfg::kBlockN>::template rs<0>(r.s, r.q[kk], b, kk > 0);
+      Mma<Cfg, Cfg::kBlockN>::template rs<0>(r.s, r.q[kk], b, kk > 0);
     } else {
-      const u64 a = desc_advance(q_desc, (col / L::kCbQ) * L::kQCbBytes + (col % L::kCbQ) * 2);
-      Wgmma<Cfg::kBlockN>::ss(r.s, a, b, kk > 0);
+      const u64 a = desc_advance(q_desc, (col / L::kCbQ) * L::kQCbBytes + (col % L::kCbQ) * L::kE);
+      Mma<Cfg, Cfg::kBlockN>::ss(r.s, a, b, kk > 0);
     }
   }
   wgmma_commit();
@@ -295,13 +346,24 @@ __device__ __forceinline__ void issue_qk(ConsumerRegs<Cfg>& r, u32 smem, int wg,
 template <class Cfg>
 __device__ __forceinline__ void issue_pv(ConsumerRegs<Cfg>& r, u32 smem, int stage) {
   using L = Layout<Cfg>;
-  const u64 v_desc = opaque(desc_mn_major<Cfg::kSwV>(smem + L::kV + stage * L::kVBytes, L::kVCbBytes));
   pin_registers(r.o);
   pin_registers(r.p);
-  wgmma_fence();
+  if constexpr (L::kFp8) {
+    // V^T is K-major: keys along each d_v row, column blocks of kCbV keys.
+    const u64 v_desc = opaque(desc_k_major<Cfg::kSwV>(smem + L::kV + stage * L::kVBytes));
+    wgmma_fence();
 #pragma unroll
-  for (int kt = 0; kt < Cfg::kBlockN / 16; ++kt)
-    Wgmma<Cfg::kDV>::template rs<1>(r.o, r.p[kt], desc_advance(v_desc, kt * 16 * Cfg::kSwV), 1);
+    for (int kt = 0; kt < Cfg::kBlockN / L::kMmaK; ++kt) {
+      const int col = kt * L::kMmaK;
+      WgmmaE4m3<Cfg::kDV>::rs(r.o, r.p[kt], desc_advance(v_desc, (col / L::kCbV) * L::kVCbBytes + col % L::kCbV), 1);
+    }
+  } else {
+    const u64 v_desc = opaque(desc_mn_major<Cfg::kSwV>(smem + L::kV + stage * L::kVBytes, L::kVCbBytes));
+    wgmma_fence();
+#pragma unroll
+    for (int kt = 0; kt < Cfg::kBlockN / 16; ++kt)
+      Wgmma<Cfg::kDV>::template rs<1>(r.o, r.p[kt], desc_advance(v_desc, kt * 16 * Cfg::kSwV), 1);
+  }
   wgmma_commit();
 }
 
@@ -348,16 +410,41 @@ __device__ __forceinline__ void rescale_o(ConsumerRegs<Cfg>& r, const float (&co
   }
 }
 
-// P as bf16 A fragments of the next P V.
+// Four floats as e4m3 (round to nearest even, saturating), x0 in the low byte.
+__device__ __forceinline__ u32 pack_e4m3x4(float x0, float x1, float x2, float x3) {
+  u32 out;
+  // cvt ... e4m3x2.f32 d, a, b puts a in the upper byte of d.
+  asm("{\n .reg .b16 lo, hi;\n cvt.rn.satfinite.e4m3x2.f32 lo, %2, %1;\n cvt.rn.satfinite.e4m3x2.f32 hi, %4, %3;\n"
+      " mov.b32 %0, {lo, hi};\n}\n"
+      : "=r"(out)
+      : "f"(x0), "f"(x1), "f"(x2), "f"(x3));
+  return out;
+}
+
+// P as A fragments of the next P V: bf16 (k16), or e4m3 (k32). The e4m3 fragment of a thread
+// holds, per 16 keys, positions 4t..4t+3 of row g (register 0, then 2 for the next 16) and of
+// row g + 8 (registers 1 and 3); the thread's S columns there are 2t, 2t+1, 8+2t, 9+2t, which
+// V^T's key permutation (transpose_v) puts at exactly those positions.
 template <class Cfg>
 __device__ __forceinline__ void pack_p(ConsumerRegs<Cfg>& r) {
   pin_registers(r.p);  // the previous P V has completed; only now may P be overwritten
+  if constexpr (Cfg::kElemBytes == 1) {
 #pragma unroll
-  for (int kt = 0; kt < Cfg::kBlockN / 16; ++kt) {
-    r.p[kt][0] = pack_bf16x2(r.s[8 * kt + 0], r.s[8 * kt + 1]);
-    r.p[kt][1] = pack_bf16x2(r.s[8 * kt + 2], r.s[8 * kt + 3]);
-    r.p[kt][2] = pack_bf16x2(r.s[8 * kt + 4], r.s[8 * kt + 5]);
-    r.p[kt][3] = pack_bf16x2(r.s[8 * kt + 6], r.s[8 * kt + 7]);
+    for (int kt = 0; kt < Cfg::kBlockN / 32; ++kt) {
+      const float* s = r.s + 16 * kt;
+      r.p[kt][0] = pack_e4m3x4(s[0], s[1], s[4], s[5]);
+      r.p[kt][1] = pack_e4m3x4(s[2], s[3], s[6], s[7]);
+      r.p[kt][2] = pack_e4m3x4(s[8], s[9], s[12], s[13]);
+      r.p[kt][3] = pack_e4m3x4(s[10], s[11], s[14], s[15]);
+    }
+  } else {
+#pragma unroll
+    for (int kt = 0; kt < Cfg::kBlockN / 16; ++kt) {
+      r.p[kt][0] = pack_bf16x2(r.s[8 * kt + 0], r.s[8 * kt + 1]);
+      r.p[kt][1] = pack_bf16x2(r.s[8 * kt + 2], r.s[8 * kt + 3]);
+      r.p[kt][2] = pack_bf16x2(r.s[8 * kt + 4], r.s[8 * kt + 5]);
+      r.p[kt][3] = pack_bf16x2(r.s[8 * kt + 6], r.s[8 * kt + 7]);
+    }
   }
 }
 
@@ -397,6 +484,33 @@ __device__ __forceinline__ void write_empty_rows(const Params& p, const QueryTil
     p.lse[(i64)(qt.seq.q_start + qt.row0 + wg * 64 + tid) * p.lse_row_stride + head] = pos_inf();
 }
 
+// The descale factor of `head` (FP8): null is 1.0, head stride 0 one factor for every head.
+__device__ __forceinline__ float descale(const float* d, int head_stride, int head) {
+  return d == nullptr ? 1.f : ldg(d + head * head_stride);
+}
+
+// The softmax scale in the exp2 domain; with FP8, times q_descale * k_descale (S is computed on
+// the stored values).
+template <class Cfg, class Params>
+__device__ __forceinline__ float tile_scale_log2(const Params& p, int head) {
+  if constexpr (Cfg::kElemBytes == 1) {
+    return p.scale_log2 * descale(p.q_descale, p.qd_head_stride, head) * descale(p.k_descale, p.kd_head_stride, head);
+  } else {
+    return p.scale_log2;
+  }
+}
+
+// What O is multiplied by besides 1 / rowsum: v_descale with FP8 (P V used the stored values).
+template <class Cfg, class Params>
+__device__ __forceinline__ float output_scale(const Params& p, int head) {
+  if constexpr (Cfg::kElemBytes == 1) {
+    return descale(p.v_descale, p.vd_head_stride, head);
+  } else {
+    return 1.f;
+  }
+}
+
+
 // The output leaves through a TMA store from a staging tile (the Q tile, or with VTMA the V stage
 // `v_stage` that the last P V read, which this warpgroup releases only once the store has read it),
 // or straight from registers.
@@ -407,6 +521,11 @@ __device__ __forceinline__ void epilogue(const Params& p, ConsumerRegs<Cfg>& r, 
   const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
   float inv[2], lse[2];
   softmax_finish(r.stats, inv, lse);
+  if constexpr (Cfg::kElemBytes == 1) {
+    const float vd = output_scale<Cfg>(p, head);
+    inv[0] *= vd;
+    inv[1] *= vd;
+  }
   const int slice_row0 = wg * 64;
   const int row_in_slice = warp * 16 + lane / 4;
   if (lane % 4 == 0) {
@@ -433,8 +552,8 @@ __device__ __forceinline__ void epilogue(const Params& p, ConsumerRegs<Cfg>& r, 
       for (int h = 0; h < 2; ++h) {
         const int col = 8 * j + 2 * (lane % 4);
         const int row = slice_row0 + row_in_slice + 8 * h;
-        const u32 addr = stage + (col / L::kCbQ) * L::kQCbBytes +
-                         swizzle_offset<Cfg::kSwQ>(row * Cfg::kSwQ + (col % L::kCbQ) * 2);
+        const u32 addr = stage + (col / L::kCbO) * L::kQCbBytes +
+                         swizzle_offset<Cfg::kSwQ>(row * Cfg::kSwQ + (col % L::kCbO) * 2);
         const u32 packed = pack_bf16x2(r.o[4 * j + 2 * h] * inv[h], r.o[4 * j + 2 * h + 1] * inv[h]);
         asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr), "r"(packed) : "memory");
       }
@@ -443,8 +562,8 @@ __device__ __forceinline__ void epilogue(const Params& p, ConsumerRegs<Cfg>& r, 
     named_sync(3 + wg, 128);
     if (tid == 0) {
 #pragma unroll
-      for (int cb = 0; cb < Cfg::kDV / L::kCbQ; ++cb)
-        tma_store_3d(&p.tma_o, stage + cb * L::kQCbBytes + slice_row0 * Cfg::kSwQ, cb * L::kCbQ, head,
+      for (int cb = 0; cb < Cfg::kDV / L::kCbO; ++cb)
+        tma_store_3d(&p.tma_o, stage + cb * L::kQCbBytes + slice_row0 * Cfg::kSwQ, cb * L::kCbO, head,
                      qt.seq.q_start + qt.row0 + slice_row0);
       tma_store_commit();
       tma_store_wait_read();
@@ -473,14 +592,14 @@ __device__ __forceinline__ void epilogue(const Params& p, ConsumerRegs<Cfg>& r, 
 template <class Cfg, class Params>
 __device__ __forceinline__ void serial_step(const Params& p, ConsumerRegs<Cfg>& r, const QueryTile& qt,
                                             const Barriers& bar, u32 smem, int wg, int row_base, int n, int s,
-                                            u32 phase, float (&corr)[2]) {
+                                            u32 phase, float scale_log2, float (&corr)[2]) {
   turn_wait<Cfg>(wg);
   issue_qk<Cfg>(r, smem, wg, s);
   turn_pass<Cfg>(wg);
   wgmma_wait<0>();
   release_kv<Cfg>(bar.k_empty(s));
   if (!Cfg::kTmaEpilogue && !Cfg::kQInRegs && n == 0) mbar_arrive(bar.q_empty());  // last Q K^T done
-  scores_to_probabilities<Cfg>(r, qt, n, row_base, p.scale_log2, corr);
+  scores_to_probabilities<Cfg>(r, qt, n, row_base, scale_log2, corr);
   finish_step<Cfg>(r, corr);
   if constexpr (!Cfg::kOverlap) {
     mbar_wait(bar.v_full(s), phase);
@@ -527,6 +646,7 @@ __device__ void consumer(const Params& p, u32 smem, const Barriers& bar, int wg)
 #pragma unroll
       for (int i = 0; i < ConsumerRegs<Cfg>::kOFrags * 4; ++i) r.o[i] = 0.f;
       r.stats.init();
+      const float scale_log2 = tile_scale_log2<Cfg>(p, head);
       float corr[2];
       // Key tiles are visited last to first, so the masked ones come first. With overlap, step 0
       // stops after the softmax, every later step issues
@@ -536,7 +656,7 @@ __device__ void consumer(const Params& p, u32 smem, const Barriers& bar, int wg)
       int s = kv_iter % Cfg::kStages;
       u32 phase = (kv_iter / Cfg::kStages) & 1;
       mbar_wait(bar.k_full(s), phase);
-      serial_step<Cfg>(p, r, qt, bar, smem, wg, row_base, qt.n_blocks - 1, s, phase, corr);
+      serial_step<Cfg>(p, r, qt, bar, smem, wg, row_base, qt.n_blocks - 1, s, phase, scale_log2, corr);
       for (int i = 1; i < qt.n_blocks; ++i) {
         const int prev_stage = s;
         const u32 prev_phase = phase;
@@ -555,13 +675,13 @@ __device__ void consumer(const Params& p, u32 smem, const Barriers& bar, int wg)
           wgmma_wait<1>();
           release_kv<Cfg>(bar.k_empty(s));
           if (!Cfg::kTmaEpilogue && !Cfg::kQInRegs && n == 0) mbar_arrive(bar.q_empty());  // last Q K^T done
-          scores_to_probabilities<Cfg>(r, qt, n, row_base, p.scale_log2, corr);
+          scores_to_probabilities<Cfg>(r, qt, n, row_base, scale_log2, corr);
           if constexpr (Cfg::kPvWaitLate) schedule_boundary(p.num_heads);
           wgmma_wait<0>();
           release_kv<Cfg>(bar.v_empty(prev_stage));
           finish_step<Cfg>(r, corr);
         } else {
-          serial_step<Cfg>(p, r, qt, bar, smem, wg, row_base, n, s, phase, corr);
+          serial_step<Cfg>(p, r, qt, bar, smem, wg, row_base, n, s, phase, scale_log2, corr);
         }
       }
       ++kv_iter;

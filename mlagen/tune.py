@@ -654,6 +654,7 @@ class _Batch:
         self.results: list[TrialResult | None] = [None] * len(asks)
         self.shares: list[list] = [[None] * workers for _ in asks]
         self.failed = [False] * len(asks)   # a share failed: the others need not be measured
+        self.started = [False] * len(asks)  # a worker has taken a share
         self.open = len(asks)          # asks not answered yet (dropped ones count as answered)
         self.answered = threading.Event()
         self.aborted = threading.Event()
@@ -784,7 +785,12 @@ class TrialRunner:
 
     def _measure(self, w: int, batch: _Batch, i: int, iters: int, warmup: int | None, checks: tuple, build) -> None:
         ask = batch.asks[i]
-        if batch.errors or batch.aborted.is_set() or batch.should_stop():
+        with batch.lock:
+            # Out of time: measure no new ask, but finish one another worker has begun (its
+            # shares alone would be no measurement, and their GPU time lost).
+            stop = batch.errors or batch.aborted.is_set() or (not batch.started[i] and batch.should_stop())
+            batch.started[i] = batch.started[i] or not stop
+        if stop:
             batch.finish_share(i, w, _DROPPED)
             return
         if batch.failed[i]:
@@ -1159,69 +1165,76 @@ def tune_class(spec, shape_class: ShapeClass, target, config: TuneConfig, databa
         return deadline is not None and clock() >= deadline
 
     done = [0]
+    recorder = _Recorder(database, progress)
+    say = recorder.say   # the search's lines go through the recorder, to stay in order with the trials'
+
+    def logged(r: TrialResult, note: str):
+        def log():
+            done[0] += 1
+            _log_trial(progress, done[0], r)
+            if bar is not None:
+                bar.update(note=note)
+        return log
 
     def record(ask: Ask, r: TrialResult) -> None:
         """Called as each measurement finishes (any worker thread, one at a time): the database,
-        the log and the bar. The search hears of it later, in proposal order."""
+        the log and the bar, on the recorder's thread. The search hears of it later, in proposal
+        order."""
         if ask.retime:
             return
-        database.add_trial(db.Trial(key, dict(r.variant.tunables), r.variant.symbol, r.outcome, r.time_ms, r.tflops,
-                                    r.max_error, r.registers, r.spills, r.detail, run_id))
-        done[0] += 1
-        _log_trial(progress, done[0], r)
-        if bar is not None:
-            bar.update(note=f"{r.outcome} {r.variant.symbol}")
+        recorder.add(db.Trial(key, dict(r.variant.tunables), r.variant.symbol, r.outcome, r.time_ms, r.tflops,
+                              r.max_error, r.registers, r.spills, r.detail, run_id),
+                     logged(r, f"{r.outcome} {r.variant.symbol}"))
 
-    idle = 0
-    while idle < 100:  # a search that keeps proposing only measured points ends too
-        if out_of_time():
-            stopped = "budget"
-            progress(f"  budget reached after {clock() - t0:.0f} s; re-timing the finalists")
-            break
-        asks = [a if isinstance(a, Ask) else Ask(a) for a in search.next_batch()]
-        _log_stage(progress, search, asks, config.iters)
-        new = [a for a in asks if a.retime or a.variant not in measured]
-        if not asks:
-            break
-        room = config.max_trials - len(trials)
-        fresh = [a for a in new if not a.retime]
-        if room <= 0 and not any(a.retime for a in new):
-            break
-        keep = {id(a) for a in fresh[:max(room, 0)]}
-        new = [a for a in new if a.retime or id(a) in keep]
-        to_run, done_now = [], []
-        for a in new:
-            old = None if a.retime else finished.get(a.variant.symbol)
-            if old is not None:
-                r = TrialResult(a.variant, old.outcome, old.time_ms, old.tflops, old.max_error, old.registers,
-                                old.spills, old.detail, resumed=True)
-                done_now.append((a, r))
-                done[0] += 1
-                _log_trial(progress, done[0], r)
-                if bar is not None:
-                    bar.update(note=f"resumed {r.variant.symbol}")
-            else:
-                to_run.append(a)
-        # Guesses at the next batches, compiled (and measured by idle GPUs) while this one runs.
-        def lookahead():
-            for b in search.lookahead():
-                yield [v for v in b if v not in measured and v.symbol not in finished]
+    try:
+        idle = 0
+        while idle < 100:  # a search that keeps proposing only measured points ends too
+            if out_of_time():
+                stopped = "budget"
+                say(f"  budget reached after {clock() - t0:.0f} s; re-timing the finalists")
+                break
+            asks = [a if isinstance(a, Ask) else Ask(a) for a in search.next_batch()]
+            _log_stage(say, search, asks, config.iters)
+            new = [a for a in asks if a.retime or a.variant not in measured]
+            if not asks:
+                break
+            room = config.max_trials - len(trials)
+            fresh = [a for a in new if not a.retime]
+            if room <= 0 and not any(a.retime for a in new):
+                break
+            keep = {id(a) for a in fresh[:max(room, 0)]}
+            new = [a for a in new if a.retime or id(a) in keep]
+            to_run, done_now = [], []
+            for a in new:
+                old = None if a.retime else finished.get(a.variant.symbol)
+                if old is not None:
+                    r = TrialResult(a.variant, old.outcome, old.time_ms, old.tflops, old.max_error, old.registers,
+                                    old.spills, old.detail, resumed=True)
+                    done_now.append((a, r))
+                    recorder.add(None, logged(r, f"resumed {r.variant.symbol}"))
+                else:
+                    to_run.append(a)
+            # Guesses at the next batches, compiled while this one is measured.
+            def lookahead():
+                for b in search.lookahead():
+                    yield [v for v in b if v not in measured and v.symbol not in finished]
 
-        ran = runner.run(to_run, should_stop=out_of_time, on_result=record, lookahead=lookahead) if to_run else []
-        by_ask = {id(a): r for a, r in done_now}
-        by_ask.update({id(a): r for a, r in zip(to_run, ran)})
-        for a in new:  # in proposal order: the search sees the same sequence on any number of GPUs
-            r = by_ask.get(id(a))
-            if r is None:
-                continue
-            t = r.time_ms if r.outcome == "ok" else None
-            search.tell(a.variant, t)
-            if a.retime:
-                continue
-            trials.append(r)
-            measured[a.variant] = r
-        idle = 0 if new else idle + 1
-
+            ran = runner.run(to_run, should_stop=out_of_time, on_result=record, lookahead=lookahead) if to_run else []
+            by_ask = {id(a): r for a, r in done_now}
+            by_ask.update({id(a): r for a, r in zip(to_run, ran)})
+            for a in new:  # in proposal order: the search sees the same sequence on any number of GPUs
+                r = by_ask.get(id(a))
+                if r is None:
+                    continue
+                t = r.time_ms if r.outcome == "ok" else None
+                search.tell(a.variant, t)
+                if a.retime:
+                    continue
+                trials.append(r)
+                measured[a.variant] = r
+            idle = 0 if new else idle + 1
+    finally:
+        recorder.close()   # every trial in the database before going on (or giving up)
     runner.cancel_prefetch()
     searched = clock() - t0
     finals, best = _final_round(spec, fixed, trials, search, runner, config, progress)
@@ -1235,6 +1248,65 @@ def tune_class(spec, shape_class: ShapeClass, target, config: TuneConfig, databa
         bar.finish()
     return TuneResult(shape.id, problem, run_id, trials, best, default, time.time() - wall0, shape_class.weight,
                       finals, stopped)
+
+
+class _Recorder:
+    """Writes trials to the database, and lines to the log, on a thread of its own, in the order
+    they come: a commit (a disk flush or more, on some machines a good part of a trial's time)
+    never holds up a GPU worker, and the trials that finish during one commit are written
+    together in the next. Lines (``say``) wait for the trials before them. :meth:`close` waits
+    until everything is written and raises what writing raised."""
+
+    def __init__(self, database: db.TuningDB, progress: Callable[[str], None]):
+        self.database, self.progress = database, progress
+        self._cond = threading.Condition()
+        self._items: list = []          # (trial or None, what to log), in order
+        self._writing = False
+        self._error: BaseException | None = None
+        self._thread: threading.Thread | None = None
+
+    def add(self, trial: db.Trial | None, log: Callable[[], None]) -> None:
+        """Write ``trial`` (None: nothing) and then call ``log``."""
+        with self._cond:
+            if self._error is not None:
+                raise self._error
+            self._items.append((trial, log))
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, daemon=True)
+                self._thread.start()
+            self._cond.notify_all()
+
+    def say(self, line: str) -> None:
+        self.add(None, lambda: self.progress(line))
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._items:
+                    self._writing = False
+                    self._cond.notify_all()
+                    if not self._cond.wait(1.0) and not self._items:
+                        self._thread = None   # idle: a later add() starts another
+                        return
+                items, self._items, self._writing = self._items, [], True
+            try:
+                trials = [t for t, _ in items if t is not None]
+                if trials:
+                    self.database.add_trials(trials)
+                for _, log in items:
+                    log()
+            except BaseException as exc:
+                with self._cond:
+                    self._error, self._writing, self._thread = exc, False, None
+                    self._cond.notify_all()
+                return
+
+    def close(self) -> None:
+        with self._cond:
+            while (self._items or self._writing) and self._error is None and self._thread is not None:
+                self._cond.wait()
+            if self._error is not None:
+                raise self._error
 
 
 def _log_stage(progress, search: Search, asks: list[Ask], iters: int) -> None:

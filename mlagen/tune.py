@@ -17,9 +17,8 @@ of the real shape) and times it if right. Failures are data: a compile error, a 
 crash (the worker dies or the CUDA context is lost) and a hang (the trial outlives its timeout;
 the worker is killed) are recorded like successes and never selected. Results reach the search
 in proposal order, so the trials and records do not depend on how many GPUs ran them. With
-several GPUs, re-timings are split into equal shares on every GPU, and a GPU left idle by a small
-batch measures the batch the search will probably propose next (:class:`TrialRunner` says how;
-``docs/notes.md`` why).
+several GPUs every measurement is split into equal shares, one per GPU, and each check of a new
+trial runs once, on one of them (:class:`TrialRunner` says how; ``docs/notes.md`` why).
 
 Strategies: ``global`` (default for spaces larger than ``max_trials``): random feasible samples
 plus known good starts (the spec default, winners recorded for other shape classes), successive
@@ -29,7 +28,7 @@ these numbers were chosen). ``exhaustive`` (default for
 small spaces) and ``coordinate`` (descent from the default) stay available.
 
 Choosing. The fastest few correct variants (and the spec default) are re-timed in interleaved
-rounds on one GPU; the winner is the lowest median. Finalists within the measured noise of the
+rounds (in shares on every GPU); the winner is the lowest median. Finalists within the measured noise of the
 fastest are tied, and a tie goes to the variant closest to the spec default, then the first
 symbol in sort order, so that runs with different seeds agree. ``resume`` reuses the trials the
 database already holds for the same record key and variant symbol instead of repeating them.
@@ -371,9 +370,9 @@ class Search:
     def lookahead(self) -> Iterator[list]:
         """Guesses, made before the results of the batch just proposed are in, at the batches
         that will follow it, nearest first, each computed when asked for (a guess costs
-        resource-model checks). The tuner takes them while that batch is measured, compiles them
-        and lets an idle GPU measure the first; a guess changes no trial (a guessed variant
-        counts as a trial only when the search proposes it), it only saves time when right."""
+        resource-model checks). The tuner takes them while that batch is measured and compiles
+        them; a guess changes no trial (it is measured only when the search proposes it), it
+        only saves compile time when right."""
         return iter(())
 
 
@@ -1325,8 +1324,9 @@ def _log_time(progress, runner: TrialRunner, searched: float, total: float) -> N
     """Where the GPUs' time went: one line per worker (the device measurement reads it)."""
     progress(f"  search {searched:.1f} s, finalists {total - searched:.1f} s")
     for w, t in enumerate(runner.time):
+        other = t.busy - t.load - t.verify - t.timing   # messages, restarts, the worker's own overhead
         progress(f"  GPU worker {w}: {t.measurements} measurements, busy {t.busy:.1f} s of {total:.1f} s "
-                 f"(loading {t.load:.1f} s, checking {t.verify:.1f} s, timing {t.timing:.1f} s)")
+                 f"(loading {t.load:.1f} s, checking {t.verify:.1f} s, timing {t.timing:.1f} s, other {other:.1f} s)")
 
 
 def _log_trial(progress, n: int, r: TrialResult) -> None:

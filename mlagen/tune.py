@@ -955,7 +955,7 @@ def tune(config: TuneConfig, progress: Callable[[str], None] = print, bar=None,
         database = db.TuningDB(config.db_path)
     except BaseException:
         if early is not None:
-            _stop_all(early[0])
+            _abandon(*early)
         raise
     total_weight = sum(c.weight for c in classes)
     results = []
@@ -982,7 +982,7 @@ def tune(config: TuneConfig, progress: Callable[[str], None] = print, bar=None,
                 _stop_all(workers)
     except BaseException:  # Ctrl-C: stop the compiles now (the GPU workers are stopped above)
         if early is not None:
-            _stop_all(early[0])
+            _abandon(*early)
         abort_pool(pool)
         raise
     if getattr(prefetch, "pending", None):
@@ -1025,6 +1025,16 @@ def _start_workers(spec, shape_class: ShapeClass, config: TuneConfig, devices) -
     workers = [GpuWorker(spec.path, shape_class.shape, config.seed, config.warmup, config.timeout_s, device=d)
                for d in devices]
     return workers, _start_in_background(workers)
+
+
+def _abandon(workers: list, started: Callable) -> None:
+    """Stop workers that are starting, once they have started (or failed to): a worker
+    stopped in the middle of its start would be left running."""
+    try:
+        started()
+    except BaseException:
+        pass
+    _stop_all(workers)
 
 
 def _stop_all(workers: list) -> None:

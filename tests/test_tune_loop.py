@@ -813,3 +813,38 @@ def test_worker_verifies_with_the_specs_input_dtype(monkeypatch, spec_name, dtyp
     parent.send(None)
     thread.join(5)
     assert seen == [dtype]
+
+
+def test_the_recorder_keeps_commits_off_the_workers_and_writes_in_order(tmp_path):
+    from mlagen.tune import _Recorder
+
+    class SlowDB(db.TuningDB):
+        commits: list = []
+
+        def add_trials(self, trials):
+            time.sleep(0.2)
+            self.commits.append(len(trials))
+            super().add_trials(trials)
+
+    database = SlowDB(tmp_path / "t.sqlite")
+    lines: list = []
+    recorder = _Recorder(database, lines.append)
+    t0 = time.monotonic()
+    for n in range(5):
+        trial = db.Trial(KEY, dict(DEFAULT.tunables), f"v{n}", "ok", 1.0, 1.0, 1e-3, 168, 0, "", "run")
+        recorder.add(trial, lambda n=n: lines.append(f"trial {n}"))
+        recorder.say(f"after {n}")
+    assert time.monotonic() - t0 < 0.15          # adding waits for no commit
+    recorder.close()
+    assert [t.symbol for t in database.trials()] == [f"v{n}" for n in range(5)]
+    assert lines == [x for n in range(5) for x in (f"trial {n}", f"after {n}")]
+    assert sum(database.commits) == 5 and len(database.commits) < 5   # several trials per commit
+
+    class BrokenDB(db.TuningDB):
+        def add_trials(self, trials):
+            raise db.DatabaseError("disk full")
+
+    broken = _Recorder(BrokenDB(tmp_path / "b.sqlite"), lines.append)
+    broken.add(db.Trial(KEY, dict(DEFAULT.tunables), "x", "ok", 1.0, 1.0, 1e-3, 168, 0, "", "run"), lambda: None)
+    with pytest.raises(db.DatabaseError, match="disk full"):
+        broken.close()

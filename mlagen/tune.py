@@ -941,6 +941,7 @@ def tune(config: TuneConfig, progress: Callable[[str], None] = print, bar=None,
     ``progress`` gets one line per step; ``bar`` (a :class:`mlagen.progress.Progress`) if given
     counts trials. Raises TuningError (no GPU, a spec that does not target it) or ShapeError
     (a bad shape) before any GPU work."""
+    began = time.monotonic()
     spec = spec_mod.load(config.spec)
     classes = shape_classes(config.shapes, family_of(spec))
     if not classes:
@@ -975,11 +976,14 @@ def tune(config: TuneConfig, progress: Callable[[str], None] = print, bar=None,
                     first = _class_search(spec, c.shape, target, config, database, first_key)[1].next_batch()
                     prefetch([a.variant if isinstance(a, Ask) else a for a in first])
                 key = _record_key(spec, c.problem, target, started(), devices)
+                # (since the tune, or the previous class, began: the fixed cost of a class)
+                progress(f"{c.shape.id}: {len(workers)} GPU worker(s) ready after {time.monotonic() - began:.1f} s")
                 runner = TrialRunner(workers, build, config.iters, prefetch=prefetch, warmup=config.warmup)
                 results.append(tune_class(spec, c, target, config, database, runner, key, progress, bar=bar,
                                           budget_s=budget, clock=clock))
             finally:
                 _stop_all(workers)
+            began = time.monotonic()
     except BaseException:  # Ctrl-C: stop the compiles now (the GPU workers are stopped above)
         if early is not None:
             _abandon(*early)

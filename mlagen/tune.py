@@ -419,6 +419,7 @@ class Coordinate(Search):
         self.passes = 0
         self.max_passes = max_passes
         self._sweeps: dict = {} if sweeps is None else sweeps   # may be shared by descents of one search
+        self.last: list = []    # the batch proposed last
 
     def _best(self):
         ok = [(t, v.symbol, v) for v in self.own if (t := self.seen.get(v, float("inf"))) != float("inf")]
@@ -428,6 +429,7 @@ class Coordinate(Search):
         if not self.started:
             self.started = True
             if self.point not in self.seen:
+                self.last = [self.point]
                 return [self.point]
         while self.passes < self.max_passes:
             # Move to the best point so far first: the last axis of a pass can improve it too.
@@ -449,6 +451,7 @@ class Coordinate(Search):
                 if c not in self.seen and c not in batch:
                     batch.append(c)
             if batch:
+                self.last = batch
                 return batch
         return []
 
@@ -474,28 +477,39 @@ class Coordinate(Search):
 
     def lookahead(self) -> Iterator[list]:
         """The next sweeps (up to ``LOOKAHEAD``) of this pass from the current point: the batches
-        to come if the point does not move (the usual case once a descent is under way)."""
+        to come if the point does not move (the usual case once a descent is under way); then,
+        for each variant of the batch just proposed, the next sweep from it: the batch to come
+        if the point moves there."""
         if not self.started and self.point not in self.seen:
             yield [self.point]
             return
-        point, index, passes = self.point, self.axis_index, self.passes   # as now: the search may move on
+        point, index, passes, last = self.point, self.axis_index, self.passes, list(self.last)   # as now
         if passes >= self.max_passes:
             return
         if index < len(self.axes):
             rest = self.axes[index:]
-        elif self.improved_in_pass and passes + 1 < self.max_passes:
-            rest = self.axes
+        elif passes + 1 < self.max_passes:
+            rest = self.axes   # a new pass if the point moves, or has moved in this one
         else:
             return
-        made, guessed = 0, set()
-        for axis in rest:
-            if made == LOOKAHEAD:
-                return
-            batch = [c for c in self._sweep(point, axis) if c not in self.seen and c not in guessed]
-            if batch:
-                made += 1
-                guessed.update(batch)
-                yield batch
+        guessed: set = set(last)   # being measured: compiled already
+
+        def sweeps(start, most):
+            made = 0
+            for axis in rest:
+                if made == most:
+                    return
+                batch = [c for c in self._sweep(start, axis) if c not in self.seen and c not in guessed]
+                if batch:
+                    made += 1
+                    guessed.update(batch)
+                    yield batch
+
+        if index < len(self.axes) or self.improved_in_pass:
+            yield from sweeps(point, LOOKAHEAD)
+        for c in last:
+            if c != point:
+                yield from sweeps(c, 1)
 
 
 GLOBAL_SHARE = 0.3   # part of max_trials spent on random samples

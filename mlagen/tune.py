@@ -201,8 +201,11 @@ def _worker_main(conn, spec_path: str, shape, seed: int, warmup: int, visible: s
             done = checked.setdefault(v, {})
             parts = msg.get("verify")
             parts = [p for p in (verify.PARTS if parts is None else parts) if p not in done]
+            spent = {}
             for part in parts:
+                t = time.perf_counter()
                 problem, err = trial.verify(v, parts=(part,))
+                spent[part] = time.perf_counter() - t
                 if problem is not None:
                     conn.send({"outcome": "wrong_result", "max_error": err, "detail": problem})
                     break
@@ -218,7 +221,8 @@ def _worker_main(conn, spec_path: str, shape, seed: int, warmup: int, visible: s
                            "max_error": max(done.values()) if done else None,
                            "registers": sel.binary.resources.registers,
                            "spills": sel.binary.resources.spill_stores + sel.binary.resources.spill_loads,
-                           "load_s": t1 - t0, "verify_s": t2 - t1, "time_s": time.perf_counter() - t2})
+                           "load_s": t1 - t0, "verify_s": t2 - t1, "time_s": time.perf_counter() - t2,
+                           "checks_s": spent})
         except Exception as exc:
             # A CUDA error poisons the context: report and exit so the parent starts a fresh worker.
             conn.send({"outcome": "crash", "detail": f"{type(exc).__name__}: {exc}"})
@@ -717,6 +721,7 @@ class WorkerTime:
     load: float = 0.0
     verify: float = 0.0
     timing: float = 0.0
+    checks: dict = field(default_factory=dict)   # seconds per check (verify.PARTS)
 
     def add(self, payload: dict, wall: float) -> None:
         self.measurements += 1
@@ -724,6 +729,8 @@ class WorkerTime:
         self.load += payload.get("load_s") or 0.0
         self.verify += payload.get("verify_s") or 0.0
         self.timing += payload.get("time_s") or 0.0
+        for part, seconds in (payload.get("checks_s") or {}).items():
+            self.checks[part] = self.checks.get(part, 0.0) + seconds
 
 
 class TrialRunner:
@@ -1353,8 +1360,10 @@ def _log_time(progress, runner: TrialRunner, searched: float, total: float) -> N
     progress(f"  search {searched:.1f} s, finalists {total - searched:.1f} s")
     for w, t in enumerate(runner.time):
         other = t.busy - t.load - t.verify - t.timing   # messages, restarts, the worker's own overhead
+        checks = ", ".join(f"{part} {t.checks[part]:.1f} s" for part in verify_mod.PARTS if part in t.checks)
         progress(f"  GPU worker {w}: {t.measurements} measurements, busy {t.busy:.1f} s of {total:.1f} s "
-                 f"(loading {t.load:.1f} s, checking {t.verify:.1f} s, timing {t.timing:.1f} s, other {other:.1f} s)")
+                 f"(loading {t.load:.1f} s, checking {t.verify:.1f} s{f' ({checks})' if checks else ''}, "
+                 f"timing {t.timing:.1f} s, other {other:.1f} s)")
 
 
 def _log_trial(progress, n: int, r: TrialResult) -> None:

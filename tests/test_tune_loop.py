@@ -780,7 +780,7 @@ def test_worker_protocol_verifies_once_then_times(monkeypatch):
     ok = ask(DEFAULT)
     assert ok["outcome"] == "ok" and ok["time_ms"] == pytest.approx(1.0) and ok["tflops"] == pytest.approx(2000)
     assert ok["spills"] == 4 and ok["max_error"] == 2e-3
-    assert all(ok[k] >= 0 for k in ("load_s", "verify_s", "time_s"))
+    assert all(ok[k] >= 0 for k in ("load_s", "verify_s", "time_s")) and set(ok["checks_s"]) == set(PARTS)
     assert ask(DEFAULT, iters=20)["outcome"] == "ok"
     assert verified == [(DEFAULT, ("check problem",)), (DEFAULT, ("shape",))]   # each check once
     assert len(timed) == (2 + 5) + (2 + 20)                                       # warmup + iters

@@ -179,7 +179,8 @@ def _worker_main(conn, spec_path: str, shape, seed: int, warmup: int, visible: s
         trial = verify.Verifier(family, shape, device, seed, dtype=str(dict(spec.problem).get("dtype", "bf16")))
         flush = measure.L2Flush(device)
         info = device_info(device.index)
-        conn.send(("ready", {"device": info.name, "sm_count": info.sm_count, "driver": info.driver_version}))
+        conn.send(("ready", {"device": info.name, "sm_count": info.sm_count, "driver": info.driver_version,
+                             "pci": getattr(info, "pci", "")}))
     except Exception:
         conn.send(("setup_failed", traceback.format_exc()))
         return
@@ -1129,6 +1130,13 @@ def _start_all(workers: list[GpuWorker]) -> list[dict]:
 
 
 def _record_key(spec, problem: str, target, infos: list[dict], devices) -> db.RecordKey:
+    # Each worker must have a GPU of its own (CUDA_VISIBLE_DEVICES set before CUDA started in it):
+    # two on one GPU would time each other's kernels.
+    places = [i.get("pci") for i in infos if i.get("pci")]
+    if len(set(places)) < len(places):
+        raise TuningError("--devices " + ",".join(map(str, devices)) + ": two workers run on one GPU ("
+                          + ", ".join(f"{d}: {i.get('pci')}" for d, i in zip(devices, infos))
+                          + "); CUDA_VISIBLE_DEVICES was not applied in a worker")
     kinds = {(i["device"], i["sm_count"], i["driver"]) for i in infos}
     if len(kinds) > 1:
         raise TuningError("--devices: the GPUs differ (" + "; ".join(f"{d}: {i['device']}, {i['sm_count']} SMs"

@@ -613,6 +613,16 @@ def test_two_workers_resume_and_seeds(tmp_path):
     assert [t.variant for t in other.trials] != [t.variant for t in straight.trials]
 
 
+def test_workers_on_one_gpu_are_refused():
+    from mlagen.tune import TuningError, _record_key
+
+    one = {"device": "NVIDIA H200", "sm_count": 132, "driver": "13.0", "pci": "0000:1b:00"}
+    other = {**one, "pci": "0000:43:00"}
+    assert _record_key(S90, KEY.problem, SM90A, [one, other], (0, 1)).device == "NVIDIA H200"
+    with pytest.raises(TuningError, match="two workers run on one GPU"):
+        _record_key(S90, KEY.problem, SM90A, [one, dict(one)], (0, 1))
+
+
 def test_parse_devices():
     assert parse_devices("0,1, 3") == (0, 1, 3)
     with pytest.raises(ValueError, match="'x' is not a GPU index"):
@@ -771,7 +781,7 @@ def test_worker_protocol_verifies_once_then_times(monkeypatch):
     parent, child = multiprocessing.Pipe()
     thread = threading.Thread(target=tune_mod._worker_main, args=(child, S90.path, SHAPES["D1"], 0, 2, None))
     thread.start()
-    assert parent.recv() == ("ready", {"device": "Fake", "sm_count": 132, "driver": "13.0"})
+    assert parent.recv() == ("ready", {"device": "Fake", "sm_count": 132, "driver": "13.0", "pci": ""})
 
     def ask(v, iters=5, **request):
         parent.send({"values": dict(v.values), "iters": iters, **request})

@@ -387,7 +387,8 @@ def db_import(database, path, replace):
 @click.option("--fixed", "assignments", multiple=True, metavar="NAME=VALUE[,..]", help="Hold tunables fixed.")
 @click.option("--timeout", "timeout_s", default=60.0, show_default=True,
               help="Seconds a GPU trial may take before it is recorded as a hang and its worker killed.")
-@click.option("--iters", default=20, show_default=True, help="Timed calls per trial (median).")
+@click.option("--iters", default=20, show_default=True,
+              help="Timed calls per trial (median); with several GPUs, equal shares on each (the mean of their medians).")
 @click.option("--jobs", "-j", type=int, default=None, help="Parallel compile processes (default: CPU count).")
 @click.option("--db", "db_path", type=click.Path(dir_okay=False), default=None,
               help=f"Tuning database (default: ${knobs.TUNING_DB.name} or <out>/tuning.sqlite).")

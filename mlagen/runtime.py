@@ -54,6 +54,7 @@ class DeviceInfo:
     smem_per_block_optin: int
     l2_bytes: int
     arch_name: str = ""  # AMD: gcnArchName without feature flags ("gfx942"); empty on NVIDIA
+    pci: str = ""        # NVIDIA: the PCI location ("0000:1b:00"), which tells two GPUs of one kind apart
 
     @property
     def target(self):
@@ -128,6 +129,8 @@ def device_info(index: int = 0) -> DeviceInfo:
         driver_version=f"{version // 1000}.{version % 1000 // 10}",
         smem_per_block_optin=attr(A.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN),
         l2_bytes=attr(A.CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE),
+        pci=f"{attr(A.CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID):04x}:{attr(A.CU_DEVICE_ATTRIBUTE_PCI_BUS_ID):02x}:"
+            f"{attr(A.CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID):02x}",
     )
 
 

@@ -17,9 +17,8 @@ of the real shape) and times it if right. Failures are data: a compile error, a 
 crash (the worker dies or the CUDA context is lost) and a hang (the trial outlives its timeout;
 the worker is killed) are recorded like successes and never selected. Results reach the search
 in proposal order, so the trials and records do not depend on how many GPUs ran them. With
-several GPUs, re-timings are split into equal shares on every GPU, and a GPU left idle by a small
-batch measures the batch the search will probably propose next (:class:`TrialRunner` says how;
-``docs/notes.md`` why).
+several GPUs every measurement is split into equal shares, one per GPU, and each check of a new
+trial runs once, on one of them (:class:`TrialRunner` says how; ``docs/notes.md`` why).
 
 Strategies: ``global`` (default for spaces larger than ``max_trials``): random feasible samples
 plus known good starts (the spec default, winners recorded for other shape classes), successive
@@ -29,7 +28,7 @@ these numbers were chosen). ``exhaustive`` (default for
 small spaces) and ``coordinate`` (descent from the default) stay available.
 
 Choosing. The fastest few correct variants (and the spec default) are re-timed in interleaved
-rounds on one GPU; the winner is the lowest median. Finalists within the measured noise of the
+rounds (in shares on every GPU); the winner is the lowest median. Finalists within the measured noise of the
 fastest are tied, and a tie goes to the variant closest to the spec default, then the first
 symbol in sort order, so that runs with different seeds agree. ``resume`` reuses the trials the
 database already holds for the same record key and variant symbol instead of repeating them.
@@ -50,6 +49,7 @@ from dataclasses import dataclass, field, replace
 from typing import Callable, Iterable, Iterator
 
 from . import arch, db, dispatch
+from . import verify as verify_mod
 from . import spec as spec_mod
 from . import variant as variant_mod
 from .build import Prefetch, abort_pool, build_many, compile_pool
@@ -159,8 +159,12 @@ def problem_of(shape, family) -> str:
 def _worker_main(conn, spec_path: str, shape, seed: int, warmup: int, visible: str | None) -> None:
     """Runs in a spawned process: owns one GPU's CUDA context, the inputs and the references.
 
-    Requests are ``{"values": ..., "iters": n}``; a variant is verified the first time this
-    process sees it and timed only if right."""
+    Requests are ``{"values": ..., "iters": n, "warmup": w, "verify": parts}``: check the variant
+    with those parts of :data:`mlagen.verify.PARTS` (None: every part not checked here before;
+    the tuner spreads a variant's checks over its GPUs), then time it with ``w`` calls to warm up
+    (default: the ``warmup`` given at start) and ``n`` timed calls, if the checks passed. The
+    answer says how long loading, checking and timing took (``load_s``, ``verify_s``,
+    ``time_s``), so the tuner can say where its GPU time went."""
     if visible is not None:  # before anything initialises CUDA in this process
         os.environ["CUDA_VISIBLE_DEVICES"] = visible
     try:
@@ -175,37 +179,51 @@ def _worker_main(conn, spec_path: str, shape, seed: int, warmup: int, visible: s
         trial = verify.Verifier(family, shape, device, seed, dtype=str(dict(spec.problem).get("dtype", "bf16")))
         flush = measure.L2Flush(device)
         info = device_info(device.index)
-        conn.send(("ready", {"device": info.name, "sm_count": info.sm_count, "driver": info.driver_version}))
+        conn.send(("ready", {"device": info.name, "sm_count": info.sm_count, "driver": info.driver_version,
+                             "pci": getattr(info, "pci", "")}))
     except Exception:
         conn.send(("setup_failed", traceback.format_exc()))
         return
 
-    verified: dict[variant_mod.Variant, float] = {}
+    checked: dict[variant_mod.Variant, dict[str, float]] = {}   # parts passed here, with their errors
     while True:
         msg = conn.recv()
         if msg is None:
             return
+        t0 = time.perf_counter()
         v = variant_mod.make(spec, msg["values"])
         try:
             sel = dispatch.dispatcher().select(family.name, "", {}, device.index, None, variant=v)
         except MlagenError as exc:
             conn.send({"outcome": "launch_error", "detail": str(exc)})
             continue
+        t1 = time.perf_counter()
         try:
-            if v not in verified:
-                problem, err = trial.verify(v)
+            done = checked.setdefault(v, {})
+            parts = msg.get("verify")
+            parts = [p for p in (verify.PARTS if parts is None else parts) if p not in done]
+            spent = {}
+            for part in parts:
+                t = time.perf_counter()
+                problem, err = trial.verify(v, parts=(part,))
+                spent[part] = time.perf_counter() - t
                 if problem is not None:
                     conn.send({"outcome": "wrong_result", "max_error": err, "detail": problem})
-                    continue
-                verified[v] = err
-            outputs = trial.outputs()
-            for _ in range(warmup):
-                trial.call(v, outputs)
-            samples = measure.time_calls(lambda: trial.call(v, outputs), msg["iters"], flush)
-            med = measure.median(samples)
-            conn.send({"outcome": "ok", "time_ms": med * 1e3, "tflops": trial.flops() / med / 1e12,
-                       "max_error": verified[v], "registers": sel.binary.resources.registers,
-                       "spills": sel.binary.resources.spill_stores + sel.binary.resources.spill_loads})
+                    break
+                done[part] = err
+            else:
+                t2 = time.perf_counter()
+                outputs = trial.outputs()
+                for _ in range(msg.get("warmup", warmup)):
+                    trial.call(v, outputs)
+                samples = measure.time_calls(lambda: trial.call(v, outputs), msg["iters"], flush)
+                med = measure.median(samples)
+                conn.send({"outcome": "ok", "time_ms": med * 1e3, "tflops": trial.flops() / med / 1e12,
+                           "max_error": max(done.values()) if done else None,
+                           "registers": sel.binary.resources.registers,
+                           "spills": sel.binary.resources.spill_stores + sel.binary.resources.spill_loads,
+                           "load_s": t1 - t0, "verify_s": t2 - t1, "time_s": time.perf_counter() - t2,
+                           "checks_s": spent})
         except Exception as exc:
             # A CUDA error poisons the context: report and exit so the parent starts a fresh worker.
             conn.send({"outcome": "crash", "detail": f"{type(exc).__name__}: {exc}"})
@@ -226,6 +244,7 @@ class GpuWorker:
         self.ctx = multiprocessing.get_context("spawn")
         self.proc = None
         self.conn = None
+        self._stopping = False
 
     def start(self) -> dict:
         parent, child = self.ctx.Pipe()
@@ -247,10 +266,15 @@ class GpuWorker:
             raise TuningError(f"the GPU worker failed to start: {last}\n{payload}")
         return payload
 
-    def run(self, values: dict, iters: int) -> dict:
+    def run(self, values: dict, iters: int, warmup: int | None = None, verify: tuple[str, ...] | None = None) -> dict:
+        """Measure one variant (the request of :func:`_worker_main`); starts the worker first if
+        it is not running."""
         if self.proc is None or not self.proc.is_alive():
             self.start()
-        self.conn.send({"values": values, "iters": iters})
+        msg = {"values": values, "iters": iters, "verify": verify}
+        if warmup is not None:
+            msg["warmup"] = warmup
+        self.conn.send(msg)
         if not self.conn.poll(self.timeout_s):
             self.stop()
             return {"outcome": "hang", "detail": f"no result within {self.timeout_s:.0f} s; worker killed"}
@@ -264,19 +288,26 @@ class GpuWorker:
             self.stop()
         return result
 
+    def ask_stop(self) -> None:
+        """Tell the worker to exit, without waiting (:meth:`stop` waits)."""
+        if self.proc is not None and self.proc.is_alive() and not self._stopping:
+            self._stopping = True
+            try:
+                self.conn.send(None)
+            except (BrokenPipeError, OSError):
+                pass
+
     def stop(self) -> None:
         if self.proc is not None:
             if self.proc.is_alive():
-                try:
-                    self.conn.send(None)
-                except (BrokenPipeError, OSError):
-                    pass
+                self.ask_stop()
                 self.proc.join(2)
             if self.proc.is_alive():
                 self.proc.kill()
                 self.proc.join(5)
         self.proc = None
         self.conn = None
+        self._stopping = False
 
 
 def _visible_name(device: int | None) -> str | None:
@@ -344,9 +375,9 @@ class Search:
     def lookahead(self) -> Iterator[list]:
         """Guesses, made before the results of the batch just proposed are in, at the batches
         that will follow it, nearest first, each computed when asked for (a guess costs
-        resource-model checks). The tuner takes them while that batch is measured, compiles them
-        and lets an idle GPU measure the first; a guess changes no trial (a guessed variant
-        counts as a trial only when the search proposes it), it only saves time when right."""
+        resource-model checks). The tuner takes them while that batch is measured and compiles
+        them; a guess changes no trial (it is measured only when the search proposes it), it
+        only saves compile time when right."""
         return iter(())
 
 
@@ -393,6 +424,7 @@ class Coordinate(Search):
         self.passes = 0
         self.max_passes = max_passes
         self._sweeps: dict = {} if sweeps is None else sweeps   # may be shared by descents of one search
+        self.last: list = []    # the batch proposed last
 
     def _best(self):
         ok = [(t, v.symbol, v) for v in self.own if (t := self.seen.get(v, float("inf"))) != float("inf")]
@@ -402,6 +434,7 @@ class Coordinate(Search):
         if not self.started:
             self.started = True
             if self.point not in self.seen:
+                self.last = [self.point]
                 return [self.point]
         while self.passes < self.max_passes:
             # Move to the best point so far first: the last axis of a pass can improve it too.
@@ -423,6 +456,7 @@ class Coordinate(Search):
                 if c not in self.seen and c not in batch:
                     batch.append(c)
             if batch:
+                self.last = batch
                 return batch
         return []
 
@@ -448,28 +482,39 @@ class Coordinate(Search):
 
     def lookahead(self) -> Iterator[list]:
         """The next sweeps (up to ``LOOKAHEAD``) of this pass from the current point: the batches
-        to come if the point does not move (the usual case once a descent is under way)."""
+        to come if the point does not move (the usual case once a descent is under way); then,
+        for each variant of the batch just proposed, the next sweep from it: the batch to come
+        if the point moves there."""
         if not self.started and self.point not in self.seen:
             yield [self.point]
             return
-        point, index, passes = self.point, self.axis_index, self.passes   # as now: the search may move on
+        point, index, passes, last = self.point, self.axis_index, self.passes, list(self.last)   # as now
         if passes >= self.max_passes:
             return
         if index < len(self.axes):
             rest = self.axes[index:]
-        elif self.improved_in_pass and passes + 1 < self.max_passes:
-            rest = self.axes
+        elif passes + 1 < self.max_passes:
+            rest = self.axes   # a new pass if the point moves, or has moved in this one
         else:
             return
-        made, guessed = 0, set()
-        for axis in rest:
-            if made == LOOKAHEAD:
-                return
-            batch = [c for c in self._sweep(point, axis) if c not in self.seen and c not in guessed]
-            if batch:
-                made += 1
-                guessed.update(batch)
-                yield batch
+        guessed: set = set(last)   # being measured: compiled already
+
+        def sweeps(start, most):
+            made = 0
+            for axis in rest:
+                if made == most:
+                    return
+                batch = [c for c in self._sweep(start, axis) if c not in self.seen and c not in guessed]
+                if batch:
+                    made += 1
+                    guessed.update(batch)
+                    yield batch
+
+        if index < len(self.axes) or self.improved_in_pass:
+            yield from sweeps(point, LOOKAHEAD)
+        for c in last:
+            if c != point:
+                yield from sweeps(c, 1)
 
 
 GLOBAL_SHARE = 0.3   # part of max_trials spent on random samples
@@ -590,15 +635,20 @@ def _failed_build(b) -> TrialResult | None:
 
 
 def _combine(parts: list[TrialResult]) -> TrialResult:
-    """One re-timing from its shares measured on several GPUs: the mean of their medians, so
-    each GPU weighs the same for every variant; a share that failed fails the whole."""
+    """One measurement from its shares on several GPUs: the mean of their medians, so each GPU
+    weighs the same for every variant; a share that failed fails the whole (the first failure in
+    GPU order); the error is the largest any share's checks found."""
     failed = next((p for p in parts if p.outcome != "ok"), None)
     if failed is not None or len(parts) == 1:
         return failed or parts[0]
     first = parts[0]
-    ms = sum(p.time_ms for p in parts) / len(parts)
+    # The mean as an offset from the first share: equal shares give the first exactly (a sum
+    # divided would not), so a tune of deterministic timings is the same on any number of GPUs.
+    ms = first.time_ms + sum(p.time_ms - first.time_ms for p in parts) / len(parts)
     flops_per_ms = first.tflops * first.time_ms if first.tflops and first.time_ms else None
-    return replace(first, time_ms=ms, tflops=flops_per_ms / ms if flops_per_ms else None)
+    tflops = first.tflops if ms == first.time_ms else flops_per_ms / ms if flops_per_ms else None
+    errors = [p.max_error for p in parts if p.max_error is not None]
+    return replace(first, time_ms=ms, tflops=tflops, max_error=max(errors) if errors else None)
 
 
 def _trial_result(variant, payload: dict, build) -> TrialResult:
@@ -609,20 +659,25 @@ def _trial_result(variant, payload: dict, build) -> TrialResult:
                        payload.get("detail", ""))
 
 
-class _Batch:
-    """One call of :meth:`TrialRunner.run`: its asks, their results and shares, and whether it is
-    answered, built (its trials all queued) or given up (interrupted)."""
+_DROPPED = "dropped"   # a share not measured because the tune stops (the ask is dropped)
+_SKIPPED = "skipped"   # a share not measured because another share of its ask failed
 
-    def __init__(self, asks, should_stop, on_result, only_worker, workers: int):
-        self.asks, self.should_stop, self.on_result, self.only_worker = asks, should_stop, on_result, only_worker
+
+class _Batch:
+    """One call of :meth:`TrialRunner.run`: its asks, their results and shares (one per worker),
+    and whether it is answered or given up (interrupted)."""
+
+    def __init__(self, asks, should_stop, on_result, workers: int):
+        self.asks, self.should_stop, self.on_result = asks, should_stop, on_result
         self.results: list[TrialResult | None] = [None] * len(asks)
-        self.shares = {i: [None] * workers for i, a in enumerate(asks) if a.retime}
+        self.shares: list[list] = [[None] * workers for _ in asks]
+        self.failed = [False] * len(asks)   # a share failed: the others need not be measured
+        self.started = [False] * len(asks)  # a worker has taken a share
         self.open = len(asks)          # asks not answered yet (dropped ones count as answered)
         self.answered = threading.Event()
-        self.built = threading.Event()
         self.aborted = threading.Event()
         self.errors: list[BaseException] = []
-        self.busy = 0                  # its asks being measured now (guarded by the runner's lock)
+        self.busy = 0                  # shares being measured now (guarded by the runner's lock)
         self.lock = threading.Lock()
         if not asks:
             self.answered.set()
@@ -638,174 +693,165 @@ class _Batch:
             if self.open == 0:
                 self.answered.set()
 
-    def finish_share(self, i: int, w: int, r: TrialResult | None) -> None:
+    def finish_share(self, i: int, w: int, r) -> None:
+        """Worker ``w``'s share of ask ``i``: a TrialResult, ``_DROPPED`` or ``_SKIPPED``."""
         with self.lock:
             parts = self.shares[i]
-            parts[w] = r if r is not None else "dropped"
+            parts[w] = r
+            if isinstance(r, TrialResult) and r.outcome != "ok":
+                self.failed[i] = True
             if any(p is None for p in parts):
                 return
-        self.finish(i, None if "dropped" in parts else _combine(parts))
+        if any(p is _DROPPED for p in parts):
+            self.finish(i, None)
+        else:
+            self.finish(i, _combine([p for p in parts if isinstance(p, TrialResult)]))
 
     def fail(self, exc: BaseException) -> None:
         self.errors.append(exc)
         self.answered.set()
 
 
+@dataclass
+class WorkerTime:
+    """Where one worker's time went (seconds): measurements answered, the wall time the tuner
+    waited for them (a restart after a crash included), and the worker's own account of it."""
+
+    measurements: int = 0
+    busy: float = 0.0
+    load: float = 0.0
+    verify: float = 0.0
+    timing: float = 0.0
+    checks: dict = field(default_factory=dict)   # seconds per check (verify.PARTS)
+
+    def add(self, payload: dict, wall: float) -> None:
+        self.measurements += 1
+        self.busy += wall
+        self.load += payload.get("load_s") or 0.0
+        self.verify += payload.get("verify_s") or 0.0
+        self.timing += payload.get("time_s") or 0.0
+        for part, seconds in (payload.get("checks_s") or {}).items():
+            self.checks[part] = self.checks.get(part, 0.0) + seconds
+
+
 class TrialRunner:
     """Runs a batch of asks on the workers (one per GPU) and returns the results in the order of
     the asks, whatever order they finished in.
 
-    New trials. Each is compiled on the CPU pool (``build``) and measured by the first free
-    worker as soon as it is built.
+    Every measurement is split into shares, one per worker, each with an equal part of the timed
+    calls (2 GPUs: 20 calls become 10 on each; the warm-up calls are divided too, at least one),
+    and its time is the mean of the shares' medians: a batch of one variant keeps every GPU
+    busy, and every variant is timed on the same GPUs for the same number of calls, so a GPU a
+    little faster than its twin shifts them all alike, where handing whole variants to whichever
+    GPU is free would rank them partly by the GPU they drew. Re-timings (successive halving, the
+    finalists) the same way, the workers starting at different places in the list so that no
+    variant is always measured first or last.
 
-    Re-timings are split between the workers: each measures every re-timed variant with an
-    equal share of the calls, the workers starting at different places in the list (so that no
-    variant is always measured first or last), and the result is the mean of the shares'
-    medians. The ranking of a halving rung thus sees every variant on the same GPUs for the same
-    number of calls: a GPU a little faster than its twin shifts them all alike, where handing
-    whole variants to whichever GPU is free would rank them partly by the GPU they drew.
-    ``only_worker`` runs everything on one worker (the finalists: compared on one chip).
+    A new trial is checked once: its checks (``mlagen.verify.PARTS``: the small awkward problem,
+    the real shape) go to different workers, taking turns, and each worker times its share after
+    its checks pass; a worker with no check to run times at once. A share that fails (wrong
+    result, crash, hang) fails the trial, and shares not started yet are skipped. With one worker
+    it checks everything, then times: as before shares existed. Re-timings are not checked again.
 
-    Guesses. ``lookahead`` (batches the search will probably ask for next, nearest first) is
-    compiled by ``prefetch`` (a :class:`mlagen.build.Prefetch`) while the batch is measured, and
-    a worker with nothing left to do in the batch measures variants of the first guessed batch
-    as their compiles finish. Such a measurement becomes a trial only if a later batch asks for
-    that variant (it is then answered from it, at once or when it ends); the search, and so the
-    trials, are the same as without guessing. A batch ends when its own asks are answered: a
-    guess still being measured goes on into the next batch instead of holding this one up.
+    New trials are compiled on the CPU pool (``build``) and measured as each is built. While the
+    workers measure, the batches the search will probably ask for next (``lookahead``) are
+    compiled ahead by ``prefetch`` (a :class:`mlagen.build.Prefetch`), so a cold compile cache
+    holds up the next batch less; a guess changes no trial.
 
-    ``workers`` have ``run(values, iters) -> payload``; ``build(variants, on_built)`` compiles and
-    calls ``on_built(build_result)`` as each finishes (``build_many`` with a progress callback).
-    One thread per worker serves the batches; it ends when no batch is running and it has no
-    guess to finish, so a runner needs no closing."""
+    ``workers`` have ``run(values, iters, warmup=, verify=) -> payload`` (:meth:`GpuWorker.run`);
+    ``build(variants, on_built)`` compiles and calls ``on_built(build_result)`` as each finishes
+    (``build_many`` with a progress callback); ``warmup`` is the configured warm-up calls (None:
+    each worker's own). One thread per worker serves the batches and ends when no batch is
+    running, so a runner needs no closing. ``time`` says where each worker's time went."""
 
-    def __init__(self, workers: list, build: Callable, iters: int, prefetch=None):
-        self.workers, self.build, self.iters, self.prefetch = workers, build, iters, prefetch
-        self._cond = threading.Condition()   # guards everything below
-        self._own = [collections.deque() for _ in workers]   # each worker's shares of re-timings
-        self._shared: collections.deque = collections.deque()  # new trials, for the first free worker
+    def __init__(self, workers: list, build: Callable, iters: int, prefetch=None, warmup: int | None = None):
+        self.workers, self.build, self.iters, self.prefetch, self.warmup = workers, build, iters, prefetch, warmup
+        self._cond = threading.Condition()   # guards the queues, threads and batch below
+        self._queues = [collections.deque() for _ in workers]   # each worker's shares to measure
         self._threads: list = [None] * len(workers)
         self._batch: _Batch | None = None
-        self._guesses: list = []     # the guessed next batch, in order
-        self._ready: set = set()     # guesses compiled (a worker can load them)
-        self._taken: set = set()     # guesses a worker has started to measure
-        self._waiting: dict = {}     # guess being measured -> asks waiting for it
-        self._errors: list[BaseException] = []   # a worker failed on a guess
-        self.ahead: dict = {}        # guessed variant -> the worker's payload, until asked for
-        self.used_ahead = 0          # trials answered from a guess (for the log)
+        self._turn = 0                      # the worker that runs the next new trial's first check
+        self.time = [WorkerTime() for _ in workers]
 
-    def forget_guesses(self) -> None:
-        """The search has ended: drop the guesses and their compiles not started, and wait for
-        a guess still being measured (the workers are then free for the finalists, or to stop)."""
+    def cancel_prefetch(self) -> None:
+        """The search has ended: drop the guessed compiles not started yet."""
         if self.prefetch is not None:
             self.prefetch.cancel()
-        with self._cond:
-            self._guesses, self._ready = [], set()
-            while self._waiting:
-                self._cond.wait()
-            self.ahead.clear()
-
-    def _compiled(self, v) -> None:
-        with self._cond:
-            self._ready.add(v)
-            self._cond.notify_all()
 
     def _take(self, w: int):
-        """The next job of worker ``w``, or None when no batch is running (the thread ends)."""
+        """The next share of worker ``w``, or None when no batch is running (the thread ends)."""
         with self._cond:
             while True:
-                if self._own[w]:
-                    return self._own[w].popleft()
-                if self._shared:
-                    return self._shared.popleft()
-                batch = self._batch
-                if batch is None:
+                if self._queues[w]:
+                    return self._queues[w].popleft()
+                if self._batch is None:
                     self._threads[w] = None
                     return None
-                # Guess only while the batch has nothing left for this worker: never while its
-                # own trials compile (one GPU would make them wait), nor once it is answered.
-                if batch.built.is_set() and not batch.answered.is_set() and batch.only_worker is None:
-                    for v in self._guesses:
-                        if v in self._ready and v not in self._taken and not batch.should_stop():
-                            self._taken.add(v)
-                            self._waiting[v] = []
-                            return ("guess", v)
                 self._cond.wait()
 
     def _serve(self, w: int) -> None:
-        worker = self.workers[w]
         while True:
             job = self._take(w)
             if job is None:
                 return
-            if job[0] == "guess":
-                v = job[1]
-                try:
-                    payload = worker.run(dict(v.values), self.iters)
-                except BaseException as exc:  # a worker that cannot start stops the tune
-                    with self._cond:
-                        self._waiting.pop(v, None)
-                        batch = self._batch
-                        if batch is None:
-                            self._errors.append(exc)   # raised by the next batch
-                        self._cond.notify_all()
-                    if batch is not None:
-                        batch.fail(exc)
-                    continue
-                with self._cond:
-                    waiting = self._waiting.pop(v, [])
-                    if not waiting:
-                        self.ahead[v] = payload
-                    self._cond.notify_all()
-                for answer in waiting:
-                    answer(payload)
-                continue
-            _, batch, i, iters, build = job
+            batch = job[0]
             with self._cond:
                 batch.busy += 1
             try:
-                self._measure(batch, w, worker, i, iters, build)
+                self._measure(w, *job)
             finally:
                 with self._cond:
                     batch.busy -= 1
                     self._cond.notify_all()
 
-    @staticmethod
-    def _measure(batch: _Batch, w: int, worker, i: int, iters: int, build) -> None:
+    def _measure(self, w: int, batch: _Batch, i: int, iters: int, warmup: int | None, checks: tuple, build) -> None:
         ask = batch.asks[i]
-        if batch.errors or batch.aborted.is_set() or batch.should_stop():
-            if ask.retime:
-                batch.finish_share(i, w, None)
-            else:
-                batch.finish(i, None)
+        with batch.lock:
+            # Out of time: measure no new ask, but finish one another worker has begun (its
+            # shares alone would be no measurement, and their GPU time lost).
+            stop = batch.errors or batch.aborted.is_set() or (not batch.started[i] and batch.should_stop())
+            batch.started[i] = batch.started[i] or not stop
+        if stop:
+            batch.finish_share(i, w, _DROPPED)
             return
+        if batch.failed[i]:
+            batch.finish_share(i, w, _SKIPPED)
+            return
+        t0 = time.monotonic()
         try:
-            payload = worker.run(dict(ask.variant.values), iters)
+            payload = self.workers[w].run(dict(ask.variant.values), iters, warmup=warmup, verify=checks)
         except BaseException as exc:  # a worker that cannot start stops the tune
             batch.fail(exc)
             return
-        r = _trial_result(ask.variant, payload, build)
-        if ask.retime:
-            batch.finish_share(i, w, r)
-        else:
-            batch.finish(i, r)
+        self.time[w].add(payload, time.monotonic() - t0)
+        batch.finish_share(i, w, _trial_result(ask.variant, payload, build))
 
-    def run(self, asks: list[Ask], should_stop: Callable[[], bool] = lambda: False,
-            only_worker: int | None = None, on_result: Callable | None = None,
+    def _shares(self, ask: Ask) -> tuple[int, int | None]:
+        """(timed calls, warm-up calls) of one share of ``ask``; warm-up None: the worker's own."""
+        n = len(self.workers)
+        warmup = None if n == 1 or self.warmup is None else max(1, math.ceil(self.warmup / n))
+        return math.ceil(self.iters * ask.scale / n), warmup
+
+    def _checks(self) -> list[tuple[str, ...]]:
+        """Each worker's checks of the next new trial: every check once, on workers taking turns."""
+        n = len(self.workers)
+        out: list[list[str]] = [[] for _ in range(n)]
+        for j, part in enumerate(verify_mod.PARTS):
+            out[(self._turn + j) % n].append(part)
+        self._turn = (self._turn + 1) % n
+        return [tuple(c) for c in out]
+
+    def run(self, asks: list[Ask], should_stop: Callable[[], bool] = lambda: False, on_result: Callable | None = None,
             lookahead: Iterable[Iterable] | Callable[[], Iterable[Iterable]] = ()) -> list[TrialResult | None]:
         """One result per ask; None for an ask dropped because ``should_stop()`` said so.
-        ``lookahead``: guessed batches, or a function that returns them, taken one by one once
-        this batch's compiles are queued, while the workers measure, until the batch is
-        answered."""
-        n = 1 if only_worker is not None else len(self.workers)
-        batch = _Batch(asks, should_stop, on_result, only_worker, n)
+        ``lookahead``: guessed batches, or a function that returns them, compiled ahead once this
+        batch's compiles are queued, while the workers measure, until the batch is answered."""
+        n = len(self.workers)
+        batch = _Batch(asks, should_stop, on_result, n)
         index = {a.variant: i for i, a in enumerate(asks) if not a.retime}
         with self._cond:
-            if self._errors:
-                raise self._errors.pop(0)
             self._batch = batch
-            self._guesses = []
-            for w in range(len(self.workers)):
+            for w in range(n):
                 if self._threads[w] is None:
                     self._threads[w] = threading.Thread(target=self._serve, args=(w,), daemon=True)
                     self._threads[w].start()
@@ -813,8 +859,7 @@ class TrialRunner:
             for k in range(n):
                 first = k * len(retimes) // n
                 for i in retimes[first:] + retimes[:first]:
-                    self._own[only_worker if only_worker is not None else k].append(
-                        ("ask", batch, i, math.ceil(self.iters * asks[i].scale / n), None))
+                    self._queues[k].append((batch, i, *self._shares(asks[i]), (), None))
             self._cond.notify_all()
         try:
             if index:
@@ -828,42 +873,21 @@ class TrialRunner:
                         batch.finish(i, failed)
                         return
                     with self._cond:
-                        payload = self.ahead.pop(b.variant, None)
-                        waiting = self._waiting.get(b.variant)
-                        if payload is not None or waiting is not None:
-                            self.used_ahead += 1   # measured as a guess: done, or done soon
-                        if waiting is not None:
-                            waiting.append(lambda p: batch.finish(i, _trial_result(b.variant, p, b)))
-                        elif payload is None:
-                            job = ("ask", batch, i, self.iters, b)
-                            if only_worker is None:
-                                self._shared.append(job)
-                            else:
-                                self._own[only_worker].append(job)
-                            self._cond.notify_all()
-                    if payload is not None:
-                        batch.finish(i, _trial_result(b.variant, payload, b))
+                        iters, warmup = self._shares(asks[i])
+                        for k, checks in enumerate(self._checks()):
+                            self._queues[k].append((batch, i, iters, warmup, checks, b))
+                        self._cond.notify_all()
 
                 self.build(list(index), on_built)
-            batch.built.set()
-            with self._cond:
-                self._cond.notify_all()
             # Guessing costs CPU time (the resource model): spent here while the GPUs measure,
-            # and no longer than they do. Without a prefetch nothing would compile the guesses.
-            if self.prefetch is not None and only_worker is None:
-                first = True
+            # and no longer than they do.
+            if self.prefetch is not None:
                 for guess in (lookahead() if callable(lookahead) else lookahead):
                     if batch.answered.is_set():
                         break
                     guess = [v for v in guess if v not in index]
-                    if not guess:
-                        continue
-                    if first:
-                        with self._cond:
-                            self._guesses = guess
-                            self._cond.notify_all()
-                        first = False
-                    self.prefetch(guess, on_compiled=self._compiled)
+                    if guess:
+                        self.prefetch(guess)
             batch.answered.wait()
             if batch.errors:   # record what the other workers are finishing before giving up
                 with self._cond:
@@ -877,10 +901,8 @@ class TrialRunner:
         finally:
             with self._cond:
                 self._batch = None
-                self._guesses = []
                 if batch.aborted.is_set() or batch.errors:
-                    self._shared.clear()
-                    for q in self._own:
+                    for q in self._queues:
                         q.clear()
                 self._cond.notify_all()
         if batch.errors:
@@ -941,10 +963,65 @@ def tune(config: TuneConfig, progress: Callable[[str], None] = print, bar=None,
     ``progress`` gets one line per step; ``bar`` (a :class:`mlagen.progress.Progress`) if given
     counts trials. Raises TuningError (no GPU, a spec that does not target it) or ShapeError
     (a bad shape) before any GPU work."""
+    began = time.monotonic()
     spec = spec_mod.load(config.spec)
     classes = shape_classes(config.shapes, family_of(spec))
     if not classes:
         raise TuningError("no shape to tune; give --shape or --workload")
+    # Starting a worker takes seconds (a process, torch, a CUDA context, the shape's inputs and
+    # reference): with the GPUs named, the first class's workers start before this process
+    # looks at the GPUs itself (CUDA's start-up here takes time too), and are stopped if what
+    # follows finds an error.
+    early = _start_workers(spec, classes[0], config, config.devices) if config.devices is not None else None
+    try:
+        target, devices = _target_and_devices(spec, config)
+        database = db.TuningDB(config.db_path)
+    except BaseException:
+        if early is not None:
+            _abandon(*early)
+        raise
+    total_weight = sum(c.weight for c in classes)
+    results = []
+    pool = compile_pool(config.jobs)  # one set of compile processes for the whole session
+    prefetch = None
+    try:
+        build = _builder(target, config.jobs, pool)
+        prefetch = Prefetch(pool, target.name)
+        for c in classes:
+            budget = None if config.budget_s is None else config.budget_s * c.weight / total_weight
+            workers, started = early or _start_workers(spec, c, config, devices)
+            early = None
+            try:
+                # Compile the search's first batch while the workers start.
+                first_key = _early_key(spec, c.problem, target, devices)
+                if first_key is not None:
+                    first = _class_search(spec, c.shape, target, config, database, first_key)[1].next_batch()
+                    prefetch([a.variant if isinstance(a, Ask) else a for a in first])
+                key = _record_key(spec, c.problem, target, started(), devices)
+                # (since the tune, or the previous class, began: the fixed cost of a class)
+                progress(f"{c.shape.id}: {len(workers)} GPU worker(s) ready after {time.monotonic() - began:.1f} s")
+                runner = TrialRunner(workers, build, config.iters, prefetch=prefetch, warmup=config.warmup)
+                results.append(tune_class(spec, c, target, config, database, runner, key, progress, bar=bar,
+                                          budget_s=budget, clock=clock))
+            finally:
+                _stop_all(workers)
+            began = time.monotonic()
+    except BaseException:  # Ctrl-C: stop the compiles now (the GPU workers are stopped above)
+        if early is not None:
+            _abandon(*early)
+        abort_pool(pool)
+        raise
+    if getattr(prefetch, "pending", None):
+        # Only guesses can still be compiling, and nothing will ask for them: waiting for a
+        # cold compile to finish would hold up the exit by seconds.
+        abort_pool(pool)
+    else:
+        pool.shutdown(cancel_futures=True)
+    return results
+
+
+def _target_and_devices(spec, config: TuneConfig) -> tuple[arch.Target, tuple[int, ...]]:
+    """The target tuned for and the GPUs to tune on, checked (TuningError)."""
     if config.target is None:
         from .runtime import device_info
 
@@ -965,38 +1042,34 @@ def tune(config: TuneConfig, progress: Callable[[str], None] = print, bar=None,
         for d in devices:
             if d >= visible:
                 raise TuningError(f"--devices {d}: only {visible} GPU(s) are visible (0 to {visible - 1})")
-    database = db.TuningDB(config.db_path)
-    total_weight = sum(c.weight for c in classes)
-    results = []
-    pool = compile_pool(config.jobs)  # one set of compile processes for the whole session
+    return target, devices
+
+
+def _start_workers(spec, shape_class: ShapeClass, config: TuneConfig, devices) -> tuple[list, Callable]:
+    """One worker per GPU for ``shape_class``, starting in the background: (workers, a function
+    that waits until they are ready and returns what they report)."""
+    workers = [GpuWorker(spec.path, shape_class.shape, config.seed, config.warmup, config.timeout_s, device=d)
+               for d in devices]
+    return workers, _start_in_background(workers)
+
+
+def _abandon(workers: list, started: Callable) -> None:
+    """Stop workers that are starting, once they have started (or failed to): a worker
+    stopped in the middle of its start would be left running."""
     try:
-        build = _builder(target, config.jobs, pool)
-        prefetch = Prefetch(pool, target.name)
-        for c in classes:
-            budget = None if config.budget_s is None else config.budget_s * c.weight / total_weight
-            workers = [GpuWorker(spec.path, c.shape, config.seed, config.warmup, config.timeout_s, device=d)
-                       for d in devices]
-            try:
-                started = _start_in_background(workers)
-                # Starting a worker takes seconds (a process, torch, a CUDA context, the shape's
-                # inputs and reference): compile the search's first batch meanwhile.
-                early = _early_key(spec, c.problem, target, devices)
-                if early is not None:
-                    first = _class_search(spec, c.shape, target, config, database, early)[1].next_batch()
-                    prefetch([a.variant if isinstance(a, Ask) else a for a in first])
-                key = _record_key(spec, c.problem, target, started(), devices)
-                runner = TrialRunner(workers, build, config.iters, prefetch=prefetch)
-                results.append(tune_class(spec, c, target, config, database, runner, key, progress, bar=bar,
-                                          budget_s=budget, clock=clock))
-            finally:
-                for w in workers:
-                    w.stop()
-    except BaseException:  # Ctrl-C: stop the compiles now (the GPU workers are stopped above)
-        abort_pool(pool)
-        raise
-    finally:
-        pool.shutdown(cancel_futures=True)   # guesses still queued are not wanted any more
-    return results
+        started()
+    except BaseException:
+        pass
+    _stop_all(workers)
+
+
+def _stop_all(workers: list) -> None:
+    """Stop the workers together: each winds down its CUDA context at the same time."""
+    for w in workers:
+        if hasattr(w, "ask_stop"):
+            w.ask_stop()
+    for w in workers:
+        w.stop()
 
 
 def _start_in_background(workers: list[GpuWorker]) -> Callable[[], list[dict]]:
@@ -1057,6 +1130,13 @@ def _start_all(workers: list[GpuWorker]) -> list[dict]:
 
 
 def _record_key(spec, problem: str, target, infos: list[dict], devices) -> db.RecordKey:
+    # Each worker must have a GPU of its own (CUDA_VISIBLE_DEVICES set before CUDA started in it):
+    # two on one GPU would time each other's kernels.
+    places = [i.get("pci") for i in infos if i.get("pci")]
+    if len(set(places)) < len(places):
+        raise TuningError("--devices " + ",".join(map(str, devices)) + ": two workers run on one GPU ("
+                          + ", ".join(f"{d}: {i.get('pci')}" for d, i in zip(devices, infos))
+                          + "); CUDA_VISIBLE_DEVICES was not applied in a worker")
     kinds = {(i["device"], i["sm_count"], i["driver"]) for i in infos}
     if len(kinds) > 1:
         raise TuningError("--devices: the GPUs differ (" + "; ".join(f"{d}: {i['device']}, {i['sm_count']} SMs"
@@ -1127,73 +1207,80 @@ def tune_class(spec, shape_class: ShapeClass, target, config: TuneConfig, databa
         return deadline is not None and clock() >= deadline
 
     done = [0]
+    recorder = _Recorder(database, progress)
+    say = recorder.say   # the search's lines go through the recorder, to stay in order with the trials'
+
+    def logged(r: TrialResult, note: str):
+        def log():
+            done[0] += 1
+            _log_trial(progress, done[0], r)
+            if bar is not None:
+                bar.update(note=note)
+        return log
 
     def record(ask: Ask, r: TrialResult) -> None:
         """Called as each measurement finishes (any worker thread, one at a time): the database,
-        the log and the bar. The search hears of it later, in proposal order."""
+        the log and the bar, on the recorder's thread. The search hears of it later, in proposal
+        order."""
         if ask.retime:
             return
-        database.add_trial(db.Trial(key, dict(r.variant.tunables), r.variant.symbol, r.outcome, r.time_ms, r.tflops,
-                                    r.max_error, r.registers, r.spills, r.detail, run_id))
-        done[0] += 1
-        _log_trial(progress, done[0], r)
-        if bar is not None:
-            bar.update(note=f"{r.outcome} {r.variant.symbol}")
+        recorder.add(db.Trial(key, dict(r.variant.tunables), r.variant.symbol, r.outcome, r.time_ms, r.tflops,
+                              r.max_error, r.registers, r.spills, r.detail, run_id),
+                     logged(r, f"{r.outcome} {r.variant.symbol}"))
 
-    idle = 0
-    while idle < 100:  # a search that keeps proposing only measured points ends too
-        if out_of_time():
-            stopped = "budget"
-            progress(f"  budget reached after {clock() - t0:.0f} s; re-timing the finalists")
-            break
-        asks = [a if isinstance(a, Ask) else Ask(a) for a in search.next_batch()]
-        _log_stage(progress, search, asks, config.iters)
-        new = [a for a in asks if a.retime or a.variant not in measured]
-        if not asks:
-            break
-        room = config.max_trials - len(trials)
-        fresh = [a for a in new if not a.retime]
-        if room <= 0 and not any(a.retime for a in new):
-            break
-        keep = {id(a) for a in fresh[:max(room, 0)]}
-        new = [a for a in new if a.retime or id(a) in keep]
-        to_run, done_now = [], []
-        for a in new:
-            old = None if a.retime else finished.get(a.variant.symbol)
-            if old is not None:
-                r = TrialResult(a.variant, old.outcome, old.time_ms, old.tflops, old.max_error, old.registers,
-                                old.spills, old.detail, resumed=True)
-                done_now.append((a, r))
-                done[0] += 1
-                _log_trial(progress, done[0], r)
-                if bar is not None:
-                    bar.update(note=f"resumed {r.variant.symbol}")
-            else:
-                to_run.append(a)
-        # Guesses at the next batches, compiled (and measured by idle GPUs) while this one runs.
-        def lookahead():
-            for b in search.lookahead():
-                yield [v for v in b if v not in measured and v.symbol not in finished]
+    try:
+        idle = 0
+        while idle < 100:  # a search that keeps proposing only measured points ends too
+            if out_of_time():
+                stopped = "budget"
+                say(f"  budget reached after {clock() - t0:.0f} s; re-timing the finalists")
+                break
+            asks = [a if isinstance(a, Ask) else Ask(a) for a in search.next_batch()]
+            _log_stage(say, search, asks, config.iters)
+            new = [a for a in asks if a.retime or a.variant not in measured]
+            if not asks:
+                break
+            room = config.max_trials - len(trials)
+            fresh = [a for a in new if not a.retime]
+            if room <= 0 and not any(a.retime for a in new):
+                break
+            keep = {id(a) for a in fresh[:max(room, 0)]}
+            new = [a for a in new if a.retime or id(a) in keep]
+            to_run, done_now = [], []
+            for a in new:
+                old = None if a.retime else finished.get(a.variant.symbol)
+                if old is not None:
+                    r = TrialResult(a.variant, old.outcome, old.time_ms, old.tflops, old.max_error, old.registers,
+                                    old.spills, old.detail, resumed=True)
+                    done_now.append((a, r))
+                    recorder.add(None, logged(r, f"resumed {r.variant.symbol}"))
+                else:
+                    to_run.append(a)
+            # Guesses at the next batches, compiled while this one is measured.
+            def lookahead():
+                for b in search.lookahead():
+                    yield [v for v in b if v not in measured and v.symbol not in finished]
 
-        ran = runner.run(to_run, should_stop=out_of_time, on_result=record, lookahead=lookahead) if to_run else []
-        by_ask = {id(a): r for a, r in done_now}
-        by_ask.update({id(a): r for a, r in zip(to_run, ran)})
-        for a in new:  # in proposal order: the search sees the same sequence on any number of GPUs
-            r = by_ask.get(id(a))
-            if r is None:
-                continue
-            t = r.time_ms if r.outcome == "ok" else None
-            search.tell(a.variant, t)
-            if a.retime:
-                continue
-            trials.append(r)
-            measured[a.variant] = r
-        idle = 0 if new else idle + 1
-
-    runner.forget_guesses()
-    if runner.used_ahead:
-        progress(f"  {runner.used_ahead} of {len(trials)} trials were measured ahead by an idle GPU")
+            ran = runner.run(to_run, should_stop=out_of_time, on_result=record, lookahead=lookahead) if to_run else []
+            by_ask = {id(a): r for a, r in done_now}
+            by_ask.update({id(a): r for a, r in zip(to_run, ran)})
+            for a in new:  # in proposal order: the search sees the same sequence on any number of GPUs
+                r = by_ask.get(id(a))
+                if r is None:
+                    continue
+                t = r.time_ms if r.outcome == "ok" else None
+                search.tell(a.variant, t)
+                if a.retime:
+                    continue
+                trials.append(r)
+                measured[a.variant] = r
+            idle = 0 if new else idle + 1
+    finally:
+        recorder.close()   # every trial in the database before going on (or giving up)
+    runner.cancel_prefetch()
+    searched = clock() - t0
     finals, best = _final_round(spec, fixed, trials, search, runner, config, progress)
+    _log_time(progress, runner, searched, clock() - t0)
     default_v = variant_mod.make(spec, fixed)
     default = measured.get(default_v)
     if best is not None:
@@ -1203,6 +1290,65 @@ def tune_class(spec, shape_class: ShapeClass, target, config: TuneConfig, databa
         bar.finish()
     return TuneResult(shape.id, problem, run_id, trials, best, default, time.time() - wall0, shape_class.weight,
                       finals, stopped)
+
+
+class _Recorder:
+    """Writes trials to the database, and lines to the log, on a thread of its own, in the order
+    they come: a commit (a disk flush or more, on some machines a good part of a trial's time)
+    never holds up a GPU worker, and the trials that finish during one commit are written
+    together in the next. Lines (``say``) wait for the trials before them. :meth:`close` waits
+    until everything is written and raises what writing raised."""
+
+    def __init__(self, database: db.TuningDB, progress: Callable[[str], None]):
+        self.database, self.progress = database, progress
+        self._cond = threading.Condition()
+        self._items: list = []          # (trial or None, what to log), in order
+        self._writing = False
+        self._error: BaseException | None = None
+        self._thread: threading.Thread | None = None
+
+    def add(self, trial: db.Trial | None, log: Callable[[], None]) -> None:
+        """Write ``trial`` (None: nothing) and then call ``log``."""
+        with self._cond:
+            if self._error is not None:
+                raise self._error
+            self._items.append((trial, log))
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, daemon=True)
+                self._thread.start()
+            self._cond.notify_all()
+
+    def say(self, line: str) -> None:
+        self.add(None, lambda: self.progress(line))
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._items:
+                    self._writing = False
+                    self._cond.notify_all()
+                    if not self._cond.wait(1.0) and not self._items:
+                        self._thread = None   # idle: a later add() starts another
+                        return
+                items, self._items, self._writing = self._items, [], True
+            try:
+                trials = [t for t, _ in items if t is not None]
+                if trials:
+                    self.database.add_trials(trials)
+                for _, log in items:
+                    log()
+            except BaseException as exc:
+                with self._cond:
+                    self._error, self._writing, self._thread = exc, False, None
+                    self._cond.notify_all()
+                return
+
+    def close(self) -> None:
+        with self._cond:
+            while (self._items or self._writing) and self._error is None and self._thread is not None:
+                self._cond.wait()
+            if self._error is not None:
+                raise self._error
 
 
 def _log_stage(progress, search: Search, asks: list[Ask], iters: int) -> None:
@@ -1217,6 +1363,17 @@ def _log_stage(progress, search: Search, asks: list[Ask], iters: int) -> None:
         progress(f"  local: coordinate descent from {search.descents[0].point.symbol}")
 
 
+def _log_time(progress, runner: TrialRunner, searched: float, total: float) -> None:
+    """Where the GPUs' time went: one line per worker (the device measurement reads it)."""
+    progress(f"  search {searched:.1f} s, finalists {total - searched:.1f} s")
+    for w, t in enumerate(runner.time):
+        other = t.busy - t.load - t.verify - t.timing   # messages, restarts, the worker's own overhead
+        checks = ", ".join(f"{part} {t.checks[part]:.1f} s" for part in verify_mod.PARTS if part in t.checks)
+        progress(f"  GPU worker {w}: {t.measurements} measurements, busy {t.busy:.1f} s of {total:.1f} s "
+                 f"(loading {t.load:.1f} s, checking {t.verify:.1f} s{f' ({checks})' if checks else ''}, "
+                 f"timing {t.timing:.1f} s, other {other:.1f} s)")
+
+
 def _log_trial(progress, n: int, r: TrialResult) -> None:
     speed = f" {r.time_ms:.3f} ms {r.tflops:.1f} TFLOP/s" if r.outcome == "ok" else ""
     note = "" if r.outcome == "ok" else f" ({r.detail.splitlines()[0][:100]})" if r.detail else ""
@@ -1228,8 +1385,9 @@ def _distance_from_default(v: variant_mod.Variant, default: variant_mod.Variant)
 
 
 def _final_round(spec, fixed, trials, search, runner: TrialRunner, config: TuneConfig, progress):
-    """Re-time the fastest correct variants (and the default) in interleaved rounds on one GPU;
-    returns (finals, winner as a TrialResult with the re-timed median)."""
+    """Re-time the fastest correct variants (and the default) in interleaved rounds, each
+    re-timing in equal shares on every GPU (so every finalist sees the same chips); returns
+    (finals, winner as a TrialResult with the re-timed median)."""
     ok = [t for t in trials if t.outcome == "ok"]
     # A variant that spills registers to local memory is recorded but never made the winner
     # (unless nothing else passed): spills make a kernel's speed fragile across inputs.
@@ -1247,7 +1405,7 @@ def _final_round(spec, fixed, trials, search, runner: TrialRunner, config: TuneC
     if len(picked) < 2 or config.final_rounds < 1:
         return [], picked[0]
     asks = [Ask(t.variant, retime=True) for _ in range(config.final_rounds) for t in picked]
-    times = runner.run(asks, only_worker=0)
+    times = runner.run(asks)
     blocks: dict = {t.variant: [] for t in picked}
     for a, r in zip(asks, times):
         if r is not None and r.outcome == "ok":

@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 CHECK_HEADS = 2     # heads of the real shape compared with the reference (every head is checked for coverage)
+PARTS = ("check problem", "shape")   # the checks of a variant, in order; each can run on its own
 
 
 class Verifier:
@@ -31,12 +32,20 @@ class Verifier:
         self.small_inputs = family.make_inputs(self.small, device, seed + 1, **self._dtype)
         self.small_ref = family.reference(self.small, self.small_inputs)
 
-    def verify(self, variant: Any = None, kernel: str | None = None) -> tuple[str | None, float]:
+    def verify(self, variant: Any = None, kernel: str | None = None,
+               parts: tuple[str, ...] = PARTS) -> tuple[str | None, float | None]:
         """(None, largest relative error) if the kernel is right on both problems, else (what is
-        wrong, the relative error of the problem that failed)."""
+        wrong, the relative error of the problem that failed). ``parts`` (names from ``PARTS``)
+        runs only those checks (the tuner spreads them over several GPUs); the error is None
+        when none ran."""
+        unknown = [p for p in parts if p not in PARTS]
+        if unknown:
+            raise ValueError(f"parts: {unknown[0]!r} is not one of {list(PARTS)}")
         errors = []
         for label, shape, inputs, ref in (("check problem", self.small, self.small_inputs, self.small_ref),
                                           ("shape", self.shape, self.inputs, self.ref)):
+            if label not in parts:
+                continue
             outputs = self.family.make_outputs(shape, self.device)
             got = self.family.call(inputs, variant=variant, kernel=kernel, outputs=outputs, check=True)
             _synchronize(self.device)
@@ -44,7 +53,7 @@ class Verifier:
             if not result.ok:
                 return f"{label}: {result.problem}", result.rel_l2
             errors.append(result.rel_l2)
-        return None, max(errors)
+        return None, max(errors) if errors else None
 
     def outputs(self):
         """Outputs of the real shape to time calls with (written by every call)."""

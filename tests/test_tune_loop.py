@@ -20,6 +20,7 @@ from mlagen.families.mla_prefill.problem import SHAPES, Shape, parse_shape
 from mlagen.shapes import WorkloadItem
 from mlagen.tune import (Ask, Coordinate, Final, Global, ShapeClass, TrialRunner, TuneConfig, choose,
                          parse_devices, problem_of, shape_classes, tune_class)
+from mlagen.verify import PARTS
 
 DENSE = get_family("mla_prefill")
 
@@ -30,6 +31,10 @@ DEFAULT = variant_mod.nearest_feasible(variant_mod.make(S90, FIXED), SM90A, keep
 # The global optimum: 9 tunables away from the default (Q in registers, 2-CTA static clusters ...).
 FAR = DEFAULT.with_values(q_operand="regs", epilogue="direct", cluster=2, scheduler="static", consumer_regs=232,
                           producer_regs=32, swizzle_v=64, load_warps=1, block_n=112)
+
+
+def make(values):
+    return variant_mod.make(S90, values)
 
 
 def distance(a, b) -> int:
@@ -52,14 +57,16 @@ class FakeWorker:
         self.cost, self.clock, self.seconds, self.noise = cost, clock, seconds, noise
         self.rng = random.Random(seed)
         self.calls: list[tuple[dict, int]] = []
+        self.requests: list[dict] = []   # what each call asked besides the calls: warmup, verify
         self.fail_after, self.delay = fail_after, delay
         self.lock = threading.Lock()
 
-    def run(self, values, iters):
+    def run(self, values, iters, **request):
         with self.lock:
             if self.fail_after is not None and len(self.calls) >= self.fail_after:
                 raise RuntimeError("power cut")
             self.calls.append((values, iters))
+            self.requests.append(request)
             if self.clock is not None:
                 self.clock.now += self.seconds
             jitter = 1 + self.noise * self.rng.uniform(-1, 1)
@@ -221,20 +228,28 @@ def test_choose_breaks_ties_within_noise_by_a_stable_key():
     assert choose(finals, DEFAULT).variant == near
 
 
-def test_finalists_are_retimed_on_one_gpu_and_the_winner_recorded(tmp_path):
-    workers = [FakeWorker(two_basins), FakeWorker(two_basins)]
-    result = run_class(tmp_path, workers=workers)
+def test_finalists_are_retimed_in_shares_on_every_gpu_and_the_winner_recorded(tmp_path):
+    workers = [FakeWorker(two_basins), FakeWorker(lambda v: 1.1 * two_basins(v))]
+    lines = []
+    result = run_class(tmp_path, workers=workers, progress=lines.append)
     assert 2 <= len(result.finals) <= 5 and all(len(f.block_ms) == 3 for f in result.finals)
+    # every finalist's rounds are the mean of a share on each GPU (the second 10% slower)
+    for f in result.finals:
+        assert f.block_ms == pytest.approx([1.05 * two_basins(f.variant)] * 3)
+    finals = {f.variant for f in result.finals}
+    for w in workers:
+        assert sum(make(values) in finals for values, _ in w.calls[-3 * len(finals):]) == 3 * len(finals)
+    assert sum(line.startswith("  GPU worker ") for line in lines) == 2
     assert DEFAULT in {f.variant for f in result.finals}   # the default is re-timed beside them
     (best,) = db.TuningDB(tmp_path / "t.sqlite").bests()
     assert best.symbol == FAR.symbol == result.best.variant.symbol
-    assert best.time_ms == pytest.approx(4.0)
+    assert best.time_ms == pytest.approx(4.2)
 
 
 def test_spilling_variants_are_never_the_winner(tmp_path):
     class Spilling(FakeWorker):
-        def run(self, values, iters):
-            out = super().run(values, iters)
+        def run(self, values, iters, **request):
+            out = super().run(values, iters, **request)
             out["spills"] = 8 if variant_mod.make(S90, values) == FAR else 0
             return out
 
@@ -298,11 +313,66 @@ def test_runner_returns_results_in_ask_order_and_uses_every_worker():
     results = runner.run(asks)
     assert [r.variant for r in results] == [a.variant for a in asks]
     assert all(r.outcome == "ok" and r.time_ms == pytest.approx(two_basins(r.variant)) for r in results)
-    calls = [c for w in workers for c in w.calls]
-    assert len(calls) == 24 + 3 and all(w.calls for w in workers)
-    # the re-timing (4 x 10 calls) is split: every worker times it with a third of the calls
-    assert sorted(it for _, it in calls) == [10] * 24 + [14] * 3
-    assert all((dict(variants[0].values), 14) in w.calls for w in workers)
+    # every measurement is split: each worker times every variant with a third of the calls
+    # (10 -> 4 each, the re-timing's 4 x 10 -> 14 each)
+    for w in workers:
+        assert sorted(it for _, it in w.calls) == [4] * 24 + [14]
+        assert (dict(variants[0].values), 14) in w.calls
+    # each new trial is checked once: its two checks on two workers, taking turns
+    for v in variants:
+        checks = [c for w in workers for (values, _), r in zip(w.calls, w.requests)
+                  if values == dict(v.values) for c in r["verify"]]
+        assert sorted(checks) == sorted(PARTS)
+    firsts = [[r["verify"][:1] for r in w.requests if r["verify"]] for w in workers]
+    assert all(firsts), firsts       # every worker runs some of the checks
+    assert all(r["verify"] == () for w in workers for (_, it), r in zip(w.calls, w.requests) if it == 14)
+
+
+def test_one_worker_checks_everything_then_times_as_before():
+    worker = FakeWorker(two_basins)
+    results = TrialRunner([worker], FakeBuild(), 10, warmup=3).run([Ask(DEFAULT), Ask(FAR, retime=True, scale=2)])
+    assert [r.time_ms for r in results] == [two_basins(DEFAULT), two_basins(FAR)]
+    assert worker.calls == [(dict(FAR.values), 20), (dict(DEFAULT.values), 10)]
+    assert worker.requests == [{"warmup": None, "verify": ()}, {"warmup": None, "verify": PARTS}]
+
+
+def test_a_wrong_result_found_by_one_share_fails_the_trial_and_skips_the_rest():
+    class Checking(FakeWorker):
+        """Wrong on the real shape for FAR: only the worker that checks the shape sees it."""
+
+        def run(self, values, iters, **request):
+            out = super().run(values, iters, **request)
+            if values == dict(FAR.values) and "shape" in request["verify"]:
+                return {"outcome": "wrong_result", "max_error": 0.5, "detail": "shape: relative L2 error 5e-01"}
+            return out
+
+    workers = [Checking(two_basins), Checking(two_basins)]
+    runner = TrialRunner(workers, FakeBuild(), 10, warmup=3)
+    results = runner.run([Ask(DEFAULT), Ask(FAR)])
+    assert results[0].outcome == "ok" and results[0].max_error == 1e-3
+    assert results[1].outcome == "wrong_result" and results[1].time_ms is None and results[1].max_error == 0.5
+    assert all(r["warmup"] == 2 for w in workers for r in w.requests)    # 3 warm-up calls split, rounded up
+    # a share that has not started when another fails is not measured
+    release = threading.Event()
+
+    class Slow(Checking):
+        def run(self, values, iters, **request):
+            release.wait(5)
+            return super().run(values, iters, **request)
+
+    fast, slow = Checking(two_basins), Slow(two_basins)
+    runner = TrialRunner([fast, slow], FakeBuild(), 10)
+    done = []
+    # the slow worker is held in DEFAULT's share while the fast one checks FAR's shape and fails it
+    thread = threading.Thread(target=lambda: done.append(runner.run([Ask(DEFAULT), Ask(FAR)])))
+    thread.start()
+    deadline = time.monotonic() + 5
+    while not (runner._batch and runner._batch.failed[1]) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    release.set()
+    thread.join(5)
+    assert done and done[0][0].outcome == "ok" and done[0][1].outcome == "wrong_result"
+    assert [c for c, _ in slow.calls] == [dict(DEFAULT.values)]   # FAR's share there was skipped
 
 
 def test_runner_measures_while_compiling():
@@ -311,9 +381,9 @@ def test_runner_measures_while_compiling():
     worker = FakeWorker(two_basins)
     original = worker.run
 
-    def run(values, iters):
+    def run(values, iters, **request):
         order.append("run")
-        return original(values, iters)
+        return original(values, iters, **request)
 
     worker.run = run
 
@@ -362,10 +432,10 @@ class TimedWorker(FakeWorker):
         super().__init__(cost)
         self.seconds, self.log, self.name = seconds, log, name
 
-    def run(self, values, iters):
+    def run(self, values, iters, **request):
         t0 = time.monotonic()
         time.sleep(self.seconds * iters / 10)
-        out = super().run(values, iters)
+        out = super().run(values, iters, **request)
         self.log.append((self.name, t0, time.monotonic()))
         return out
 
@@ -384,21 +454,16 @@ def overlap(log) -> float:
 
 
 def test_two_workers_share_a_tune_evenly_and_are_busy_together(tmp_path):
-    """With two GPUs the tune's measurements overlap: re-timings are split, and the worker left
-    idle by a small batch measures the next guessed batch. Counts and overlap, not wall time."""
+    """With two GPUs every measurement is split into a share on each, so the descent's batches of
+    one variant keep both busy. Counts and overlap, not wall time."""
     log: list = []
     workers = [TimedWorker(two_basins, 0.05, log, name) for name in (0, 1)]
-    lines: list = []
-    result = run_class(tmp_path, max_trials=80, workers=workers, prefetch=FakePrefetch(), progress=lines.append)
-    calls = [len(w.calls) for w in workers]
-    assert min(calls) >= 0.35 * sum(calls), calls
-    # Without guessing the descent's one-variant batches leave a worker idle; with it about a
-    # quarter of the trials are measured ahead (19-23 of 80 here, also on a loaded machine).
-    ahead = next(line for line in lines if "measured ahead" in line)
-    assert int(ahead.split()[0]) >= 10, ahead
-    # Both busy for most of the time either is: 0.70 on an idle 2-core machine (0.56 without
-    # guessing), 0.46-0.63 with both cores loaded by other work, whose threads then lag.
-    assert overlap(log) >= 0.4, overlap(log)
+    result = run_class(tmp_path, max_trials=80, workers=workers, prefetch=FakePrefetch())
+    assert len(workers[0].calls) == len(workers[1].calls)
+    assert sorted(it for _, it in workers[0].calls) == sorted(it for _, it in workers[1].calls)
+    # Both busy for most of the time either is (0.9 and more on an idle machine; the shares of a
+    # variant start together, a loaded machine's threads lag a little).
+    assert overlap(log) >= 0.6, overlap(log)
     # the same search as on one GPU
     alone = run_class(tmp_path, max_trials=80, db_name="alone.sqlite")
     assert [(t.variant, t.outcome, t.time_ms) for t in result.trials] == \
@@ -435,7 +500,7 @@ def test_halving_in_a_tune_uses_both_workers(tmp_path):
 
 def test_a_failed_share_fails_the_retiming():
     class Broken(FakeWorker):
-        def run(self, values, iters):
+        def run(self, values, iters, **request):
             return {"outcome": "crash", "detail": "worker process died (exit code -11)"}
 
     results = TrialRunner([FakeWorker(two_basins), Broken(two_basins)], FakeBuild(), 10).run(
@@ -443,40 +508,21 @@ def test_a_failed_share_fails_the_retiming():
     assert [r.outcome for r in results] == ["crash", "crash"]
 
 
-def test_guesses_are_measured_only_by_an_idle_worker_and_become_trials_when_asked():
+def test_guesses_are_compiled_ahead_and_never_measured_until_asked():
     guess = FAR.with_values(swizzle_v=128)
     assert resources.check(guess, SM90A).ok
-    log: list = []
-    guessed = threading.Event()
-
-    class Waiting(TimedWorker):
-        def run(self, values, iters):
-            assert guessed.wait(5)   # the batch's trials end after the guess is made (however loaded the machine)
-            return super().run(values, iters)
-
-    class Guesses(FakePrefetch):
-        def __call__(self, variants, on_compiled=None):
-            super().__call__(variants, on_compiled)
-            guessed.set()
-
-    workers = [Waiting(two_basins, 0.03, log, 0), Waiting(two_basins, 0.03, log, 1)]
-    prefetch = Guesses()
+    workers = [FakeWorker(two_basins), FakeWorker(two_basins)]
+    prefetch = FakePrefetch()
     runner = TrialRunner(workers, FakeBuild(), 10, prefetch=prefetch)
     recorded = []
-    # three trials on two workers: one worker is left idle and measures the guess
     first = runner.run([Ask(DEFAULT), Ask(FAR), Ask(DEFAULT.with_values(swizzle_v=64))],
-                       on_result=lambda a, r: recorded.append(a.variant), lookahead=lambda: [[guess]])
-    assert all(r.outcome == "ok" for r in first) and len(recorded) == 3 and guess not in recorded
-    assert prefetch.queued == [guess]
-    # the guess may still be under way: the next batch takes it over instead of measuring again
+                       on_result=lambda a, r: recorded.append(a.variant), lookahead=lambda: [[guess], [DEFAULT]])
+    assert all(r.outcome == "ok" for r in first) and len(recorded) == 3
+    assert prefetch.queued == [guess]            # what the batch holds is not guessed
+    assert all(dict(guess.values) not in [c for c, _ in w.calls] for w in workers)
     second = runner.run([Ask(guess)], on_result=lambda a, r: recorded.append(a.variant))
-    assert len(log) == 4 and [c for c in log if c[0] == 1] and [c for c in log if c[0] == 0]
-    assert second[0].outcome == "ok" and second[0].time_ms == pytest.approx(two_basins(guess))
-    assert recorded[-1] == guess and runner.used_ahead == 1 and guess not in runner.ahead
-    # one worker: never idle while the batch has work, so no guess is measured
-    lone = TrialRunner([FakeWorker(two_basins)], FakeBuild(), 10, prefetch=FakePrefetch())
-    lone.run([Ask(DEFAULT), Ask(FAR)], lookahead=lambda: [[guess]])
-    assert lone.ahead == {} and len(lone.workers[0].calls) == 2
+    assert second[0].time_ms == pytest.approx(two_basins(guess)) and recorded[-1] == guess
+    assert all([c for c, _ in w.calls].count(dict(guess.values)) == 1 for w in workers)
 
 
 def test_prefetch_is_cancelled_before_a_real_build_and_fed_after_it():
@@ -508,24 +554,49 @@ def test_coordinate_lookahead_guesses_the_next_batches_while_the_point_stays():
         if guessed:
             assert batch == guessed[0]
         guessed = list(search.lookahead())
-        assert len(guessed) <= 2
+        # the next two sweeps from the point, then one from each variant of the batch (the point
+        # may move there)
+        assert len(guessed) <= 2 + len(batch)
+        last = batch
         # made before this batch is measured: the tuner leaves out what this batch holds
         guessed = [g for g in ([v for v in b if v not in batch] for b in guessed) if g]
         for v in batch:
             search.tell(v, 1.0 if resources.check(v, SM90A).ok else None)   # flat: the point never moves
-    assert guessed == []
+    assert len(guessed) <= len(last)    # at the end only the sweeps from where the point might move
+
+
+def test_coordinate_lookahead_guesses_the_next_batch_when_the_point_moves():
+    """A descent moves its point after many sweeps; the guesses hold the batch that follows
+    whichever variant the point moves to (so it is compiled ahead)."""
+    start = FAR.with_values(block_n=64, stages=3, swizzle_v=128, load_warps=2)
+    assert resources.check(start, SM90A).ok and distance(start, FAR) == 4
+    search = Coordinate(S90, FIXED, SM90A, 500, 0, start=start)
+    moves = missed = 0
+    guessed: set = set()
+    point = None
+    while batch := search.next_batch():
+        if point is not None:
+            moves += search.point != point
+            missed += not set(batch) <= guessed
+        point = search.point
+        guessed = {v for b in search.lookahead() for v in b}
+        for v in batch:
+            search.tell(v, two_basins(v) if resources.check(v, SM90A).ok else None)
+    assert moves >= 2 and missed == 0
 
 
 def test_two_workers_resume_and_seeds(tmp_path):
     """With two workers and guessing: an interrupted tune resumes without repeating a finished
     trial and ends with the trials of an uninterrupted one; a seed gives the same trials."""
     build = FakeBuild()
+    # The second worker fails in the first re-timing, after its shares of the 61 global trials: a
+    # trial with a share cut off is no trial, so where it fails decides what was recorded.
     with pytest.raises(RuntimeError, match="power cut"):
-        run_class(tmp_path, workers=[FakeWorker(two_basins), FakeWorker(two_basins, fail_after=25)], build=build,
+        run_class(tmp_path, workers=[FakeWorker(two_basins), FakeWorker(two_basins, fail_after=61)], build=build,
                   prefetch=FakePrefetch())
     database = db.TuningDB(tmp_path / "t.sqlite")
     done = {t.symbol for t in database.trials()}
-    assert len(done) >= 25 and database.bests() == []
+    assert len(done) == 61 and database.bests() == []
     build2 = FakeBuild()
     resumed = run_class(tmp_path, resume=True, build=build2, workers=[FakeWorker(two_basins), FakeWorker(two_basins)],
                         prefetch=FakePrefetch())
@@ -540,6 +611,16 @@ def test_two_workers_resume_and_seeds(tmp_path):
                       workers=[FakeWorker(two_basins), FakeWorker(two_basins)], prefetch=FakePrefetch())
     assert [t.variant for t in again.trials] == [t.variant for t in straight.trials]
     assert [t.variant for t in other.trials] != [t.variant for t in straight.trials]
+
+
+def test_workers_on_one_gpu_are_refused():
+    from mlagen.tune import TuningError, _record_key
+
+    one = {"device": "NVIDIA H200", "sm_count": 132, "driver": "13.0", "pci": "0000:1b:00"}
+    other = {**one, "pci": "0000:43:00"}
+    assert _record_key(S90, KEY.problem, SM90A, [one, other], (0, 1)).device == "NVIDIA H200"
+    with pytest.raises(TuningError, match="two workers run on one GPU"):
+        _record_key(S90, KEY.problem, SM90A, [one, dict(one)], (0, 1))
 
 
 def test_parse_devices():
@@ -574,7 +655,9 @@ def test_tune_splits_the_budget_by_weight_and_starts_one_worker_per_device(tmp_p
 
     class Worker(FakeWorker):
         def __init__(self, spec_path, shape, seed, warmup, timeout_s, device=None):
-            super().__init__(two_basins, clock=clock, seconds=1.0 / 2)   # two workers: half a second each
+            # half a second of the fake clock per share; a little real time, so that the two
+            # workers take turns as GPUs would
+            super().__init__(two_basins, clock=clock, seconds=1.0 / 2, delay=0.004, seed=device or 0)
             started.append((shape.id, device))
             workers.setdefault(shape.id, []).append(self)
 
@@ -609,14 +692,19 @@ def test_tune_splits_the_budget_by_weight_and_starts_one_worker_per_device(tmp_p
     assert [r.shape for r in results] == ["D2", "D1"] and [r.weight for r in results] == [3, 1]
     assert started == [("D2", 0), ("D2", 1), ("D1", 0), ("D1", 1)]
     assert all(r.stopped == "budget" for r in results)
-    # 60 s for D2 and 20 s for D1, 90% of each for the search, at half a second per measurement
+    # 60 s for D2 and 20 s for D1, 90% of each for the search, at half a second per share (each
+    # measurement, a finalist's round too, is a share on each worker). A measurement one worker
+    # has begun is finished by the other after the deadline: these fake workers take no time, so
+    # one can run many shares ahead of the other (GPUs stay within a share or two).
     for r, want in zip(results, (108, 36)):
-        calls = sum(len(w.calls) for w in workers[r.shape]) - sum(len(f.block_ms) for f in r.finals)
-        assert calls == want
+        calls = sum(len(w.calls) for w in workers[r.shape]) - 2 * sum(len(f.block_ms) for f in r.finals)
+        assert want <= calls <= want + 30, (r.shape, calls)
     assert {b.key.problem for b in db.TuningDB(tmp_path / "t.sqlite").bests()} == {r.problem for r in results}
     # the first thing compiled ahead for D2 is its global stage: the default, then the samples
     first = early[0]
-    assert len(first) == 1 + 60 and first == [t.variant for t in results[0].trials[:61]]
+    # (the budget ends inside it: a measurement whose other share was cut off is no trial)
+    tried = [t.variant for t in results[0].trials]
+    assert len(first) == 1 + 60 and 40 <= len(tried) <= 61 and tried == [v for v in first if v in set(tried)]
     with pytest.raises(tune_mod.TuningError, match="--devices 2: only 2 GPU"):
         tune_mod.tune(replace(config, devices=(0, 2)), progress=lambda line: None, clock=clock)
 
@@ -626,9 +714,9 @@ def test_an_interrupted_batch_records_nothing_more_and_does_not_wait():
     recorded = []
 
     class Blocking(FakeWorker):
-        def run(self, values, iters):
+        def run(self, values, iters, **request):
             release.wait(5)
-            return super().run(values, iters)
+            return super().run(values, iters, **request)
 
     def interrupted_build(variants, on_built):
         on_built(BuildResult(variants[0], "sm_90a", None, "ok"))
@@ -659,9 +747,11 @@ def test_worker_protocol_verifies_once_then_times(monkeypatch):
         def __init__(self, family, shape, device, seed, dtype="bf16"):
             assert family.name == "mla_prefill" and shape.id == "D1"
 
-        def verify(self, v):
-            verified.append(v)
-            return ("shape: relative L2 error 5e-01 > 2e-02", 0.5) if v["block_n"] == 64 else (None, 1e-3)
+        def verify(self, v, parts=PARTS):
+            verified.append((v, parts))
+            if v["block_n"] == 64 and "shape" in parts:
+                return "shape: relative L2 error 5e-01 > 2e-02", 0.5
+            return None, {"check problem": 1e-3, "shape": 2e-3}[parts[0]]
 
         def outputs(self):
             return None
@@ -691,17 +781,28 @@ def test_worker_protocol_verifies_once_then_times(monkeypatch):
     parent, child = multiprocessing.Pipe()
     thread = threading.Thread(target=tune_mod._worker_main, args=(child, S90.path, SHAPES["D1"], 0, 2, None))
     thread.start()
-    assert parent.recv() == ("ready", {"device": "Fake", "sm_count": 132, "driver": "13.0"})
+    assert parent.recv() == ("ready", {"device": "Fake", "sm_count": 132, "driver": "13.0", "pci": ""})
 
-    def ask(v, iters=5):
-        parent.send({"values": dict(v.values), "iters": iters})
+    def ask(v, iters=5, **request):
+        parent.send({"values": dict(v.values), "iters": iters, **request})
         return parent.recv()
 
     ok = ask(DEFAULT)
     assert ok["outcome"] == "ok" and ok["time_ms"] == pytest.approx(1.0) and ok["tflops"] == pytest.approx(2000)
-    assert ok["spills"] == 4 and ok["max_error"] == 1e-3
-    assert ask(DEFAULT, iters=20)["outcome"] == "ok" and verified == [DEFAULT]   # verified once
+    assert ok["spills"] == 4 and ok["max_error"] == 2e-3
+    assert all(ok[k] >= 0 for k in ("load_s", "verify_s", "time_s")) and set(ok["checks_s"]) == set(PARTS)
+    assert ask(DEFAULT, iters=20)["outcome"] == "ok"
+    assert verified == [(DEFAULT, ("check problem",)), (DEFAULT, ("shape",))]   # each check once
     assert len(timed) == (2 + 5) + (2 + 20)                                       # warmup + iters
+    # the tuner's requests: the checks to run here (none: time at once), the warm-up calls
+    other = DEFAULT.with_values(block_n=96)
+    timed.clear()
+    only = ask(other, verify=["shape"], warmup=1)
+    assert only["outcome"] == "ok" and only["max_error"] == 2e-3 and len(timed) == 1 + 5
+    assert ask(other, verify=[])["max_error"] == 2e-3 and verified[-1] == (other, ("shape",))
+    unchecked = ask(DEFAULT.with_values(block_n=112), verify=[])
+    assert unchecked["outcome"] == "ok" and unchecked["max_error"] is None
+    assert ask(DEFAULT.with_values(block_n=64), verify=["check problem"])["outcome"] == "ok"
     assert ask(DEFAULT.with_values(block_n=64))["outcome"] == "wrong_result"
     assert ask(DEFAULT.with_values(stages=4))["outcome"] == "launch_error"
     crash = ask(DEFAULT.with_values(block_n=80))
@@ -745,3 +846,38 @@ def test_worker_verifies_with_the_specs_input_dtype(monkeypatch, spec_name, dtyp
     parent.send(None)
     thread.join(5)
     assert seen == [dtype]
+
+
+def test_the_recorder_keeps_commits_off_the_workers_and_writes_in_order(tmp_path):
+    from mlagen.tune import _Recorder
+
+    class SlowDB(db.TuningDB):
+        commits: list = []
+
+        def add_trials(self, trials):
+            time.sleep(0.2)
+            self.commits.append(len(trials))
+            super().add_trials(trials)
+
+    database = SlowDB(tmp_path / "t.sqlite")
+    lines: list = []
+    recorder = _Recorder(database, lines.append)
+    t0 = time.monotonic()
+    for n in range(5):
+        trial = db.Trial(KEY, dict(DEFAULT.tunables), f"v{n}", "ok", 1.0, 1.0, 1e-3, 168, 0, "", "run")
+        recorder.add(trial, lambda n=n: lines.append(f"trial {n}"))
+        recorder.say(f"after {n}")
+    assert time.monotonic() - t0 < 0.15          # adding waits for no commit
+    recorder.close()
+    assert [t.symbol for t in database.trials()] == [f"v{n}" for n in range(5)]
+    assert lines == [x for n in range(5) for x in (f"trial {n}", f"after {n}")]
+    assert sum(database.commits) == 5 and len(database.commits) < 5   # several trials per commit
+
+    class BrokenDB(db.TuningDB):
+        def add_trials(self, trials):
+            raise db.DatabaseError("disk full")
+
+    broken = _Recorder(BrokenDB(tmp_path / "b.sqlite"), lines.append)
+    broken.add(db.Trial(KEY, dict(DEFAULT.tunables), "x", "ok", 1.0, 1.0, 1e-3, 168, 0, "", "run"), lambda: None)
+    with pytest.raises(db.DatabaseError, match="disk full"):
+        broken.close()

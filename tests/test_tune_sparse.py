@@ -67,7 +67,7 @@ class Cost:
     def __init__(self):
         self.calls = []
 
-    def run(self, values, iters):
+    def run(self, values, iters, **request):
         self.calls.append(values)
         v = variant_mod.make(S90, values)
         t = 4.0 - 0.5 * (v["producer_regs"] == 88 and not v["l2_evict_last"]) + 0.01 * (v["consumer_regs"] != 216)

@@ -37,6 +37,49 @@ def test_every_failure_is_a_recorded_outcome(tmp_path):
     assert best.variant["fault"] == "none" and best.key.problem == result.problem
 
 
+def test_every_failure_is_a_recorded_outcome_on_two_gpus(tmp_path):
+    """With two GPUs a trial's checks and timed calls are split between them (each check on one
+    GPU, a share of the calls on each): the faulty variants end as on one GPU, and the tune logs
+    where each GPU's time went."""
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs 2 GPUs")
+    lines = []
+    config = TuneConfig(spec=str(FAULTY), shapes=(TINY,), strategy="exhaustive", fixed={**FIXED_SM80, "block_n": 64},
+                        timeout_s=20, iters=4, warmup=1, db_path=str(tmp_path / "tuning.sqlite"), devices=(0, 1))
+    (result,) = tune(config, progress=lines.append)
+    outcomes = {t.variant["fault"]: t.outcome for t in result.trials}
+    assert outcomes == {"none": "ok", "trap": "crash", "hang": "hang", "wrong": "wrong_result",
+                        "syntax": "compile_error", "huge": "pruned"}
+    assert result.best is not None and result.best.variant["fault"] == "none"
+    ok = next(t for t in result.trials if t.outcome == "ok")
+    assert ok.max_error is not None and ok.max_error < 2e-2   # from the check that ran on either GPU
+    workers = [line for line in lines if line.startswith("  GPU worker ")]
+    assert len(workers) == 2 and all(" 0 measurements" not in line for line in workers), workers
+
+
+def test_a_worker_runs_the_checks_it_is_asked_for(tmp_path):
+    """The worker protocol on the GPU: each check on request, timing without a check, the
+    seconds it spent."""
+    from mlagen import spec as spec_mod
+    from mlagen import variant as variant_mod
+    from mlagen.tune import GpuWorker
+
+    spec = spec_mod.load("mla_prefill_sm80")
+    v = variant_mod.make(spec, {**FIXED_SM80, "block_n": 64, "mask": "causal"})
+    worker = GpuWorker(spec.path, TINY, 0, 1, 60.0, device=0)
+    try:
+        worker.start()
+        timed = worker.run(dict(v.values), 3, verify=())
+        assert timed["outcome"] == "ok" and timed["max_error"] is None and timed["verify_s"] < 1e-3
+        shape = worker.run(dict(v.values), 3, verify=("shape",))
+        both = worker.run(dict(v.values), 3)          # the check problem now (the shape was checked)
+        assert shape["outcome"] == both["outcome"] == "ok"
+        assert 0 < shape["max_error"] <= both["max_error"] < 2e-2
+        assert all(both[k] > 0 for k in ("load_s", "verify_s", "time_s"))
+    finally:
+        worker.stop()
+
+
 def test_tuned_winner_is_used_by_later_calls(tmp_path, monkeypatch):
     path = tmp_path / "tuning.sqlite"
     config = TuneConfig(spec="mla_prefill_sm80", shapes=(TINY,), strategy="exhaustive", fixed=FIXED_SM80,

@@ -2,7 +2,7 @@
 # One GPU against two: `mlagen tune mla_prefill_sm90 --shape D1` with --devices 0 and --devices 0,1,
 # each with a fresh database, output directory and (cold) compile cache, at --max-trials 80 and at
 # the default trial budget. Logs, per-GPU time lines and a summary with the ratios go to $OUT.
-#   OUT=/some/dir bash tools/measure_tune_gpus.sh [SEED]
+#   OUT=/some/dir [SKIP80=1] bash tools/measure_tune_gpus.sh [SEED]   (SKIP80=1: only the default budget)
 set -u
 : "${OUT:?set OUT to the directory for the logs}"
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
@@ -21,11 +21,12 @@ run() { # name devices trials-option...
     | tee -a "$OUT/summary.txt"
   grep -E '^(  search [0-9.]+ s|  GPU worker |D1: .* ready after)' "$OUT/$name.log" | sed "s/^/  $name:/" | tee -a "$OUT/summary.txt"
 }
-run t80_1gpu 0 --max-trials 80
-run t80_2gpu 0,1 --max-trials 80
+[ "${SKIP80:-0}" = 1 ] || run t80_1gpu 0 --max-trials 80
+[ "${SKIP80:-0}" = 1 ] || run t80_2gpu 0,1 --max-trials 80
 run default_1gpu 0
 run default_2gpu 0,1
 awk '{for(i=1;i<=NF;i++)if($i~/^wall_s=/){split($i,a,"=");w[$1]=a[2]}}
-     END{printf "ratio 80 trials %.3f  default trials %.3f\n", w["t80_2gpu"]/w["t80_1gpu"], w["default_2gpu"]/w["default_1gpu"]}' \
+     END{if (w["t80_1gpu"] > 0) printf "ratio 80 trials %.3f\n", w["t80_2gpu"]/w["t80_1gpu"];
+         if (w["default_1gpu"] > 0) printf "ratio default trials %.3f\n", w["default_2gpu"]/w["default_1gpu"]}' \
   "$OUT/summary.txt" | tee -a "$OUT/summary.txt"
 rm -rf "$T"

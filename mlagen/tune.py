@@ -734,6 +734,27 @@ class WorkerTime:
             self.checks[part] = self.checks.get(part, 0.0) + seconds
 
 
+@dataclass
+class CompileTime:
+    """How long batches waited for their own compiles (seconds): from the moment a batch with new
+    variants was handed to the compile pool until its first new variant was built (nothing of the
+    batch's new trials can be measured before) and until all were built; ``ahead``: new variants
+    found compiled already (guesses compiled while earlier batches were measured, or a warm cache)."""
+
+    batches: int = 0
+    variants: int = 0
+    ahead: int = 0
+    first: float = 0.0
+    all: float = 0.0
+
+    def add(self, variants: int, ahead: int, first: float, all_: float) -> None:
+        self.batches += 1
+        self.variants += variants
+        self.ahead += ahead
+        self.first += first
+        self.all += all_
+
+
 class TrialRunner:
     """Runs a batch of asks on the workers (one per GPU) and returns the results in the order of
     the asks, whatever order they finished in.
@@ -772,6 +793,7 @@ class TrialRunner:
         self._batch: _Batch | None = None
         self._turn = 0                      # the worker that runs the next new trial's first check
         self.time = [WorkerTime() for _ in workers]
+        self.compile = CompileTime()
 
     def cancel_prefetch(self) -> None:
         """The search has ended: drop the guessed compiles not started yet."""
@@ -865,8 +887,13 @@ class TrialRunner:
             if index:
                 if self.prefetch is not None:
                     self.prefetch.cancel()   # guesses must not hold up what is wanted now
+                t0, first, ahead = time.monotonic(), [], [0]
 
                 def on_built(b):
+                    if not first:
+                        first.append(time.monotonic())
+                    if b.binary is not None and b.binary.from_cache:
+                        ahead[0] += 1
                     i = index[b.variant]
                     failed = _failed_build(b)
                     if failed is not None:
@@ -879,6 +906,8 @@ class TrialRunner:
                         self._cond.notify_all()
 
                 self.build(list(index), on_built)
+                done = time.monotonic()
+                self.compile.add(len(index), ahead[0], (first[0] if first else done) - t0, done - t0)
             # Guessing costs CPU time (the resource model): spent here while the GPUs measure,
             # and no longer than they do.
             if self.prefetch is not None:
@@ -1366,6 +1395,11 @@ def _log_stage(progress, search: Search, asks: list[Ask], iters: int) -> None:
 def _log_time(progress, runner: TrialRunner, searched: float, total: float) -> None:
     """Where the GPUs' time went: one line per worker (the device measurement reads it)."""
     progress(f"  search {searched:.1f} s, finalists {total - searched:.1f} s")
+    c = runner.compile
+    if c.batches:
+        # The GPUs may be re-timing earlier asks meanwhile, so this bounds their idle time from above.
+        progress(f"  compiles: {c.batches} batches of new variants waited {c.first:.1f} s for their first build "
+                 f"and {c.all:.1f} s for all; {c.ahead} of {c.variants} new variants were compiled ahead")
     for w, t in enumerate(runner.time):
         other = t.busy - t.load - t.verify - t.timing   # messages, restarts, the worker's own overhead
         checks = ", ".join(f"{part} {t.checks[part]:.1f} s" for part in verify_mod.PARTS if part in t.checks)

@@ -336,6 +336,31 @@ def test_one_worker_checks_everything_then_times_as_before():
     assert worker.requests == [{"warmup": None, "verify": ()}, {"warmup": None, "verify": PARTS}]
 
 
+def test_the_runner_accounts_for_the_compiles_each_batch_waited_for():
+    """The log line 'compiles: ...' (how long batches waited for their own builds, and how many
+    new variants were compiled ahead) comes from these counts."""
+    import time as time_mod
+    from mlagen.compiler import Binary
+
+    class SlowBuild(FakeBuild):
+        """The first variant of every batch takes 50 ms; FAR was compiled ahead (a cache hit)."""
+
+        def __call__(self, variants, on_built):
+            for k, v in enumerate(variants):
+                if k == 0:
+                    time_mod.sleep(0.05)
+                verdict = resources.check(v, SM90A)
+                binary = Binary(b"", "sm_90a", v.symbol, "k", None, "fake", from_cache=v == FAR)
+                on_built(BuildResult(v, "sm_90a", verdict.resources, "ok", binary=binary))
+
+    runner = TrialRunner([FakeWorker(two_basins)], SlowBuild(), 10)
+    runner.run([Ask(DEFAULT), Ask(FAR)])
+    runner.run([Ask(DEFAULT, retime=True, scale=2)])   # re-timings build nothing
+    c = runner.compile
+    assert (c.batches, c.variants, c.ahead) == (1, 2, 1)
+    assert 0.05 <= c.first <= c.all < 5
+
+
 def test_a_wrong_result_found_by_one_share_fails_the_trial_and_skips_the_rest():
     class Checking(FakeWorker):
         """Wrong on the real shape for FAR: only the worker that checks the shape sees it."""

@@ -6,12 +6,14 @@ spawned process never inherits a CUDA context); results, failures included, come
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures as cf
+import heapq
 import multiprocessing
 import signal
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Iterable
 
@@ -35,6 +37,7 @@ class BuildResult:
     binary: Binary | None = None
     artifact: str | None = None
     seconds: float = 0.0
+    ahead: bool = False               # compiled (or begun) before a build asked for it
 
     @property
     def ok(self) -> bool:
@@ -168,60 +171,216 @@ def build_many(variants: Iterable[variant_mod.Variant], targets: Iterable[str], 
     return [results[i] for i in range(len(items))]
 
 
-class Prefetch:
-    """Compiles guessed variants into the compile cache in the background, on a shared pool.
+class CompileQueue:
+    """The tuner's compiler: variants of one target compiled on a shared pool, each once per
+    session, what the GPUs wait for ahead of what the search only guesses it will want.
 
-    The tuner guesses which variants the search will ask for next and compiles them while the
-    GPUs measure the current batch, when the pool would otherwise be idle; the real build then
-    finds them in the cache (or waits on the cache entry's lock for a compile under way). A
-    guess is compiled once per session. :meth:`cancel` drops the guesses not yet started, so a
-    real build never queues behind them."""
+    :meth:`build` is a real build, the batch about to be measured: its variants go ahead of
+    every guess, and ``reserve`` of the pool's ``jobs`` processes are never given to guesses,
+    so a batch nobody guessed starts compiling at once instead of queueing behind seconds of
+    guesses. Calling the queue (``queue(variants)``) adds guesses: the newest call's first, in
+    the order given, then older ones; a guess is never dropped because a real build came (it is
+    likely the batch after), only by :meth:`cancel` (the search has ended). A variant the
+    resource model rejects is never compiled. Results are kept (without the binary's bytes: the
+    compile cache on disk has them, and the GPU worker loads from there), so a variant guessed
+    right is built at once when its batch comes; one still compiling is waited for.
 
-    def __init__(self, pool: cf.Executor, target: str):
-        self.pool, self.target = pool, target
-        self.lock = threading.RLock()   # a future done at once runs its callback inside __call__
-        self.pending: dict[variant_mod.Variant, cf.Future] = {}
-        self.compiled: dict[variant_mod.Variant, bool] = {}   # done: compiled, without spilling?
-        self.waiting: dict[variant_mod.Variant, list] = {}
+    A thread of the queue's own starts the compiles (a pool's callbacks must not submit to it);
+    :meth:`close` ends it. ``compile_one`` is what a pool process runs (:func:`_compile_one`'s
+    arguments and result); tests and ``tools/simulate_tune.py`` pass stand-ins."""
 
-    def __call__(self, variants: Iterable[variant_mod.Variant],
-                 on_compiled: Callable[[variant_mod.Variant], None] | None = None) -> None:
-        """Queue ``variants`` (those the resource model accepts) in order; ``on_compiled(v)`` is
-        called (from a pool thread, or at once if it is done) when ``v`` compiled without error
-        and without spilling."""
-        for v in variants:
-            with self.lock:
-                done = self.compiled.get(v)
-                if done is None:
-                    if v not in self.pending and not resources.check(v, arch.target(self.target)).ok:
-                        self.compiled[v] = False
-                        continue
-                    if on_compiled is not None:
-                        self.waiting.setdefault(v, []).append(on_compiled)
-                    if v not in self.pending:
-                        fut = self.pool.submit(_compile_one, v.spec, dict(v.values), self.target, None)
-                        self.pending[v] = fut
-                        fut.add_done_callback(lambda f, v=v: self._done(v, f))
+    def __init__(self, pool: cf.Executor, target: str, jobs: int, reserve: int | None = None,
+                 compile_one: Callable | None = None):
+        self.pool, self.target, self.jobs = pool, target, max(1, jobs)
+        # Room in the reserve for a descent's batch (a sweep over one tunable: a few values).
+        self.reserve = min(self.jobs - 1, max(1, self.jobs // 4)) if reserve is None else reserve
+        self.compile_one = compile_one or _compile_one
+        self.results: dict[variant_mod.Variant, BuildResult] = {}
+        self._cond = threading.Condition()
+        self._running: dict[variant_mod.Variant, cf.Future] = {}
+        self._unwanted: set = set()              # running compiles no build wants yet
+        self._wanted: dict[variant_mod.Variant, None] = {}     # queued for a build, in order
+        self._guesses: dict[variant_mod.Variant, tuple] = {}   # queued guess -> its place
+        self._heap: list = []                    # (place, symbol, variant); stale entries skipped
+        self._calls = 0                          # guess calls so far (newer calls go first)
+        self._waiting: dict[variant_mod.Variant, list] = {}    # variant -> callbacks for its result
+        self._ahead: set = set()                 # begun before a build wanted them
+        # compiles started and finished, their seconds, and how each variant a build asked for
+        # was found: "ready" (compiled ahead), "begun" (a guess under way), "new" (not guessed)
+        self.counts: collections.Counter = collections.Counter()
+        self._closed = False
+        self._thread: threading.Thread | None = None
+
+    # -- guesses -----------------------------------------------------------------------------
+
+    def __call__(self, variants: Iterable[variant_mod.Variant]) -> None:
+        """Queue guesses, ahead of older guesses (those the resource model rejects are skipped)."""
+        target = arch.target(self.target)
+        with self._cond:
+            self._calls += 1
+            call = self._calls
+        for n, v in enumerate(variants):
+            if self._known(v) or not resources.check(v, target).ok:   # the resource model is slow: unlocked
+                continue
+            with self._cond:
+                place = (-call, n)
+                if self._known(v) or self._guesses.get(v, (1, 0)) <= place:
                     continue
-            if done and on_compiled is not None:
-                on_compiled(v)
-
-    def _done(self, v: variant_mod.Variant, fut: cf.Future) -> None:
-        with self.lock:
-            if self.pending.get(v) is not fut:
-                return
-            del self.pending[v]
-            waiting = self.waiting.pop(v, [])
-            if fut.cancelled():
-                return
-            ok = fut.exception() is None and fut.result()[0] == "ok"
-            self.compiled[v] = ok   # the result (the binary) is not kept: the cache has it
-        if ok:
-            for call in waiting:
-                call(v)
+                self._guesses[v] = place
+                heapq.heappush(self._heap, (place, v.symbol, v))
+                self._wake()
 
     def cancel(self) -> int:
-        """Cancel the guesses not started yet (they may be queued again); returns how many."""
-        with self.lock:
-            futures = list(self.pending.values())
-        return sum(f.cancel() for f in futures)   # each runs _done, which forgets it
+        """Forget the guesses not started yet; returns how many."""
+        with self._cond:
+            n = len(self._guesses)
+            self._guesses.clear()
+            self._heap.clear()
+            return n
+
+    @property
+    def pending(self) -> int:
+        """Compiles running or queued now."""
+        with self._cond:
+            return len(self._running) + len(self._guesses) + len(self._wanted)
+
+    def _known(self, v) -> bool:
+        with self._cond:
+            return v in self.results or v in self._running or v in self._wanted
+
+    # -- builds ------------------------------------------------------------------------------
+
+    def build(self, variants: Iterable[variant_mod.Variant], on_built: Callable[[BuildResult], None]) -> None:
+        """Build ``variants`` now (the tuner's ``build``): ``on_built(result)`` for each as it is
+        ready (from this thread or the pool's), returning when all are. A result compiled, or
+        begun, before this call wanted it has ``ahead`` set."""
+        target = arch.target(self.target)
+        variants = list(dict.fromkeys(variants))
+        left = [len(variants)]
+        all_done = threading.Event()
+
+        def done(r: BuildResult) -> None:
+            on_built(r)
+            with self._cond:
+                left[0] -= 1
+                if left[0] == 0:
+                    all_done.set()
+
+        ready = []
+        for v in variants:
+            pruned = None
+            if not self._known(v):
+                verdict = resources.check(v, target)
+                if not verdict.ok:
+                    pruned = BuildResult(v, self.target, verdict.resources, "pruned", verdict.reasons)
+            with self._cond:
+                if pruned is not None:
+                    self.results.setdefault(v, pruned)
+                known = self.results.get(v)
+                if known is not None:
+                    by_model = known.status == "pruned" and known.binary is None   # never compiled
+                    self.counts["pruned" if by_model else "ready"] += 1
+                    ready.append(known if pruned is not None else _compiled_ahead(known))
+                    continue
+                if v in self._running:   # a guess under way: now wanted, so off the guesses' share
+                    self.counts["begun"] += 1
+                    self._ahead.add(v)
+                    self._unwanted.discard(v)
+                elif v not in self._wanted:
+                    self.counts["new"] += 1
+                    self._guesses.pop(v, None)
+                    self._wanted[v] = None
+                self._waiting.setdefault(v, []).append(done)
+                self._wake()
+        for r in ready:
+            done(r)
+        while variants and not all_done.wait(0.5):   # a timeout: Ctrl-C reaches a waiting thread
+            pass
+
+    def summary(self) -> str:
+        """What the queue did, for the tuner's log."""
+        c = self.counts
+        mean = c["seconds"] / c["compiled"] if c["compiled"] else 0.0
+        return (f"{c['compiled']} compiled ({mean:.1f} s each in its process), {c['started'] - c['compiled']} "
+                f"under way at the end; of the variants the batches asked for {c['ready']} were compiled ahead, "
+                f"{c['begun']} under way, {c['new']} not guessed, {c['pruned']} pruned by the resource model")
+
+    # -- the pool ----------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """End the queue's thread (compiles under way finish in the pool)."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        if self._thread is not None:
+            self._thread.join()
+
+    def _wake(self) -> None:
+        """Called with the lock held: let the thread start what now fits."""
+        if self._thread is None and not self._closed:
+            self._thread = threading.Thread(target=self._dispatch, name="mlagen-compile-queue", daemon=True)
+            self._thread.start()
+        self._cond.notify_all()
+
+    def _dispatch(self) -> None:
+        with self._cond:
+            while not self._closed:
+                self._start_what_fits()
+                self._cond.wait()
+
+    def _start_what_fits(self) -> None:
+        """Wanted compiles first; guesses only outside the reserve (lock held)."""
+        while len(self._running) < self.jobs:
+            if self._wanted:
+                v = next(iter(self._wanted))
+                del self._wanted[v]
+            elif self._heap and len(self._unwanted) < self.jobs - self.reserve:
+                place, _, v = heapq.heappop(self._heap)
+                if self._guesses.get(v) != place:
+                    continue   # moved up by a newer call, or cancelled
+                del self._guesses[v]
+                self._unwanted.add(v)
+            else:
+                return
+            try:
+                fut = self.pool.submit(self.compile_one, v.spec, dict(v.values), self.target, None)
+            except RuntimeError:   # the pool is shut down (interrupted): nothing more starts
+                self._unwanted.discard(v)
+                self._closed = True
+                return
+            self._running[v] = fut
+            self.counts["started"] += 1
+            fut.add_done_callback(lambda f, v=v: self._finished(v, f))
+
+    def _finished(self, v: variant_mod.Variant, fut: cf.Future) -> None:
+        if fut.cancelled():
+            payload = ("compile_error", ("the compile was cancelled",), None, None, 0.0)
+        else:
+            try:
+                payload = fut.result()
+            except MlagenError as exc:
+                payload = ("compile_error", (str(exc),), None, None, 0.0)
+            except Exception as exc:  # a crashed worker is a failed build, not a failed tool
+                payload = ("compile_error", (f"{type(exc).__name__}: {exc}",), None, None, 0.0)
+        status, reasons, binary, artifact, seconds = payload
+        if binary is not None:
+            binary = replace(binary, data=b"")   # the disk cache has the bytes
+        r = BuildResult(v, self.target, resources.estimate(v), status, tuple(reasons), binary, artifact, seconds)
+        with self._cond:
+            self._running.pop(v, None)
+            self._unwanted.discard(v)
+            if not fut.cancelled():
+                self.results[v] = r
+                self.counts["compiled"] += 1
+                self.counts["seconds"] += seconds
+            waiting = self._waiting.pop(v, [])
+            if v in self._ahead:
+                r = _compiled_ahead(r)
+            self._cond.notify_all()
+        for call in waiting:
+            call(r)
+
+
+def _compiled_ahead(r: BuildResult) -> BuildResult:
+    """``r`` as a build finds it when it was compiled, or begun, before the build asked."""
+    return r if r.ahead else replace(r, ahead=True)

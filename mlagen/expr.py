@@ -17,6 +17,7 @@ or list in ``MAX_LEN`` items, and an operation that would exceed a bound (``(10*
 from __future__ import annotations
 
 import ast
+import functools
 import math
 import operator
 from dataclasses import dataclass, field
@@ -90,7 +91,20 @@ class Expr:
 
 
 def parse(text: str | int | float | bool) -> Expr:
-    """Parse ``text``; raise ExprError if it uses anything outside the language."""
+    """Parse ``text``; raise ExprError if it uses anything outside the language. An expression
+    is parsed once per process (the resource model evaluates the same few thousand times per
+    tuning batch)."""
+    if isinstance(text, (str, int, float)):   # bool is an int
+        return _parse_cached(text)
+    return _parse(text)
+
+
+@functools.lru_cache(maxsize=4096, typed=True)
+def _parse_cached(text: str | int | float | bool) -> Expr:
+    return _parse(text)
+
+
+def _parse(text) -> Expr:
     if isinstance(text, bool) or isinstance(text, (int, float)):
         text = repr(text)
     if not isinstance(text, str) or not text.strip():

@@ -7,6 +7,7 @@ which budget broke and by how much.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -46,7 +47,14 @@ def estimate(variant: Variant) -> Resources:
 
 
 def check(variant: Variant, target: arch.Target) -> Verdict:
-    """Evaluate constraints and budgets; every broken rule becomes one reason."""
+    """Evaluate constraints and budgets; every broken rule becomes one reason. A verdict is a
+    function of the variant (its spec included) and the target, so it is kept: the tuner's
+    search and guesses ask for the same neighbours many times."""
+    return _check(variant, target)
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _check(variant: Variant, target: arch.Target) -> Verdict:
     spec = variant.spec
     reasons: list[str] = []
     if target.name not in spec.targets:

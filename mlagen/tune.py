@@ -46,13 +46,13 @@ import time
 import traceback
 import uuid
 from dataclasses import dataclass, field, replace
-from typing import Callable, Iterable, Iterator
+from typing import Callable, Iterable, Iterator, Mapping
 
-from . import arch, db, dispatch
+from . import arch, db, dispatch, knobs
 from . import verify as verify_mod
 from . import spec as spec_mod
 from . import variant as variant_mod
-from .build import Prefetch, abort_pool, build_many, compile_pool
+from .build import CompileQueue, abort_pool, compile_pool
 from .errors import MlagenError, TuningError
 from .shapes import WorkloadItem, parse_shape
 
@@ -372,12 +372,13 @@ class Search:
     def next_batch(self) -> list:
         raise NotImplementedError
 
-    def lookahead(self) -> Iterator[list]:
-        """Guesses, made before the results of the batch just proposed are in, at the batches
+    def lookahead(self, partial: Mapping | None = None) -> Iterator[list]:
+        """Guesses, made before all results of the batch just proposed are in, at the batches
         that will follow it, nearest first, each computed when asked for (a guess costs
-        resource-model checks). The tuner takes them while that batch is measured and compiles
-        them; a guess changes no trial (it is measured only when the search proposes it), it
-        only saves compile time when right."""
+        resource-model checks). ``partial``: the results of that batch so far (variant -> ms,
+        None if it failed); the tuner asks again as they come. It compiles the guesses while
+        the batch is measured; a guess changes no trial (it is measured only when the search
+        proposes it), it only saves compile time when right."""
         return iter(())
 
 
@@ -393,7 +394,7 @@ class Exhaustive(Search):
         return batch
 
 
-LOOKAHEAD = 2  # batches a descent guesses ahead (each guess costs resource-model checks)
+LOOKAHEAD = 4  # batches a descent guesses ahead (each guess costs resource-model checks)
 REPAIR_CHANGES = 2  # other tunables coordinate descent may change to make a value fit
 REPAIR_WIDTH = 3  # nearest fitting points tried for such a value
 
@@ -480,11 +481,12 @@ class Coordinate(Search):
             out += [c for c in fits[:self.repair_width] or [cand] if c not in out]
         return out
 
-    def lookahead(self) -> Iterator[list]:
+    def lookahead(self, partial: Mapping | None = None) -> Iterator[list]:
         """The next sweeps (up to ``LOOKAHEAD``) of this pass from the current point: the batches
         to come if the point does not move (the usual case once a descent is under way); then,
         for each variant of the batch just proposed, the next sweep from it: the batch to come
-        if the point moves there."""
+        if the point moves there. When a result of that batch (``partial``) already beats the
+        point, the point will move there unless a later one beats it: its sweeps come first."""
         if not self.started and self.point not in self.seen:
             yield [self.point]
             return
@@ -510,10 +512,15 @@ class Coordinate(Search):
                     guessed.update(batch)
                     yield batch
 
+        mover = None
+        ok = [(t, v.symbol, v) for v, t in (partial or {}).items() if t is not None and v in self.own and v != point]
+        if ok and min(ok)[0] < self.seen.get(point, math.inf):
+            mover = min(ok)[2]
+            yield from sweeps(mover, LOOKAHEAD)
         if index < len(self.axes) or self.improved_in_pass:
             yield from sweeps(point, LOOKAHEAD)
         for c in last:
-            if c != point:
+            if c != point and c != mover:
                 yield from sweeps(c, 1)
 
 
@@ -586,9 +593,9 @@ class Global(Search):
             self.descents.pop(0)
         return []
 
-    def lookahead(self) -> Iterator[list]:
-        """The current descent's next sweeps, then the first sweep of each descent after it;
-        during halving, the first sweeps of descents from the leaders so far."""
+    def lookahead(self, partial: Mapping | None = None) -> Iterator[list]:
+        """The current descent's next sweeps (it sees ``partial``), then the first sweep of each
+        descent after it; during halving, the first sweeps of descents from the leaders so far."""
         if self.stage == "halving":
             leaders = self.ranked(self.population)[:self.local_starts] if self.rung else []
             descents = [Coordinate(self.spec, self.fixed, self.target, self.max_trials, 0, start=v, seen=self.seen,
@@ -598,7 +605,7 @@ class Global(Search):
         local = self.stage == "local"
         guessed: set = set()
         for n, d in enumerate(descents):
-            for k, batch in enumerate(d.lookahead()):
+            for k, batch in enumerate(d.lookahead(partial if n == 0 and local else None)):
                 if k and not (n == 0 and local):
                     break
                 batch = [v for v in batch if v not in guessed]
@@ -675,6 +682,7 @@ class _Batch:
         self.started = [False] * len(asks)  # a worker has taken a share
         self.open = len(asks)          # asks not answered yet (dropped ones count as answered)
         self.answered = threading.Event()
+        self.progressed = threading.Event()   # an ask was answered (set with ``answered`` too)
         self.aborted = threading.Event()
         self.errors: list[BaseException] = []
         self.busy = 0                  # shares being measured now (guarded by the runner's lock)
@@ -692,6 +700,13 @@ class _Batch:
             self.open -= 1
             if self.open == 0:
                 self.answered.set()
+            self.progressed.set()
+
+    def partial(self) -> dict:
+        """The new trials answered so far: variant -> ms (None: failed)."""
+        with self.lock:
+            return {a.variant: (r.time_ms if r.outcome == "ok" else None)
+                    for a, r in zip(self.asks, self.results) if r is not None and not a.retime}
 
     def finish_share(self, i: int, w: int, r) -> None:
         """Worker ``w``'s share of ask ``i``: a TrialResult, ``_DROPPED`` or ``_SKIPPED``."""
@@ -710,6 +725,7 @@ class _Batch:
     def fail(self, exc: BaseException) -> None:
         self.errors.append(exc)
         self.answered.set()
+        self.progressed.set()
 
 
 @dataclass
@@ -774,14 +790,14 @@ class TrialRunner:
     result, crash, hang) fails the trial, and shares not started yet are skipped. With one worker
     it checks everything, then times: as before shares existed. Re-timings are not checked again.
 
-    New trials are compiled on the CPU pool (``build``) and measured as each is built. While the
-    workers measure, the batches the search will probably ask for next (``lookahead``) are
-    compiled ahead by ``prefetch`` (a :class:`mlagen.build.Prefetch`), so a cold compile cache
-    holds up the next batch less; a guess changes no trial.
+    New trials are compiled on the CPU pool (``build``, on a thread) and measured as each is
+    built. Meanwhile the batches the search will probably ask for next (``lookahead``) are
+    queued behind them to compile ahead (``prefetch``, a :class:`mlagen.build.CompileQueue`),
+    so a cold compile cache holds up the next batch less; a guess changes no trial.
 
     ``workers`` have ``run(values, iters, warmup=, verify=) -> payload`` (:meth:`GpuWorker.run`);
     ``build(variants, on_built)`` compiles and calls ``on_built(build_result)`` as each finishes
-    (``build_many`` with a progress callback); ``warmup`` is the configured warm-up calls (None:
+    (:meth:`mlagen.build.CompileQueue.build`); ``warmup`` is the configured warm-up calls (None:
     each worker's own). One thread per worker serves the batches and ends when no batch is
     running, so a runner needs no closing. ``time`` says where each worker's time went."""
 
@@ -864,10 +880,12 @@ class TrialRunner:
         return [tuple(c) for c in out]
 
     def run(self, asks: list[Ask], should_stop: Callable[[], bool] = lambda: False, on_result: Callable | None = None,
-            lookahead: Iterable[Iterable] | Callable[[], Iterable[Iterable]] = ()) -> list[TrialResult | None]:
+            lookahead: Iterable[Iterable] | Callable[[Mapping], Iterable[Iterable]] = ()) -> list[TrialResult | None]:
         """One result per ask; None for an ask dropped because ``should_stop()`` said so.
-        ``lookahead``: guessed batches, or a function that returns them, compiled ahead once this
-        batch's compiles are queued, while the workers measure, until the batch is answered."""
+        ``lookahead``: guessed batches, compiled ahead while this batch compiles and is measured,
+        until it is answered; or a function of the batch's new trials measured so far (variant
+        -> ms, None if failed) that returns them, asked again each time more are in (the newest
+        guesses compile first)."""
         n = len(self.workers)
         batch = _Batch(asks, should_stop, on_result, n)
         index = {a.variant: i for i, a in enumerate(asks) if not a.retime}
@@ -883,16 +901,15 @@ class TrialRunner:
                 for i in retimes[first:] + retimes[:first]:
                     self._queues[k].append((batch, i, *self._shares(asks[i]), (), None))
             self._cond.notify_all()
+        building = None
         try:
             if index:
-                if self.prefetch is not None:
-                    self.prefetch.cancel()   # guesses must not hold up what is wanted now
                 t0, first, ahead = time.monotonic(), [], [0]
 
                 def on_built(b):
                     if not first:
                         first.append(time.monotonic())
-                    if b.binary is not None and b.binary.from_cache:
+                    if b.ahead or (b.binary is not None and b.binary.from_cache):
                         ahead[0] += 1
                     i = index[b.variant]
                     failed = _failed_build(b)
@@ -905,19 +922,36 @@ class TrialRunner:
                             self._queues[k].append((batch, i, iters, warmup, checks, b))
                         self._cond.notify_all()
 
-                self.build(list(index), on_built)
-                done = time.monotonic()
-                self.compile.add(len(index), ahead[0], (first[0] if first else done) - t0, done - t0)
-            # Guessing costs CPU time (the resource model): spent here while the GPUs measure,
-            # and no longer than they do.
+                def build():
+                    try:
+                        self.build(list(index), on_built)
+                    except BaseException as exc:   # raised by run(), below
+                        batch.fail(exc)
+                        return
+                    done = time.monotonic()
+                    self.compile.add(len(index), ahead[0], (first[0] if first else done) - t0, done - t0)
+
+                # On a thread: the guesses below are made while this batch compiles, too.
+                building = threading.Thread(target=build, name="mlagen-build", daemon=True)
+                building.start()
+            # Guessing costs CPU time (the resource model): spent here while the batch compiles
+            # and the GPUs measure, and no longer than they do. Guesses queue behind this batch.
             if self.prefetch is not None:
-                for guess in (lookahead() if callable(lookahead) else lookahead):
-                    if batch.answered.is_set():
+                while not batch.answered.is_set():
+                    batch.progressed.clear()
+                    partial = batch.partial()
+                    for guess in (lookahead(partial) if callable(lookahead) else lookahead):
+                        if batch.answered.is_set():
+                            break
+                        guess = [v for v in guess if v not in index]
+                        if guess:
+                            self.prefetch(guess)
+                    if not callable(lookahead):
                         break
-                    guess = [v for v in guess if v not in index]
-                    if guess:
-                        self.prefetch(guess)
+                    batch.progressed.wait()
             batch.answered.wait()
+            if building is not None and not batch.errors:
+                building.join()   # its last result is in; the compile time is about to be added
             if batch.errors:   # record what the other workers are finishing before giving up
                 with self._cond:
                     while batch.busy:
@@ -937,13 +971,6 @@ class TrialRunner:
         if batch.errors:
             raise batch.errors[0]
         return batch.results
-
-
-def _builder(target: arch.Target, jobs: int | None, pool) -> Callable:
-    def build(variants, on_built):
-        build_many(variants, [target.name], jobs=jobs, pool=pool, progress=lambda r, done, total: on_built(r))
-
-    return build
 
 
 # --- the tuning loop --------------------------------------------------------------------------
@@ -1011,11 +1038,10 @@ def tune(config: TuneConfig, progress: Callable[[str], None] = print, bar=None,
         raise
     total_weight = sum(c.weight for c in classes)
     results = []
-    pool = compile_pool(config.jobs)  # one set of compile processes for the whole session
-    prefetch = None
+    jobs = config.jobs or knobs.compile_workers()
+    pool = compile_pool(jobs)  # one set of compile processes for the whole session
+    queue = CompileQueue(pool, target.name, jobs)
     try:
-        build = _builder(target, config.jobs, pool)
-        prefetch = Prefetch(pool, target.name)
         for c in classes:
             budget = None if config.budget_s is None else config.budget_s * c.weight / total_weight
             workers, started = early or _start_workers(spec, c, config, devices)
@@ -1025,11 +1051,11 @@ def tune(config: TuneConfig, progress: Callable[[str], None] = print, bar=None,
                 first_key = _early_key(spec, c.problem, target, devices)
                 if first_key is not None:
                     first = _class_search(spec, c.shape, target, config, database, first_key)[1].next_batch()
-                    prefetch([a.variant if isinstance(a, Ask) else a for a in first])
+                    queue([a.variant if isinstance(a, Ask) else a for a in first])
                 key = _record_key(spec, c.problem, target, started(), devices)
                 # (since the tune, or the previous class, began: the fixed cost of a class)
                 progress(f"{c.shape.id}: {len(workers)} GPU worker(s) ready after {time.monotonic() - began:.1f} s")
-                runner = TrialRunner(workers, build, config.iters, prefetch=prefetch, warmup=config.warmup)
+                runner = TrialRunner(workers, queue.build, config.iters, prefetch=queue, warmup=config.warmup)
                 results.append(tune_class(spec, c, target, config, database, runner, key, progress, bar=bar,
                                           budget_s=budget, clock=clock))
             finally:
@@ -1038,14 +1064,17 @@ def tune(config: TuneConfig, progress: Callable[[str], None] = print, bar=None,
     except BaseException:  # Ctrl-C: stop the compiles now (the GPU workers are stopped above)
         if early is not None:
             _abandon(*early)
+        queue.close()
         abort_pool(pool)
         raise
-    if getattr(prefetch, "pending", None):
+    queue.cancel()
+    if queue.pending:
         # Only guesses can still be compiling, and nothing will ask for them: waiting for a
         # cold compile to finish would hold up the exit by seconds.
         abort_pool(pool)
     else:
         pool.shutdown(cancel_futures=True)
+    queue.close()
     return results
 
 
@@ -1286,8 +1315,8 @@ def tune_class(spec, shape_class: ShapeClass, target, config: TuneConfig, databa
                 else:
                     to_run.append(a)
             # Guesses at the next batches, compiled while this one is measured.
-            def lookahead():
-                for b in search.lookahead():
+            def lookahead(partial):
+                for b in search.lookahead(partial):
                     yield [v for v in b if v not in measured and v.symbol not in finished]
 
             ran = runner.run(to_run, should_stop=out_of_time, on_result=record, lookahead=lookahead) if to_run else []
@@ -1400,6 +1429,9 @@ def _log_time(progress, runner: TrialRunner, searched: float, total: float) -> N
         # The GPUs may be re-timing earlier asks meanwhile, so this bounds their idle time from above.
         progress(f"  compiles: {c.batches} batches of new variants waited {c.first:.1f} s for their first build "
                  f"and {c.all:.1f} s for all; {c.ahead} of {c.variants} new variants were compiled ahead")
+    summary = getattr(runner.prefetch, "summary", None)
+    if summary is not None:
+        progress(f"  compile queue: {summary()}")
     for w, t in enumerate(runner.time):
         other = t.busy - t.load - t.verify - t.timing   # messages, restarts, the worker's own overhead
         checks = ", ".join(f"{part} {t.checks[part]:.1f} s" for part in verify_mod.PARTS if part in t.checks)

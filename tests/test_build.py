@@ -3,7 +3,10 @@ failures come back as data, in input order."""
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import json
+import threading
+import time
 
 import pytest
 import yaml
@@ -120,42 +123,135 @@ def test_a_kernel_that_spills_is_rejected_after_compiling(tmp_path, monkeypatch)
     assert not (tmp_path / "out").exists()
 
 
-def test_prefetch_compiles_guesses_once_into_the_cache_and_cancels_the_unstarted(tmp_path):
-    """Prefetch: a guess lands in the compile cache, so the build that asks for it later finds it
-    there; a guess the resource model rejects is never queued; cancel() drops what has not
-    started, and a cancelled guess may be queued again."""
-    import concurrent.futures as cf
-    import threading
-    import time
+class _HeldCompiles:
+    """A stand-in for the pool's compile: each compile waits until the test lets it finish; the
+    order in which compiles started is kept."""
 
-    ok1 = variant.make(S80, {"block_n": 32})
-    ok2 = variant.make(S80, {"block_n": 32, "mask": "none"})
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.started: list = []
+        self.gates: dict = {}
+
+    def gate(self, symbol):
+        with self.lock:
+            return self.gates.setdefault(symbol, threading.Event())
+
+    def __call__(self, spec, values, target, out_dir):
+        symbol = variant.make(spec, values).symbol
+        with self.lock:
+            self.started.append(symbol)
+        assert self.gate(symbol).wait(30)
+        return "ok", (), None, None, 0.0
+
+    def release(self, *variants):
+        for v in variants:
+            self.gate(v.symbol).set()
+
+
+def _wait_for(condition, what):
+    deadline = time.monotonic() + 30
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.005)
+
+
+def _variants(n):
+    """``n`` distinct variants the resource model accepts."""
+    from mlagen import arch, resources
+
+    out = [variant.make(S80, {"block_n": bn, "swizzle": s, "q_in_regs": q})
+           for bn in (32, 64) for s in ("pad", "xor") for q in (True, False)]
+    out = [v for v in out if resources.check(v, arch.target("sm_80")).ok]
+    assert len(out) >= n
+    return out[:n]
+
+
+def test_compile_queue_builds_a_batch_ahead_of_guesses_and_keeps_the_guesses():
+    """Two processes, one kept from guesses: a batch nobody guessed starts at once however many
+    guesses wait; the guesses are not dropped by it, and the newest guesses go first."""
+    held = _HeldCompiles()
+    a, b, c, d, e = _variants(5)
+    with cf.ThreadPoolExecutor(2) as pool:
+        queue = build.CompileQueue(pool, "sm_80", jobs=2, reserve=1, compile_one=held)
+        try:
+            queue([a, b, c])
+            _wait_for(lambda: held.started == [a.symbol], "the first guess starts, in the one guess slot")
+            queue([d])                    # newer: ahead of b and c
+            built: list = []
+            thread = threading.Thread(target=queue.build, args=([e], built.append))
+            thread.start()
+            _wait_for(lambda: held.started == [a.symbol, e.symbol], "the batch takes the reserved process")
+            held.release(e)
+            thread.join(30)
+            assert [r.variant for r in built] == [e] and built[0].ok and not thread.is_alive()
+            held.release(a)
+            _wait_for(lambda: len(held.started) == 3, "the next guess starts")
+            held.release(d, b)
+            _wait_for(lambda: len(held.started) == 5, "every guess starts")
+            assert held.started == [a.symbol, e.symbol, d.symbol, b.symbol, c.symbol]
+            held.release(c)
+            _wait_for(lambda: not queue.pending, "all done")
+        finally:
+            queue.close()
+
+
+def test_compile_queue_builds_a_guess_once_and_waits_for_one_under_way():
+    held = _HeldCompiles()
+    a, b = _variants(2)
     pruned = variant.make(S80, {"block_n": 128, "stages": 3})   # 302 KB of shared memory
+    with cf.ThreadPoolExecutor(4) as pool:
+        queue = build.CompileQueue(pool, "sm_80", jobs=4, reserve=1, compile_one=held)
+        try:
+            queue([a, b, pruned])
+            _wait_for(lambda: sorted(held.started) == sorted([a.symbol, b.symbol]), "the guesses start")
+            held.release(a)
+            _wait_for(lambda: a in queue.results, "a compiled")
+            built: list = []
+            thread = threading.Thread(target=queue.build, args=([a, b, pruned], built.append))
+            thread.start()
+            _wait_for(lambda: len(built) == 2, "a (compiled ahead) and the pruned variant at once")
+            assert thread.is_alive()      # b is still compiling: waited for, not compiled again
+            held.release(b)
+            thread.join(30)
+            by = {r.variant: r for r in built}
+            assert sorted(held.started) == sorted([a.symbol, b.symbol])   # each compiled once
+            assert by[pruned].status == "pruned" and "shared memory" in by[pruned].reasons[0]
+            assert by[a].ok and by[b].ok and by[a].ahead and by[b].ahead and not by[pruned].ahead
+        finally:
+            queue.close()
+
+
+def test_compile_queue_cancel_drops_the_guesses_not_started():
+    held = _HeldCompiles()
+    a, b, c = _variants(3)
+    with cf.ThreadPoolExecutor(2) as pool:
+        queue = build.CompileQueue(pool, "sm_80", jobs=2, reserve=1, compile_one=held)
+        try:
+            queue([a, b, c])
+            _wait_for(lambda: held.started == [a.symbol], "one guess under way")
+            assert queue.cancel() == 2 and queue.pending == 1
+            held.release(a)
+            _wait_for(lambda: not queue.pending, "nothing left")
+            assert held.started == [a.symbol]
+        finally:
+            queue.close()
+
+
+def test_compile_queue_compiles_for_real_on_a_process_pool():
+    """The real compile in a spawned process: a guess lands in the compile cache and in the
+    queue's results (without the binary's bytes), and a build finds it compiled ahead."""
+    ok1 = variant.make(S80, {"block_n": 32})
     pool = build.compile_pool(1)
+    queue = build.CompileQueue(pool, "sm_80", jobs=1, reserve=0)
     try:
-        prefetch = build.Prefetch(pool, "sm_80")
-        done, event = [], threading.Event()
-
-        def compiled(v):
-            done.append(v)
-            event.set()
-
-        prefetch([ok1, pruned], on_compiled=compiled)
-        assert event.wait(120) and done == [ok1] and prefetch.compiled == {pruned: False, ok1: True}
-        prefetch([ok1], on_compiled=done.append)          # done already: told at once, not compiled again
-        assert done == [ok1, ok1] and not prefetch.pending
+        queue([ok1])
+        _wait_for(lambda: ok1 in queue.results, "the guess compiles")
+        built = []
+        queue.build([ok1], built.append)
+        assert built[0].ok and built[0].ahead and built[0].binary.data == b""
+        assert built[0].report.registers > 0
         (hit,) = build.build_many([ok1], ["sm_80"], pool=pool)
-        assert hit.ok and hit.binary.from_cache
+        assert hit.ok and hit.binary.from_cache   # the disk cache has it
     finally:
+        queue.close()
         pool.shutdown(cancel_futures=True)
-
-    # A one-thread pool kept busy: the guess waits in the queue and can be cancelled.
-    with cf.ThreadPoolExecutor(1) as busy:
-        blocker = busy.submit(time.sleep, 0.5)
-        prefetch = build.Prefetch(busy, "sm_80")
-        prefetch([ok2], on_compiled=done.append)
-        assert prefetch.cancel() == 1 and not prefetch.pending and ok2 not in prefetch.compiled
-        blocker.result()
-        prefetch([ok2])                                    # queued again
-        assert ok2 in prefetch.pending or prefetch.compiled.get(ok2)
-        prefetch.cancel()

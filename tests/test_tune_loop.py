@@ -18,7 +18,7 @@ from mlagen.errors import ShapeError
 from mlagen.families import get as get_family
 from mlagen.families.mla_prefill.problem import SHAPES, Shape, parse_shape
 from mlagen.shapes import WorkloadItem
-from mlagen.tune import (Ask, Coordinate, Final, Global, ShapeClass, TrialRunner, TuneConfig, choose,
+from mlagen.tune import (LOOKAHEAD, Ask, Coordinate, Final, Global, ShapeClass, TrialRunner, TuneConfig, choose,
                          parse_devices, problem_of, shape_classes, tune_class)
 from mlagen.verify import PARTS
 
@@ -106,7 +106,7 @@ KEY = db.RecordKey("mla_prefill", "mla_prefill_sm90", "causal/h128/q8192/k8192",
 
 
 class FakePrefetch:
-    """Compiles guesses instantly (those the resource model accepts), as build.Prefetch would."""
+    """Compiles guesses instantly (those the resource model accepts), as build.CompileQueue would."""
 
     def __init__(self):
         self.queued: list = []
@@ -541,35 +541,55 @@ def test_guesses_are_compiled_ahead_and_never_measured_until_asked():
     runner = TrialRunner(workers, FakeBuild(), 10, prefetch=prefetch)
     recorded = []
     first = runner.run([Ask(DEFAULT), Ask(FAR), Ask(DEFAULT.with_values(swizzle_v=64))],
-                       on_result=lambda a, r: recorded.append(a.variant), lookahead=lambda: [[guess], [DEFAULT]])
+                       on_result=lambda a, r: recorded.append(a.variant),
+                       lookahead=lambda partial: [[guess], [DEFAULT]])
     assert all(r.outcome == "ok" for r in first) and len(recorded) == 3
-    assert prefetch.queued == [guess]            # what the batch holds is not guessed
+    assert set(prefetch.queued) == {guess}       # what the batch holds is not guessed
     assert all(dict(guess.values) not in [c for c, _ in w.calls] for w in workers)
     second = runner.run([Ask(guess)], on_result=lambda a, r: recorded.append(a.variant))
     assert second[0].time_ms == pytest.approx(two_basins(guess)) and recorded[-1] == guess
     assert all([c for c, _ in w.calls].count(dict(guess.values)) == 1 for w in workers)
 
 
-def test_prefetch_is_cancelled_before_a_real_build_and_fed_after_it():
+def test_prefetch_is_fed_while_a_batch_builds_and_never_cancelled_by_it():
+    """Guesses queue behind the batch (the compile queue puts wanted variants first), so a real
+    build no longer cancels them: a guess for the batch after next must survive the next batch."""
     events = []
+    guessed = threading.Event()
 
     class Recording(FakePrefetch):
         def __call__(self, variants, on_compiled=None):
             events.append("guess")
+            guessed.set()
             super().__call__(variants, on_compiled)
 
         def cancel(self):
             events.append("cancel")
             return super().cancel()
 
+    class Measuring(FakeWorker):   # as a GPU would, still measuring while the guesses are made
+        def run(self, values, iters, **request):
+            assert guessed.wait(5)
+            return super().run(values, iters, **request)
+
     def build(variants, on_built):
         events.append("build")
         FakeBuild()(variants, on_built)
 
-    runner = TrialRunner([FakeWorker(two_basins)], build, 10, prefetch=Recording())
-    runner.run([Ask(DEFAULT)], lookahead=lambda: [[FAR]])
-    runner.run([Ask(FAR, retime=True)], lookahead=lambda: [[DEFAULT.with_values(stages=3)]])
-    assert events == ["cancel", "build", "guess", "guess"]
+    runner = TrialRunner([Measuring(two_basins)], build, 10, prefetch=Recording())
+    runner.run([Ask(DEFAULT)], lookahead=lambda partial: [[FAR]])
+    guessed.clear()
+    runner.run([Ask(FAR, retime=True)], lookahead=lambda partial: [[DEFAULT.with_values(stages=3)]])
+    assert sorted(events) == ["build", "guess", "guess"]
+
+
+def test_a_failing_build_fails_the_batch_with_its_error():
+    def build(variants, on_built):
+        raise RuntimeError("the compile pool broke")
+
+    runner = TrialRunner([FakeWorker(two_basins)], build, 10)
+    with pytest.raises(RuntimeError, match="the compile pool broke"):
+        runner.run([Ask(DEFAULT)])
 
 
 def test_coordinate_lookahead_guesses_the_next_batches_while_the_point_stays():
@@ -579,9 +599,9 @@ def test_coordinate_lookahead_guesses_the_next_batches_while_the_point_stays():
         if guessed:
             assert batch == guessed[0]
         guessed = list(search.lookahead())
-        # the next two sweeps from the point, then one from each variant of the batch (the point
-        # may move there)
-        assert len(guessed) <= 2 + len(batch)
+        # the next LOOKAHEAD sweeps from the point, then one from each variant of the batch (the
+        # point may move there)
+        assert len(guessed) <= LOOKAHEAD + len(batch)
         last = batch
         # made before this batch is measured: the tuner leaves out what this batch holds
         guessed = [g for g in ([v for v in b if v not in batch] for b in guessed) if g]
@@ -608,6 +628,37 @@ def test_coordinate_lookahead_guesses_the_next_batch_when_the_point_moves():
         for v in batch:
             search.tell(v, two_basins(v) if resources.check(v, SM90A).ok else None)
     assert moves >= 2 and missed == 0
+
+
+def test_coordinate_lookahead_puts_first_the_sweep_from_a_result_that_beats_the_point():
+    """Told part of the batch (as the tuner is while the GPUs measure it): when a result already
+    beats the point, the first guess is the sweep from it, which is the next batch when nothing
+    later in the batch beats it."""
+    start = FAR.with_values(block_n=64, stages=3, swizzle_v=128, load_warps=2)
+    search = Coordinate(S90, FIXED, SM90A, 500, 0, start=start)
+    hits = tried = 0
+    while batch := search.next_batch():
+        here = search.seen.get(search.point)
+        times = {v: two_basins(v) if resources.check(v, SM90A).ok else None for v in batch}
+        better = [v for v in batch if times[v] is not None and here is not None and times[v] < here]
+        if better:
+            first = better[0]   # the first result in that beats the point
+            partial = {v: times[v] for v in batch[:batch.index(first) + 1]}
+            guesses = list(search.lookahead(partial))
+            best = min(better, key=lambda v: (times[v], v.symbol))
+            if best == first:   # no later result of the batch beats it: the point moves there
+                tried += 1
+                for v in batch:
+                    search.tell(v, times[v])
+                nxt = search.next_batch()
+                hits += bool(nxt) and nxt == guesses[0]
+                if not nxt:
+                    break
+                batch = nxt
+                times = {v: two_basins(v) if resources.check(v, SM90A).ok else None for v in batch}
+        for v in batch:
+            search.tell(v, times[v])
+    assert tried >= 1 and hits == tried
 
 
 def test_two_workers_resume_and_seeds(tmp_path):
@@ -698,18 +749,23 @@ def test_tune_splits_the_budget_by_weight_and_starts_one_worker_per_device(tmp_p
         """Records what is compiled ahead; never says a guess compiled, so none is measured
         (a guess measured would move the fake clock)."""
 
+        pending = 0
+        build = FakeBuild()
+
         def __call__(self, variants, on_compiled=None):
             early.append(list(variants))
             compiling.set()
 
+        def close(self):
+            pass
+
     from mlagen import runtime
 
     monkeypatch.setattr(tune_mod, "GpuWorker", Worker)
-    monkeypatch.setattr(tune_mod, "_builder", lambda target, jobs, pool: FakeBuild())
     monkeypatch.setattr(runtime, "device_count", lambda: 2)
     monkeypatch.setattr(runtime, "device_info", lambda i: type("I", (), {"name": "Fake GPU", "sm_count": 132,
                                                                         "driver_version": "13.0"})())
-    monkeypatch.setattr(tune_mod, "Prefetch", lambda pool, target: Guesses())
+    monkeypatch.setattr(tune_mod, "CompileQueue", lambda pool, target, jobs: Guesses())
     config = TuneConfig(spec=S90.path, shapes=(WorkloadItem(SHAPES["D1"], 1), WorkloadItem(SHAPES["D2"], 3)),
                         db_path=str(tmp_path / "t.sqlite"), target="sm_90a", devices=(0, 1), budget_s=80.0,
                         jobs=1)

@@ -46,10 +46,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from mlagen import arch, db, resources  # noqa: E402
+from mlagen import arch, db  # noqa: E402
 from mlagen import spec as spec_mod  # noqa: E402
 from mlagen import variant as variant_mod  # noqa: E402
-from mlagen.build import BuildResult  # noqa: E402
+from mlagen.build import CompileQueue  # noqa: E402
 from mlagen.families.mla_prefill.problem import SHAPES  # noqa: E402
 
 SPEC = spec_mod.load("mla_prefill_sm90")
@@ -129,71 +129,21 @@ class SimWorker:
                 "time_s": timing * c.scale, "checks_s": spent}
 
 
-class SimCompiler:
-    """The compile pool and its cache: ``jobs`` compiles at a time, each ``compile`` seconds;
-    a variant compiled once (built or guessed) is a cache hit afterwards. Serves as the tuner's
-    ``build`` and as its ``prefetch``."""
+class SimCompile:
+    """What a compile process runs (``_compile_one``'s arguments and result), for the tuner's
+    real :class:`mlagen.build.CompileQueue` on a thread pool of ``jobs``: sleeps for a cold
+    compile (nothing with a warm cache); a share of the variants come back spilling (pruned)."""
 
     def __init__(self, landscape: Landscape, costs: Costs):
         self.landscape, self.costs = landscape, costs
-        self.pool = cf.ThreadPoolExecutor(max(1, costs.jobs))
-        self.lock = threading.RLock()
-        self.futures: dict = {}      # variant -> future of its compile
-        self.pending: dict = {}      # guessed compiles not finished (what Prefetch.pending holds)
 
-    def _compile(self, v) -> cf.Future:
-        with self.lock:
-            fut = self.futures.get(v)
-            if fut is None or fut.cancelled():
-                fut = self.pool.submit(time.sleep, self.costs.compile * self.costs.scale) if self.costs.compile \
-                    else _done()
-                self.futures[v] = fut
-            return fut
-
-    def _result(self, v) -> BuildResult:
-        verdict = resources.check(v, TARGET)
+    def __call__(self, spec, values, target, out_dir):
+        v = variant_mod.make(spec, values)
+        seconds = self.costs.compile * self.costs.scale
+        time.sleep(seconds)
         if self.landscape.spills(v):
-            return BuildResult(v, TARGET.name, verdict.resources, "pruned", ("spills registers (simulated)",))
-        return BuildResult(v, TARGET.name, verdict.resources, "ok")
-
-    def __call__(self, variants, on_built=None, on_compiled=None):
-        if on_built is None:   # called as a Prefetch: compile ahead
-            for v in variants:
-                if resources.check(v, TARGET).ok:
-                    fut = self._compile(v)
-                    with self.lock:
-                        self.pending[v] = fut
-                    fut.add_done_callback(lambda f, v=v: self._guessed(v, f, on_compiled))
-            return
-        futures = {}
-        for v in variants:
-            verdict = resources.check(v, TARGET)
-            if not verdict.ok:
-                on_built(BuildResult(v, TARGET.name, verdict.resources, "pruned", verdict.reasons))
-            else:
-                futures[self._compile(v)] = v
-        for fut in cf.as_completed(futures):
-            on_built(self._result(futures[fut]))
-
-    def _guessed(self, v, fut, on_compiled) -> None:
-        with self.lock:
-            if self.pending.get(v) is fut:
-                del self.pending[v]
-        if not fut.cancelled() and on_compiled is not None and not self.landscape.spills(v):
-            on_compiled(v)
-
-    def cancel(self) -> int:
-        with self.lock:
-            futures = list(self.pending.items())
-        n = 0
-        for v, fut in futures:
-            if fut.cancel():
-                n += 1
-                with self.lock:
-                    self.pending.pop(v, None)
-                    if self.futures.get(v) is fut:
-                        del self.futures[v]
-        return n
+            return "pruned", ("spills registers (simulated)",), None, None, seconds
+        return "ok", (), None, None, seconds
 
 
 class SlowDB(db.TuningDB):
@@ -209,22 +159,14 @@ class SlowDB(db.TuningDB):
         super().add_trials(trials)
 
 
-def _done() -> cf.Future:
-    fut: cf.Future = cf.Future()
-    fut.set_result(None)
-    return fut
-
-
 def simulate(tune_mod, gpus: int, max_trials: int, seed: int, landscape: Landscape, costs: Costs, workdir: Path):
     """One simulated tune of D1 on ``gpus`` GPUs: (wall seconds, tune_class seconds, result, log)."""
     config = tune_mod.TuneConfig(spec=SPEC.path, shapes=("D1",), max_trials=max_trials, seed=seed, iters=20,
                                  warmup=costs.warmup)
-    compiler = SimCompiler(landscape, costs)
+    pool = cf.ThreadPoolExecutor(max(1, costs.jobs))
+    compiler = CompileQueue(pool, TARGET.name, costs.jobs, compile_one=SimCompile(landscape, costs))
     workers = [SimWorker(landscape, costs) for _ in range(gpus)]
-    try:
-        runner = tune_mod.TrialRunner(workers, compiler, config.iters, prefetch=compiler, warmup=costs.warmup)
-    except TypeError:   # a tuner from before shares (no warmup argument)
-        runner = tune_mod.TrialRunner(workers, compiler, config.iters, prefetch=compiler)
+    runner = tune_mod.TrialRunner(workers, compiler.build, config.iters, prefetch=compiler, warmup=costs.warmup)
     shape_class = tune_mod.ShapeClass(KEY.problem, SHAPES["D1"], 1.0, [SHAPES["D1"]])
     database = SlowDB(workdir / f"sim-{gpus}-{max_trials}-{time.monotonic_ns()}.sqlite", costs.record * costs.scale)
     lines: list[str] = []
@@ -238,7 +180,9 @@ def simulate(tune_mod, gpus: int, max_trials: int, seed: int, landscape: Landsca
     result = tune_mod.tune_class(SPEC, shape_class, TARGET, config, database, runner, KEY, progress=lines.append,
                                  clock=time.monotonic)
     t2 = time.monotonic()
-    compiler.pool.shutdown(wait=False, cancel_futures=True)
+    compiler.cancel()
+    compiler.close()
+    pool.shutdown(wait=False, cancel_futures=True)
     return costs.fixed + (t2 - t0) / costs.scale, (t2 - t1) / costs.scale, result, lines
 
 

@@ -37,6 +37,7 @@ database already holds for the same record key and variant symbol instead of rep
 from __future__ import annotations
 
 import collections
+import itertools
 import math
 import multiprocessing
 import os
@@ -394,7 +395,7 @@ class Exhaustive(Search):
         return batch
 
 
-LOOKAHEAD = 4  # batches a descent guesses ahead (each guess costs resource-model checks)
+LOOKAHEAD = 8  # batches a descent guesses ahead (each guess costs resource-model checks)
 REPAIR_CHANGES = 2  # other tunables coordinate descent may change to make a value fit
 REPAIR_WIDTH = 3  # nearest fitting points tried for such a value
 
@@ -482,11 +483,14 @@ class Coordinate(Search):
         return out
 
     def lookahead(self, partial: Mapping | None = None) -> Iterator[list]:
-        """The next sweeps (up to ``LOOKAHEAD``) of this pass from the current point: the batches
-        to come if the point does not move (the usual case once a descent is under way); then,
-        for each variant of the batch just proposed, the next sweep from it: the batch to come
-        if the point moves there. When a result of that batch (``partial``) already beats the
-        point, the point will move there unless a later one beats it: its sweeps come first."""
+        """The sweeps to come, nearest first: the next sweep of this pass from where the point
+        will be (the current point, or the best result of the batch just proposed that is
+        already in, ``partial``, when it beats the point); then, for each variant of that batch
+        whose result is not in yet, the next sweep from it (the point moves there if it wins);
+        then the further sweeps (up to ``LOOKAHEAD`` in all) from where the point will be. A
+        descent's batches are small (a sweep with most values measured is one or two variants,
+        measured in a tenth of a second on two GPUs), so a compile (a second or more) must
+        begin several batches ahead."""
         if not self.started and self.point not in self.seen:
             yield [self.point]
             return
@@ -512,16 +516,18 @@ class Coordinate(Search):
                     guessed.update(batch)
                     yield batch
 
-        mover = None
-        ok = [(t, v.symbol, v) for v, t in (partial or {}).items() if t is not None and v in self.own and v != point]
-        if ok and min(ok)[0] < self.seen.get(point, math.inf):
-            mover = min(ok)[2]
-            yield from sweeps(mover, LOOKAHEAD)
-        if index < len(self.axes) or self.improved_in_pass:
-            yield from sweeps(point, LOOKAHEAD)
-        for c in last:
-            if c != point and c != mover:
+        partial = partial or {}
+        ok = [(t, v.symbol, v) for v, t in partial.items() if t is not None and v in self.own and v != point]
+        mover = min(ok)[2] if ok and min(ok)[0] < self.seen.get(point, math.inf) else None
+        # Where the point will be: at the best result so far of the batch, else where it is
+        # (if this pass goes on there).
+        ahead = mover or (point if index < len(self.axes) or self.improved_in_pass else None)
+        later = sweeps(ahead, LOOKAHEAD) if ahead is not None else iter(())
+        yield from itertools.islice(later, 1)
+        for c in last:   # a result still to come may beat it
+            if c != point and c not in partial:
                 yield from sweeps(c, 1)
+        yield from later
 
 
 GLOBAL_SHARE = 0.3   # part of max_trials spent on random samples

@@ -24,7 +24,6 @@ struct Config {
   static constexpr bool kVtmaEpilogue = false;
   static constexpr bool kQInRegs = false;
   static constexpr bool kPvWaitLate = false;
-  static constexpr int kExpFmaEvery = 0;  // 0: every exp2 by MUFU
   static constexpr bool kRescaleUnderQk = true;
   static constexpr mlagen::sm90::Scheduler kScheduler = mlagen::sm90::Scheduler::kDynamic;
   static constexpr int kSwQ = 128;

@@ -113,10 +113,6 @@ SM90_FP8_SCHEDULES = [
     {"consumers": 1, "order": "none", "load_warps": 1, "swizzle_q": 32, "swizzle_k": 32},
     # The shipped D3 record (mlagen/tuned/h100.json).
     {"scheduler": "static", "load_warps": 1, "producer_regs": 24, "consumer_regs": 240},
-    # Exponentials of unmasked tiles on the FMA pipe: every 2nd, 3rd, 4th 8-key group.
-    {"exp_fma": 2},
-    {"exp_fma": 3, "q_operand": "regs", "scheduler": "static", "block_n": 96, "swizzle_v": 32},
-    {"exp_fma": 4, "block_n": 192, "swizzle_v": 64, "scheduler": "static", "load_warps": 1},
 ]
 
 

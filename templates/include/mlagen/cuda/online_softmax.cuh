@@ -34,9 +34,7 @@ struct RowStats {
 // Rescale-and-exponentiate one tile of scores in place: s becomes exp2(s*scale_log2 - new_max).
 // Returns the factor by which the output accumulator of each row must be multiplied.
 // A row that has seen only masked keys keeps max = -inf; its factors and probabilities are 0.
-// FMA_EVERY > 0: every FMA_EVERY-th 8-column group is exponentiated on the FMA pipe (exp2_fma),
-// the rest by MUFU; only for tiles without masked (-inf) scores.
-template <int N_FRAGS, int FMA_EVERY = 0>
+template <int N_FRAGS>
 __device__ __forceinline__ void softmax_update(float (&s)[N_FRAGS * 4], RowStats& st, float scale_log2,
                                                float (&correction)[2]) {
 #pragma unroll
@@ -55,13 +53,7 @@ __device__ __forceinline__ void softmax_update(float (&s)[N_FRAGS * 4], RowStats
     for (int j = 0; j < N_FRAGS; ++j) {
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
-        const float x = fmaf(s[4 * j + 2 * r + e], scale_log2, -base);
-        float p;
-        if constexpr (FMA_EVERY > 0) {
-          p = j % FMA_EVERY == FMA_EVERY - 1 ? exp2_fma(x) : fast_exp2(x);
-        } else {
-          p = fast_exp2(x);
-        }
+        float p = fast_exp2(fmaf(s[4 * j + 2 * r + e], scale_log2, -base));
         s[4 * j + 2 * r + e] = p;
         sum += p;
       }

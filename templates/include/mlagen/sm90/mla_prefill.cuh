@@ -393,15 +393,8 @@ template <class Cfg>
 __device__ __forceinline__ void scores_to_probabilities(ConsumerRegs<Cfg>& r, const QueryTile& qt, int n,
                                                         int row_base, float scale_log2, float (&corr)[2]) {
   pin_registers(r.s);
-  if constexpr (Cfg::kExpFmaEvery == 0) {
-    if (n >= qt.first_masked_block) apply_mask(r, qt, n, row_base);
-    softmax_update<ConsumerRegs<Cfg>::kSFrags>(r.s, r.stats, scale_log2, corr);
-  } else if (n >= qt.first_masked_block) {  // -inf scores: every exponential by MUFU (exactly 0)
-    apply_mask(r, qt, n, row_base);
-    softmax_update<ConsumerRegs<Cfg>::kSFrags>(r.s, r.stats, scale_log2, corr);
-  } else {
-    softmax_update<ConsumerRegs<Cfg>::kSFrags, Cfg::kExpFmaEvery>(r.s, r.stats, scale_log2, corr);
-  }
+  if (n >= qt.first_masked_block) apply_mask(r, qt, n, row_base);
+  softmax_update<ConsumerRegs<Cfg>::kSFrags>(r.s, r.stats, scale_log2, corr);
 }
 
 // O *= the softmax correction of its rows (the running max moved).

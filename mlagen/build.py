@@ -209,6 +209,7 @@ class CompileQueue:
         # was found: "ready" (compiled ahead), "begun" (a guess under way), "new" (not guessed)
         self.counts: collections.Counter = collections.Counter()
         self._closed = False
+        self._broken: str | None = None          # why the pool stopped taking work
         self._thread: threading.Thread | None = None
 
     # -- guesses -----------------------------------------------------------------------------
@@ -256,6 +257,8 @@ class CompileQueue:
         begun, before this call wanted it has ``ahead`` set."""
         target = arch.target(self.target)
         variants = list(dict.fromkeys(variants))
+        if self._broken is not None:
+            raise MlagenError(self._broken)
         left = [len(variants)]
         all_done = threading.Event()
 
@@ -281,6 +284,9 @@ class CompileQueue:
                     by_model = known.status == "pruned" and known.binary is None   # never compiled
                     self.counts["pruned" if by_model else "ready"] += 1
                     ready.append(known if pruned is not None else _compiled_ahead(known))
+                    continue
+                if self._broken is not None:   # the pool stopped while this batch was queued
+                    ready.append(BuildResult(v, self.target, None, "compile_error", (self._broken,)))
                     continue
                 if v in self._running:   # a guess under way: now wanted, so off the guesses' share
                     self.counts["begun"] += 1
@@ -344,13 +350,28 @@ class CompileQueue:
                 return
             try:
                 fut = self.pool.submit(self.compile_one, v.spec, dict(v.values), self.target, None)
-            except RuntimeError:   # the pool is shut down (interrupted): nothing more starts
-                self._unwanted.discard(v)
-                self._closed = True
+            except RuntimeError as exc:   # shut down (interrupted), or broken (a process died)
+                self._stop_taking_work(v, f"the compile pool stopped: {type(exc).__name__}: {exc}")
                 return
             self._running[v] = fut
             self.counts["started"] += 1
             fut.add_done_callback(lambda f, v=v: self._finished(v, f))
+
+    def _stop_taking_work(self, v: variant_mod.Variant, reason: str) -> None:
+        """The pool refused ``v``: it and every wanted variant fail (so no build waits forever),
+        the guesses are dropped, and the next build raises ``reason`` (lock held)."""
+        self._broken = reason
+        self._unwanted.discard(v)
+        calls = []
+        for w in [v, *self._wanted]:
+            r = BuildResult(w, self.target, None, "compile_error", (reason,))
+            calls += [(call, r) for call in self._waiting.pop(w, [])]
+        self._wanted.clear()
+        self._guesses.clear()
+        self._heap.clear()
+        self._closed = True
+        for call, r in calls:
+            call(r)
 
     def _finished(self, v: variant_mod.Variant, fut: cf.Future) -> None:
         if fut.cancelled():

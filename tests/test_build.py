@@ -255,3 +255,28 @@ def test_compile_queue_compiles_for_real_on_a_process_pool():
     finally:
         queue.close()
         pool.shutdown(cancel_futures=True)
+
+
+def test_compile_queue_fails_waiting_builds_when_the_pool_breaks_and_refuses_later_ones():
+    """A pool that stops taking work (a compile process died, or an interrupt shut it down):
+    the batch waiting for it gets failed builds instead of waiting forever, and the next build
+    raises, naming why."""
+    import pytest
+
+    from mlagen.errors import MlagenError
+
+    a, b = _variants(2)
+    pool = cf.ThreadPoolExecutor(1)
+    pool.shutdown()
+    queue = build.CompileQueue(pool, "sm_80", jobs=2, reserve=1, compile_one=_HeldCompiles())
+    try:
+        built: list = []
+        thread = threading.Thread(target=queue.build, args=([a, b], built.append))
+        thread.start()
+        thread.join(30)
+        assert not thread.is_alive() and sorted(r.variant.symbol for r in built) == sorted([a.symbol, b.symbol])
+        assert all(r.status == "compile_error" and "compile pool stopped" in r.reasons[0] for r in built)
+        with pytest.raises(MlagenError, match="compile pool stopped"):
+            queue.build([a], built.append)
+    finally:
+        queue.close()

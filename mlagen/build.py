@@ -67,6 +67,17 @@ def _compile_one(spec: spec_mod.KernelSpec, values: dict, target: str, out_dir: 
     return "ok", (), binary, artifact, time.perf_counter() - t0
 
 
+def _payload(fut: cf.Future) -> tuple:
+    """A finished compile's result as :func:`_compile_one` returns it; a failure of the compile
+    process (it raised, or died) becomes a compile error of the variant, not of the tool."""
+    try:
+        return fut.result()
+    except MlagenError as exc:
+        return "compile_error", (str(exc),), None, None, 0.0
+    except Exception as exc:
+        return "compile_error", (f"{type(exc).__name__}: {exc}",), None, None, 0.0
+
+
 def _worker_init() -> None:
     # Ctrl-C reaches every process of the terminal's process group: the workers leave it to the
     # parent, which cancels what is pending and terminates them (abort_pool), so an interrupt
@@ -154,14 +165,7 @@ def build_many(variants: Iterable[variant_mod.Variant], targets: Iterable[str], 
             futures = {executor.submit(_compile_one, items[i][0].spec, dict(items[i][0].values), items[i][1], out): i
                        for i in work}
             for fut in cf.as_completed(futures):
-                i = futures[fut]
-                try:
-                    payload = fut.result()
-                except MlagenError as exc:
-                    payload = ("compile_error", (str(exc),), None, None, 0.0)
-                except Exception as exc:  # a crashed worker is a failed build, not a failed tool
-                    payload = ("compile_error", (f"{type(exc).__name__}: {exc}",), None, None, 0.0)
-                finish(i, payload)
+                finish(futures[fut], _payload(fut))
         except BaseException:  # Ctrl-C (KeyboardInterrupt) or a failure of ours: stop at once
             abort_pool(executor)
             raise
@@ -374,15 +378,8 @@ class CompileQueue:
             call(r)
 
     def _finished(self, v: variant_mod.Variant, fut: cf.Future) -> None:
-        if fut.cancelled():
-            payload = ("compile_error", ("the compile was cancelled",), None, None, 0.0)
-        else:
-            try:
-                payload = fut.result()
-            except MlagenError as exc:
-                payload = ("compile_error", (str(exc),), None, None, 0.0)
-            except Exception as exc:  # a crashed worker is a failed build, not a failed tool
-                payload = ("compile_error", (f"{type(exc).__name__}: {exc}",), None, None, 0.0)
+        payload = (("compile_error", ("the compile was cancelled",), None, None, 0.0) if fut.cancelled()
+                   else _payload(fut))
         status, reasons, binary, artifact, seconds = payload
         if binary is not None:
             binary = replace(binary, data=b"")   # the disk cache has the bytes

@@ -536,8 +536,20 @@ def test_a_failed_share_fails_the_retiming():
 def test_guesses_are_compiled_ahead_and_never_measured_until_asked():
     guess = FAR.with_values(swizzle_v=128)
     assert resources.check(guess, SM90A).ok
-    workers = [FakeWorker(two_basins), FakeWorker(two_basins)]
-    prefetch = FakePrefetch()
+    guessed = threading.Event()
+
+    class Guessing(FakePrefetch):
+        def __call__(self, variants, on_compiled=None):
+            super().__call__(variants, on_compiled)
+            guessed.set()
+
+    class Measuring(FakeWorker):   # as a GPU would, still measuring while the guesses are made
+        def run(self, values, iters, **request):
+            assert guessed.wait(5)
+            return super().run(values, iters, **request)
+
+    workers = [Measuring(two_basins), Measuring(two_basins)]
+    prefetch = Guessing()
     runner = TrialRunner(workers, FakeBuild(), 10, prefetch=prefetch)
     recorded = []
     first = runner.run([Ask(DEFAULT), Ask(FAR), Ask(DEFAULT.with_values(swizzle_v=64))],

@@ -395,6 +395,7 @@ class Exhaustive(Search):
         return batch
 
 
+AHEAD_POLL_S = 0.005   # how often a batch waiting for compiles looks for idle GPUs
 LOOKAHEAD = 8  # batches a descent guesses ahead (each guess costs resource-model checks)
 REPAIR_CHANGES = 2  # other tunables coordinate descent may change to make a value fit
 REPAIR_WIDTH = 3  # nearest fitting points tried for such a value
@@ -680,8 +681,9 @@ class _Batch:
     """One call of :meth:`TrialRunner.run`: its asks, their results and shares (one per worker),
     and whether it is answered or given up (interrupted)."""
 
-    def __init__(self, asks, should_stop, on_result, workers: int):
+    def __init__(self, asks, should_stop, on_result, workers: int, on_answered: Callable | None = None):
         self.asks, self.should_stop, self.on_result = asks, should_stop, on_result
+        self.on_answered = on_answered   # called once every ask is answered (not on fail())
         self.results: list[TrialResult | None] = [None] * len(asks)
         self.shares: list[list] = [[None] * workers for _ in asks]
         self.failed = [False] * len(asks)   # a share failed: the others need not be measured
@@ -704,9 +706,12 @@ class _Batch:
             if r is not None and self.on_result is not None:
                 self.on_result(self.asks[i], r)
             self.open -= 1
-            if self.open == 0:
+            done = self.open == 0
+            if done:
                 self.answered.set()
             self.progressed.set()
+        if done and self.on_answered is not None:
+            self.on_answered(self)
 
     def partial(self) -> dict:
         """The new trials answered so far: variant -> ms (None: failed)."""
@@ -799,7 +804,10 @@ class TrialRunner:
     New trials are compiled on the CPU pool (``build``, on a thread) and measured as each is
     built. Meanwhile the batches the search will probably ask for next (``lookahead``) are
     queued behind them to compile ahead (``prefetch``, a :class:`mlagen.build.CompileQueue`),
-    so a cold compile cache holds up the next batch less; a guess changes no trial.
+    so a cold compile cache holds up the next batch less; a guess changes no trial. When every
+    GPU is idle because the batch still waits for a compile, the nearest compiled guess is
+    measured (``measure_ahead``, with a compile queue): if the search asks for it later, that
+    measurement is its trial, with nothing to wait for; the trials and their order are the same.
 
     ``workers`` have ``run(values, iters, warmup=, verify=) -> payload`` (:meth:`GpuWorker.run`);
     ``build(variants, on_built)`` compiles and calls ``on_built(build_result)`` as each finishes
@@ -807,15 +815,25 @@ class TrialRunner:
     each worker's own). One thread per worker serves the batches and ends when no batch is
     running, so a runner needs no closing. ``time`` says where each worker's time went."""
 
-    def __init__(self, workers: list, build: Callable, iters: int, prefetch=None, warmup: int | None = None):
+    def __init__(self, workers: list, build: Callable, iters: int, prefetch=None, warmup: int | None = None,
+                 measure_ahead: bool = True):
         self.workers, self.build, self.iters, self.prefetch, self.warmup = workers, build, iters, prefetch, warmup
         self._cond = threading.Condition()   # guards the queues, threads and batch below
         self._queues = [collections.deque() for _ in workers]   # each worker's shares to measure
         self._threads: list = [None] * len(workers)
         self._batch: _Batch | None = None
         self._turn = 0                      # the worker that runs the next new trial's first check
+        self._measuring = 0                 # shares being measured now, of any batch
+        # Measuring ahead (see run()): guesses measured while the GPUs would idle, by variant.
+        self.measure_ahead = measure_ahead and hasattr(prefetch, "results")
+        self._ahead: dict = {}              # measured: variant -> TrialResult (None: dropped)
+        self._ahead_running: dict = {}      # being measured: variant -> its one-ask batch
+        self._claims: dict = {}             # asked for while being measured: variant -> (batch, i)
+        self._guesses: list = []            # the latest guesses, nearest first
         self.time = [WorkerTime() for _ in workers]
         self.compile = CompileTime()
+        self.ahead_used = 0                 # trials answered by a measurement made ahead
+        self.ahead_made = 0
 
     def cancel_prefetch(self) -> None:
         """The search has ended: drop the guessed compiles not started yet."""
@@ -841,11 +859,13 @@ class TrialRunner:
             batch = job[0]
             with self._cond:
                 batch.busy += 1
+                self._measuring += 1
             try:
                 self._measure(w, *job)
             finally:
                 with self._cond:
                     batch.busy -= 1
+                    self._measuring -= 1
                     self._cond.notify_all()
 
     def _measure(self, w: int, batch: _Batch, i: int, iters: int, warmup: int | None, checks: tuple, build) -> None:
@@ -869,6 +889,42 @@ class TrialRunner:
             return
         self.time[w].add(payload, time.monotonic() - t0)
         batch.finish_share(i, w, _trial_result(ask.variant, payload, build))
+
+    def _measure_ahead(self, batch: _Batch, index: dict) -> None:
+        """Every GPU idle while ``batch`` waits for its compiles: measure the nearest guess that
+        is compiled (one at a time, so a build that comes waits at most one share). Its result
+        answers the trial if the search asks for the variant later (a measurement is the same
+        whenever it is made); the search, and so the trials, do not change. A guess never
+        asked for costs GPU time the GPUs would have spent idle."""
+        if not self.measure_ahead or batch.should_stop():
+            return
+        results = self.prefetch.results
+        with self._cond:
+            if self._measuring or any(self._queues) or self._ahead_running:
+                return
+            for v in self._guesses:
+                b = results.get(v)
+                if v in index or v in self._ahead or b is None or b.status != "ok":
+                    continue
+                ask = Ask(v)
+                one = _Batch([ask], batch.should_stop, None, len(self.workers), on_answered=self._measured_ahead)
+                self._ahead_running[v] = one
+                self.ahead_made += 1
+                iters, warmup = self._shares(ask)
+                for k, checks in enumerate(self._checks()):
+                    self._queues[k].append((one, 0, iters, warmup, checks, b))
+                self._cond.notify_all()
+                return
+
+    def _measured_ahead(self, one: _Batch) -> None:
+        v, r = one.asks[0].variant, one.results[0]
+        with self._cond:
+            self._ahead_running.pop(v, None)
+            claim = self._claims.pop(v, None)
+            if claim is None:
+                self._ahead[v] = r
+        if claim is not None:
+            claim[0].finish(claim[1], r)
 
     def _shares(self, ask: Ask) -> tuple[int, int | None]:
         """(timed calls, warm-up calls) of one share of ``ask``; warm-up None: the worker's own."""
@@ -895,7 +951,17 @@ class TrialRunner:
         n = len(self.workers)
         batch = _Batch(asks, should_stop, on_result, n)
         index = {a.variant: i for i, a in enumerate(asks) if not a.retime}
+        done_ahead = []
         with self._cond:
+            for v, i in list(index.items()):   # measured ahead, or being measured ahead
+                if v in self._ahead:
+                    done_ahead.append((i, self._ahead.pop(v)))
+                elif v in self._ahead_running:
+                    self._claims[v] = (batch, i)
+                else:
+                    continue
+                del index[v]
+                self.ahead_used += 1
             self._batch = batch
             for w in range(n):
                 if self._threads[w] is None:
@@ -907,6 +973,8 @@ class TrialRunner:
                 for i in retimes[first:] + retimes[:first]:
                     self._queues[k].append((batch, i, *self._shares(asks[i]), (), None))
             self._cond.notify_all()
+        for i, r in done_ahead:
+            batch.finish(i, r)
         building = None
         try:
             if index:
@@ -946,15 +1014,19 @@ class TrialRunner:
                 while not batch.answered.is_set():
                     batch.progressed.clear()
                     partial = batch.partial()
+                    guesses = []
                     for guess in (lookahead(partial) if callable(lookahead) else lookahead):
                         if batch.answered.is_set():
                             break
                         guess = [v for v in guess if v not in index]
                         if guess:
                             self.prefetch(guess)
+                            guesses += guess
+                    self._guesses = guesses
                     if not callable(lookahead):
                         break
-                    batch.progressed.wait()
+                    while not batch.progressed.wait(AHEAD_POLL_S):
+                        self._measure_ahead(batch, index)
             batch.answered.wait()
             if building is not None and not batch.errors:
                 building.join()   # its last result is in; the compile time is about to be added
@@ -1438,6 +1510,9 @@ def _log_time(progress, runner: TrialRunner, searched: float, total: float) -> N
     summary = getattr(runner.prefetch, "summary", None)
     if summary is not None:
         progress(f"  compile queue: {summary()}")
+    if runner.ahead_made:
+        progress(f"  measured ahead while every GPU waited for compiles: {runner.ahead_made} guesses, "
+                 f"{runner.ahead_used} of them then asked for by the search")
     for w, t in enumerate(runner.time):
         other = t.busy - t.load - t.verify - t.timing   # messages, restarts, the worker's own overhead
         checks = ", ".join(f"{part} {t.checks[part]:.1f} s" for part in verify_mod.PARTS if part in t.checks)

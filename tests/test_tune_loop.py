@@ -974,3 +974,52 @@ def test_the_recorder_keeps_commits_off_the_workers_and_writes_in_order(tmp_path
     broken.add(db.Trial(KEY, dict(DEFAULT.tunables), "x", "ok", 1.0, 1.0, 1e-3, 168, 0, "", "run"), lambda: None)
     with pytest.raises(db.DatabaseError, match="disk full"):
         broken.close()
+
+
+class SlowCompileQueue(FakePrefetch):
+    """A compile queue whose guesses are compiled at once while every build takes ``build_s``
+    (as when the guesses for a batch are still under way): the GPUs idle while a batch waits,
+    and guesses are there to measure ahead."""
+
+    def __init__(self, build_s: float):
+        super().__init__()
+        self.results: dict = {}
+        self.build_s = build_s
+
+    def __call__(self, variants, on_compiled=None):
+        super().__call__(variants, on_compiled)
+        for v in variants:
+            verdict = resources.check(v, SM90A)
+            self.results.setdefault(v, BuildResult(v, "sm_90a", verdict.resources, "ok" if verdict.ok else "pruned"))
+
+    def build(self, variants, on_built):
+        time.sleep(self.build_s)
+        FakeBuild()(variants, on_built)
+
+
+def test_measuring_guesses_ahead_while_the_gpus_wait_changes_no_trial(tmp_path):
+    """With compiles slow, the runner measures compiled guesses while every GPU waits; a trial
+    the search then asks for is answered by that measurement (no second measurement), and the
+    trials are those of a tune that never measures ahead."""
+    def tune_with(ahead: bool, name: str):
+        queue = SlowCompileQueue(0.05)
+        workers = [FakeWorker(two_basins), FakeWorker(two_basins)]
+        config = TuneConfig(spec=S90.path, shapes=("D1",), max_trials=40, seed=0, iters=10)
+        runner = TrialRunner(workers, queue.build, config.iters, prefetch=queue, measure_ahead=ahead)
+        shape_class = ShapeClass(KEY.problem, SHAPES["D1"], 1.0, [SHAPES["D1"]])
+        result = tune_class(S90, shape_class, SM90A, config, db.TuningDB(tmp_path / name), runner, KEY,
+                            progress=lambda line: None)
+        return result, runner, workers
+
+    plain, plain_runner, plain_workers = tune_with(False, "plain.sqlite")
+    ahead, runner, workers = tune_with(True, "ahead.sqlite")
+    assert plain_runner.ahead_made == 0
+    assert runner.ahead_made > 0 and runner.ahead_used > 0
+    assert [t.variant for t in ahead.trials] == [t.variant for t in plain.trials]
+    assert [t.time_ms for t in ahead.trials] == [t.time_ms for t in plain.trials]
+    assert ahead.best.variant == plain.best.variant
+    # A trial answered ahead is not measured again: each worker measured what the plain tune
+    # did plus the guesses never asked for (one may still be running when the tune ends).
+    wasted = runner.ahead_made - runner.ahead_used
+    for w, p in zip(workers, plain_workers):
+        assert len(p.calls) + wasted - 1 <= len(w.calls) <= len(p.calls) + wasted

@@ -19,7 +19,7 @@ run() { # name devices trials-option...
   local w; w=$(awk "BEGIN{printf \"%.1f\", $EPOCHREALTIME-$t0}")
   echo "$name devices=$devices rc=$rc wall_s=$w $(grep -m1 'final \*' "$OUT/$name.log" | awk '{print "final", $3, $NF}')" \
     | tee -a "$OUT/summary.txt"
-  grep -E '^(  search [0-9.]+ s|  compiles: |  compile queue: |  GPU worker |D1: .* ready after)' "$OUT/$name.log" | sed "s/^/  $name:/" | tee -a "$OUT/summary.txt"
+  grep -E '^(  search [0-9.]+ s|  compiles: |  compile queue: |  measured ahead |  GPU worker |D1: .* ready after)' "$OUT/$name.log" | sed "s/^/  $name:/" | tee -a "$OUT/summary.txt"
 }
 [ "${SKIP80:-0}" = 1 ] || run t80_1gpu 0 --max-trials 80
 [ "${SKIP80:-0}" = 1 ] || run t80_2gpu 0,1 --max-trials 80

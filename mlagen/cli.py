@@ -474,7 +474,8 @@ def format_tune_results(results, top: int) -> str:
 @click.option("--peers", default=None,
               help="Peers, comma-separated; a shape runs those its family has. Dense: fa3 (FlashAttention-3, if "
                    "built), cudnn, fa2, mlagen (the public call), mlagen-check (check_seqlens=True). Sparse: flashmla "
-                   "(if built), naive (PyTorch gather + matmul), mlagen. mlagen:<spec> forces one spec. Default: "
+                   "(if built), naive (PyTorch gather + matmul), mlagen. mlagen:<spec> forces one spec, "
+                   "mlagen:<kernel symbol> one variant (as tune tables and records print it). Default: "
                    "dense fa3 (if built), cudnn, mlagen; sparse flashmla (if built), naive, mlagen. "
                    "See --list-peers.")
 @click.option("--list-peers", is_flag=True, help="List each family's peers and whether they can run here, then exit.")

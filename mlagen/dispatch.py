@@ -19,7 +19,7 @@ from . import arch, db, families, knobs, resources
 from . import spec as spec_mod
 from . import variant as variant_mod
 from .compiler import Binary, for_target, spill_reason
-from .errors import MlagenError, NoDeviceError, SpecError, VariantError
+from .errors import ArgumentError, MlagenError, NoDeviceError, SpecError, VariantError
 from .render import render
 from .runtime import CudaKernel, DeviceInfo, device_info, runtime
 
@@ -42,6 +42,25 @@ def family_specs(family: str) -> tuple[spec_mod.KernelSpec, ...]:
     """Every packaged spec of ``family``, highest priority first."""
     specs = [spec_mod.load(p) for p in spec_mod.available()]
     return tuple(sorted((s for s in specs if s.family == family), key=lambda s: -s.priority))
+
+
+def kernel_choice(family: str, text: str) -> "str | variant_mod.Variant":
+    """What ``kernel=`` gets for a name a user typed: a spec name of ``family`` as is, or a kernel
+    symbol of one of its specs (``mla_prefill_sm90_causal_c2_n128_...``, as tuner tables and records
+    print it) as that Variant. ArgumentError (a ValueError) naming the family's specs otherwise."""
+    specs = family_specs(family)
+    if any(s.name == text for s in specs):
+        return text
+    # The longest spec name that begins the symbol (mla_prefill_sm90_fp8_... also begins with
+    # mla_prefill_sm90_).
+    owners = sorted((s for s in specs if text.startswith(s.name + "_")), key=lambda s: -len(s.name))
+    if owners:
+        try:
+            return variant_mod.from_symbol(owners[0], text)
+        except SpecError as exc:
+            raise ArgumentError(f"kernel: {exc.message}") from None
+    raise ArgumentError(f"kernel: {text!r} is neither a spec of {family} ({', '.join(s.name for s in specs)}) "
+                        "nor a kernel symbol of one")
 
 
 @functools.lru_cache(maxsize=None)

@@ -105,6 +105,35 @@ def make(spec: KernelSpec, values: Mapping[str, Any]) -> Variant:
     return Variant(spec, tuple(out))
 
 
+def from_symbol(spec: KernelSpec, symbol: str) -> Variant:
+    """The variant whose :attr:`Variant.symbol` is ``symbol`` (as the tuner's tables, the logs and the
+    tuning records print it); SpecError if ``symbol`` is not one of ``spec``'s."""
+    head = spec.name + "_"
+    if not symbol.startswith(head):
+        raise SpecError(spec.path, "name", f"{symbol!r} is not a kernel of {spec.name}")
+    axes = [(key, allowed, "") for key, allowed in spec.specialize]
+    axes += [(t.name, t.values, t.abbr) for t in spec.tunables]
+
+    def match(rest: list[str], i: int) -> list[tuple[str, Any]] | None:
+        # Tokens are joined by "_", and a value may hold "_" too (fp8_v32): try every allowed value.
+        if i == len(axes):
+            return [] if not rest else None
+        key, allowed, abbr = axes[i]
+        for value in allowed:
+            token = (abbr + _fmt(value)).split("_")
+            if rest[:len(token)] == token:
+                tail = match(rest[len(token):], i + 1)
+                if tail is not None:
+                    return [(key, value)] + tail
+        return None
+
+    values = match(symbol[len(head):].split("_"), 0)
+    if values is None:
+        raise SpecError(spec.path, "name", f"{symbol!r} names no variant of {spec.name} (a value outside its "
+                                           "search space, or a symbol from another version of the spec)")
+    return Variant(spec, tuple(values))
+
+
 def default(spec: KernelSpec, **specialization: Any) -> Variant:
     return make(spec, specialization)
 

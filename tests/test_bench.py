@@ -79,7 +79,7 @@ def test_parse_peers():
     assert bench.parse_peers("fa3,flashmla,mlagen") == ["fa3", "flashmla", "mlagen"]   # any family's
     with pytest.raises(BenchError, match="'flashinfer'"):
         bench.parse_peers("mlagen,flashinfer", [DENSE])
-    with pytest.raises(BenchError, match=r"'fa3'; choose from flashmla, naive, mlagen, mlagen:<spec> \(mla_sparse_prefill\)"):
+    with pytest.raises(BenchError, match=r"'fa3'; choose from flashmla, naive, mlagen, mlagen:<spec\|symbol> \(mla_sparse_prefill\)"):
         bench.parse_peers("fa3", [SPARSE])
     with pytest.raises(BenchError, match="'naive:x'"):
         bench.parse_peers("naive:x", [SPARSE])    # naive takes no argument
@@ -152,7 +152,7 @@ def test_format_peer_list_says_why_a_peer_cannot_run(tmp_path, monkeypatch, no_w
     assert "mla_sparse_prefill (shapes S1, S2, S3, S4, S5, S6):" in text
     line = next(x for x in text.splitlines() if x.strip().startswith("flashmla"))
     assert "[default, first column]" in line and "unavailable: " in line and "not found" in line
-    assert any(x.strip().startswith("mlagen[:<spec>]") and "[ours, default]" in x for x in text.splitlines())
+    assert any(x.strip().startswith("mlagen[:<spec|symbol>]") and "[ours, default]" in x for x in text.splitlines())
 
 
 # --- statistics and interleaving --------------------------------------------------------------
@@ -569,3 +569,19 @@ def test_bench_sparse_variant_peers_are_checked_before_any_gpu_work():
         bench_sparse.variant_peer("producer_regs=99")
     with pytest.raises(SpecError, match="nope"):
         bench_sparse.variant_peer("nope=1")
+
+
+def test_mlagen_peer_takes_a_kernel_symbol_and_refuses_the_wrong_mask():
+    """``mlagen:<kernel symbol>`` forces one variant; a variant built for the other mask is refused
+    before anything runs (no GPU needed to get that far)."""
+    from mlagen import spec as spec_mod
+    from mlagen import variant
+    from mlagen.families.mla_prefill import peers
+
+    shape = DENSE.shapes()["D1"]   # causal
+    other = variant.make(spec_mod.load("mla_prefill_sm90"), {"mask": "none"})
+    inputs = {"q": None, "k": None, "v": None, "k_rope": None, "cu_seqlens_q": None, "cu_seqlens_k": None}
+    with pytest.raises(BenchError, match=r"mlagen:mla_prefill_sm90_none_.*: a kernel for mask=none, the shape D1 is causal"):
+        peers.mlagen_peer(shape, inputs, other.symbol)
+    with pytest.raises(ValueError, match="kernel: 'mla_prefill_sm90_bogus' names no variant"):
+        peers.mlagen_peer(shape, inputs, "mla_prefill_sm90_bogus")

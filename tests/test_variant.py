@@ -243,3 +243,39 @@ def test_variant_pickles():
     v = variant.make(S90, {"consumers": 1, "order": "none", "mask": "none"})
     back = pickle.loads(pickle.dumps(v))
     assert back == v and back.symbol == v.symbol and back.env() == v.env()
+
+
+# --- symbols back to variants ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", [p.stem for p in spec_mod.available()])
+def test_from_symbol_inverts_symbol(name):
+    """Every spec (values with '_' such as fp8_v32 included): 40 sampled variants and the default
+    come back from their symbols."""
+    s = spec_mod.load(name)
+    for v in [variant.default(s), *variant.sample_space(s, 40, seed=1)]:
+        assert variant.from_symbol(s, v.symbol) == v
+
+
+def test_from_symbol_rejects_other_names():
+    with pytest.raises(SpecError, match="is not a kernel of mla_prefill_sm80"):
+        variant.from_symbol(S80, variant.default(S90).symbol)
+    bad = variant.default(S90).symbol.replace("_n128_", "_n100_")
+    with pytest.raises(SpecError, match="names no variant of mla_prefill_sm90"):
+        variant.from_symbol(S90, bad)
+    with pytest.raises(SpecError, match="names no variant"):
+        variant.from_symbol(S90, variant.default(S90).symbol + "_x1")
+
+
+def test_kernel_choice_spec_symbol_or_clear_error():
+    from mlagen import dispatch
+
+    assert dispatch.kernel_choice("mla_prefill", "mla_prefill_sm80") == "mla_prefill_sm80"
+    fp8 = variant.default(spec_mod.load("mla_prefill_sm90_fp8"))
+    assert dispatch.kernel_choice("mla_prefill", fp8.symbol) == fp8   # the longer spec name wins
+    v = variant.make(S90, {"mask": "none", "block_n": 112, "order": "none"})
+    assert dispatch.kernel_choice("mla_prefill", v.symbol) == v
+    with pytest.raises(ValueError, match=r"kernel: 'sm90' is neither a spec of mla_prefill \(mla_prefill_sm90, "):
+        dispatch.kernel_choice("mla_prefill", "sm90")
+    with pytest.raises(ValueError, match="kernel: .* names no variant of mla_prefill_sm90"):
+        dispatch.kernel_choice("mla_prefill", v.symbol.replace("_n112_", "_n7_"))

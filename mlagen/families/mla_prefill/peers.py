@@ -10,7 +10,8 @@ Every peer runs the same problem on the same fresh ``randn`` inputs (:mod:`.refe
 * ``mlagen``: the public call exactly as a user writes it, ``mlagen.mla_prefill(q, k, v,
   k_rope=..., cu_seqlens_q=..., cu_seqlens_k=..., causal=...)``: device cu_seqlens, default
   arguments, the dispatched kernel, the shared [Tk, 1, 64] rope key (the MLA case);
-  ``mlagen:<spec>`` forces one kernel spec (``kernel=<spec>``), for comparing specs.
+  ``mlagen:<spec>`` forces one kernel spec (``kernel=<spec>``), for comparing specs;
+  ``mlagen:<kernel symbol>`` one variant (a tuning record against another, or against FA3).
 * ``mlagen-check``: the same with ``check_seqlens=True`` (the cu_seqlens read back and checked).
 
 Peer-side preparation (concatenation, padding, [B, H, L, D] layout, masks) happens here, before
@@ -34,10 +35,12 @@ FA3 = ExternalBuild("fa3", "fa3_peer", "fa3_peer_C.so", "FA3_PEER_SO", "FA3_PEER
 def mlagen_peer(shape, inputs: dict, arg: str | None = None, *, check_seqlens: bool | None = None) -> Prepared:
     """Our kernel through the public API, called exactly as a user writes it: device cu_seqlens,
     the shared rope key, every other argument at its default. ``check_seqlens=True`` makes the
-    ``mlagen-check`` peer; ``arg`` forces a spec (``mlagen:<spec>``). The checked call poisons
+    ``mlagen-check`` peer; ``arg`` forces a spec (``mlagen:<spec>``) or one variant
+    (``mlagen:<kernel symbol>``, as the tuner and the records print it). The checked call poisons
     ``out`` and ``lse`` with NaN so a row the kernel never writes shows up."""
     import torch
 
+    from ... import dispatch
     from .entry import mla_prefill_kernel
     from .op import mla_prefill
 
@@ -46,7 +49,11 @@ def mlagen_peer(shape, inputs: dict, arg: str | None = None, *, check_seqlens: b
               "cu_seqlens_k": inputs["cu_seqlens_k"], "causal": shape.causal}
     extra = {}
     if arg is not None:
-        extra["kernel"] = arg
+        kernel = dispatch.kernel_choice("mla_prefill", arg) if isinstance(arg, str) else arg
+        mask = "causal" if shape.causal else "none"
+        if not isinstance(kernel, str) and kernel.get("mask", mask) != mask:
+            raise BenchError(f"mlagen:{arg}: a kernel for mask={kernel['mask']}, the shape {shape.id} is {mask}")
+        extra["kernel"] = kernel
     if check_seqlens is not None:
         extra["check_seqlens"] = check_seqlens
 
@@ -61,8 +68,9 @@ def mlagen_peer(shape, inputs: dict, arg: str | None = None, *, check_seqlens: b
             raise BenchError("mla_prefill returned new tensors instead of the out= / lse= given to it")
         return got_out, got_lse
 
-    sel = mla_prefill_kernel(q, k, v, **kwargs, **({"kernel": arg} if arg else {}))
-    how = "public call, default arguments" if not extra else ", ".join(f"{a}={b!r}" for a, b in extra.items())
+    sel = mla_prefill_kernel(q, k, v, **kwargs, **({"kernel": extra["kernel"]} if arg else {}))
+    how = "public call, default arguments" if not extra else ", ".join(
+        f"{a}={getattr(b, 'symbol', b)!r}" for a, b in extra.items())
     return Prepared(fn, checked_call, f"{how}; shared k_rope [Tk, 1, 64]; {sel.variant.symbol} ({sel.origin})")
 
 
@@ -204,7 +212,7 @@ PEERS: dict[str, Peer] = {p.name: p for p in (
          status=FA3.why_not),
     Peer("cudnn", "PyTorch SDPA, cuDNN backend", cudnn_peer, default=True),
     Peer("fa2", "PyTorch SDPA, flash backend (FlashAttention-2), V padded to 192", fa2_peer),
-    Peer("mlagen", "the public call mlagen.mla_prefill, default arguments (mlagen:<spec> forces a spec)", mlagen_peer,
-         ours=True, default=True, arg="spec"),
+    Peer("mlagen", "the public call mlagen.mla_prefill, default arguments (mlagen:<spec> forces a spec, mlagen:<kernel symbol> a variant)", mlagen_peer,
+         ours=True, default=True, arg="spec|symbol"),
     Peer("mlagen-check", "the public call with check_seqlens=True", mlagen_checked_peer, ours=True),
 )}

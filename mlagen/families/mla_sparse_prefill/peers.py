@@ -11,7 +11,7 @@ kv [s_kv, 1, d_qk], indices [Sq, 1, topk] a uniform choice without repetition, t
 * ``naive``: PyTorch gather + matmul (:func:`naive`), what a model falls back to without a kernel.
 * ``mlagen``: the public call exactly as a user writes it, ``mlagen.mla_sparse_prefill(q, kv,
   indices, softmax_scale=..., attn_sink=...)``: default arguments, the dispatched kernel;
-  ``mlagen:<spec>`` forces one kernel spec.
+  ``mlagen:<spec>`` forces one kernel spec, ``mlagen:<kernel symbol>`` one variant.
 
 Checked calls return (out, max_logits, lse), what the family's ``compare`` takes.
 """
@@ -150,11 +150,15 @@ def naive_peer(shape, inputs: dict, arg: str | None = None) -> Prepared:
 
 def mlagen_peer(shape, inputs: dict, arg=None) -> Prepared:
     """Our kernel through the public API, called exactly as a user writes it (every argument
-    the inputs do not set at its default); ``arg`` forces a spec (``mlagen:<spec>``) or, from
-    Python, a Variant. The checked call poisons all three outputs with NaN so an element the
-    kernel never writes shows up."""
+    the inputs do not set at its default); ``arg`` forces a spec (``mlagen:<spec>``), one variant
+    (``mlagen:<kernel symbol>``) or, from Python, a Variant. The checked call poisons all three
+    outputs with NaN so an element the kernel never writes shows up."""
+    from ... import dispatch
     from . import FAMILY, prepare, select
     from .op import mla_sparse_prefill
+
+    if isinstance(arg, str):
+        arg = dispatch.kernel_choice("mla_sparse_prefill", arg)
 
     q, kv, indices = inputs["q"], inputs["kv"], inputs["indices"]
     kwargs = {"softmax_scale": inputs["softmax_scale"], "attn_sink": inputs.get("attn_sink")}
@@ -184,6 +188,6 @@ PEERS: dict[str, Peer] = {p.name: p for p in (
     Peer("flashmla", "FlashMLA's SM90 sparse prefill (built from <peers>/flashmla; heads padded to 64 or 128)",
          flashmla_peer, default=True, lead=True, status=FLASHMLA.why_not),
     Peer("naive", "PyTorch gather + matmul", naive_peer, default=True),
-    Peer("mlagen", "the public call mlagen.mla_sparse_prefill, default arguments (mlagen:<spec> forces a spec)",
-         mlagen_peer, ours=True, default=True, arg="spec"),
+    Peer("mlagen", "the public call mlagen.mla_sparse_prefill, default arguments (mlagen:<spec> forces a spec, mlagen:<kernel symbol> a variant)",
+         mlagen_peer, ours=True, default=True, arg="spec|symbol"),
 )}

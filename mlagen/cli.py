@@ -384,7 +384,9 @@ def db_import(database, path, replace):
 @click.option("--seed", default=0, show_default=True, help="Seed of the random samples and of the inputs.")
 @click.option("--devices", "devices", default=None, metavar="0,1,...",
               help="GPUs that measure (one worker each); default: every visible GPU of the kind of GPU 0.")
-@click.option("--fixed", "assignments", multiple=True, metavar="NAME=VALUE[,..]", help="Hold tunables fixed.")
+@click.option("--fixed", "assignments", multiple=True, metavar="NAME=VALUE[,..]",
+              help="Hold tunables fixed; a kernel symbol (as tables and records print it) fixes all of its "
+                   "tunables, so the tune measures and records that one variant.")
 @click.option("--timeout", "timeout_s", default=60.0, show_default=True,
               help="Seconds a GPU trial may take before it is recorded as a hang and its worker killed.")
 @click.option("--iters", default=20, show_default=True,

@@ -210,15 +210,19 @@ def sample_space(spec: KernelSpec, count: int, fixed: Mapping[str, Any] | None =
 
 
 def parse_assignments(spec: KernelSpec, items: list[str]) -> dict[str, Any]:
-    """``["block_n=64", "stages=3"]`` from the command line into a mapping (values checked by make)."""
+    """``["block_n=64", "stages=3"]`` from the command line into a mapping (values checked by make).
+    A kernel symbol of ``spec`` (as tune tables and records print it) stands for all its tunables."""
     out: dict[str, Any] = {}
     for item in items:
         for part in item.split(","):
             part = part.strip()
             if not part:
                 continue
+            if "=" not in part and part.startswith(spec.name + "_"):
+                out.update(from_symbol(spec, part).tunables)
+                continue
             if "=" not in part:
-                raise SpecError(spec.path, "tune", f"{part!r}: expected name=value")
+                raise SpecError(spec.path, "tune", f"{part!r}: expected name=value or a kernel symbol of {spec.name}")
             key, value = part.split("=", 1)
             key = key.strip()
             value = value.strip()

@@ -279,3 +279,15 @@ def test_kernel_choice_spec_symbol_or_clear_error():
         dispatch.kernel_choice("mla_prefill", "sm90")
     with pytest.raises(ValueError, match="kernel: .* names no variant of mla_prefill_sm90"):
         dispatch.kernel_choice("mla_prefill", v.symbol.replace("_n112_", "_n7_"))
+
+
+def test_parse_assignments_takes_a_kernel_symbol():
+    """``--fixed <symbol>`` fixes every tunable of that variant (not its specialisation: the shape's
+    mask decides that); later items still override."""
+    v = variant.make(S90, {"mask": "none", "block_n": 112, "order": "none", "cluster": 2, "scheduler": "static"})
+    fixed = variant.parse_assignments(S90, [v.symbol])
+    assert fixed == v.tunables and "mask" not in fixed
+    assert variant.parse_assignments(S90, [v.symbol + ",stages=3"])["stages"] == 3
+    assert variant.make(S90, {**fixed, "mask": "none"}) == v
+    with pytest.raises(SpecError, match="names no variant of mla_prefill_sm90"):
+        variant.parse_assignments(S90, [v.symbol.replace("_n112_", "_n113_")])

@@ -306,7 +306,7 @@ def test_without_resume_everything_runs_again(tmp_path):
 def test_runner_returns_results_in_ask_order_and_uses_every_worker():
     workers = [FakeWorker(two_basins, seed=i, delay=0.01) for i in range(3)]
     runner = TrialRunner(workers, FakeBuild(), 10)
-    variants = variant_mod.sample_space(S90, 400, FIXED, seed=3)
+    variants = variant_mod.sample_space(S90, 1000, FIXED, seed=3)
     variants = [v for v in variants if resources.check(v, SM90A).ok][:24]
     assert len(variants) == 24
     asks = [Ask(v) for v in variants] + [Ask(variants[0], retime=True, scale=4)]

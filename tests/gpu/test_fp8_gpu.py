@@ -113,6 +113,11 @@ SM90_FP8_SCHEDULES = [
     {"consumers": 1, "order": "none", "load_warps": 1, "swizzle_q": 32, "swizzle_k": 32},
     # The shipped D3 record (mlagen/tuned/h100.json).
     {"scheduler": "static", "load_warps": 1, "producer_regs": 24, "consumer_regs": 240},
+    # Three consumer warpgroups (192-row tiles).
+    {"consumers": 3, "order": "none", "block_n": 96, "swizzle_v": 32, "load_warps": 1, "producer_regs": 24,
+     "consumer_regs": 160},
+    {"consumers": 3, "order": "none", "block_n": 64, "swizzle_v": 64, "stages": 3, "load_warps": 1,
+     "producer_regs": 24, "consumer_regs": 160, "rescale": "first", "cluster": 2, "scheduler": "persistent"},
 ]
 
 

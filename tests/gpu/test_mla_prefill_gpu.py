@@ -298,6 +298,12 @@ SCHEDULES = [
     {"cluster": 2, "scheduler": "persistent", "consumers": 1, "order": "none", "load_warps": 1, "block_n": 96,
      "swizzle_v": 64},
     {"cluster": 2, "scheduler": "static", "q_operand": "regs", "epilogue": "direct", "block_n": 112},
+    # Three consumer warpgroups (192-row tiles; 160 registers each beside a 24-register producer).
+    {"consumers": 3, "order": "none", "block_n": 80, "load_warps": 1, "producer_regs": 24, "consumer_regs": 160},
+    {"consumers": 3, "order": "none", "block_n": 64, "stages": 3, "load_warps": 1, "producer_regs": 24,
+     "consumer_regs": 160, "rescale": "first", "epilogue": "direct", "scheduler": "persistent"},
+    {"consumers": 3, "order": "none", "block_n": 80, "producer_regs": 24, "consumer_regs": 160, "cluster": 2,
+     "scheduler": "static", "epilogue": "direct"},
 ]
 
 

@@ -10,7 +10,7 @@ from mlagen.variant import make
 sid, variants = sys.argv[1], sys.argv[2:]
 family = get_family("mla_prefill")
 spec = next(s for s in family_specs("mla_prefill") if s.name == "mla_prefill_sm90")
-shape = family.shapes()[sid]
+shape = family.shapes().get(sid) or family.parse_shape(sid)
 mask = "causal" if shape.causal else "none"
 inp = family.make_inputs(shape, "cuda", 0)
 flush = measure.L2Flush(torch.device("cuda", 0))

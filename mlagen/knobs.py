@@ -36,6 +36,9 @@ CHECK_SEQLENS = Knob("MLAGEN_CHECK_SEQLENS", "0",
                      "1: mla_prefill reads device cu_seqlens back and checks them (a host sync; for debugging).")
 RECORD_SHAPES = Knob("MLAGEN_RECORD_SHAPES", None,
                      "File to count the shape classes of kernel calls in (YAML; for mlagen tune --workload).")
+HEAD_GROUP = Knob("MLAGEN_HEAD_GROUP", None,
+                  "sm90 dense kernels: heads per group of the tile order (1: head after head); default: 8 on "
+                  "causal problems without a long prefix (dynamic or static scheduler), else 1 (mla_prefill/tma.py).")
 
 HIP_CLANG = Knob("MLAGEN_HIP_CLANG", None,
                  "Offline clang for AMD targets (a path, or 'ziglang'); default: clang-22 on PATH, then the ziglang wheel.")
@@ -45,7 +48,7 @@ PEERS_DIR = Knob("MLAGEN_PEERS_DIR", None, "Benchmark peers' builds (fa3/); defa
                  "else <repo>/shared/peers.")
 
 ALL = (OUT_DIR, CACHE_DIR, TUNING_DB, NO_TUNED, NO_SHIPPED, FAMILY, COMPILE_WORKERS, LOG, NVRTC_LIBRARY, CHECK_SEQLENS,
-       RECORD_SHAPES, HIP_CLANG, HIP_COMPILER, PEERS_DIR)
+       RECORD_SHAPES, HEAD_GROUP, HIP_CLANG, HIP_COMPILER, PEERS_DIR)
 
 
 def _flag(knob: Knob) -> bool:
@@ -89,6 +92,19 @@ def record_shapes() -> str | None:
 
 def forced_family() -> str | None:
     return FAMILY.raw()
+
+
+def head_group() -> int | None:
+    raw = HEAD_GROUP.raw()
+    if raw is None:
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ValueError(f"{HEAD_GROUP.name}={raw!r}: expected a positive integer (heads per group)")
+    return value
 
 
 def compile_workers() -> int:

@@ -228,3 +228,27 @@ def test_causal_is_bottom_right_aligned():
     out, lse = fam.reference(q, k, v, k_rope=shared, causal=True)
     s = (q[0, 0].double() @ full_k[:3, 0].double().T) / math.sqrt(192)
     assert lse[0, 0].item() == pytest.approx(torch.logsumexp(s, 0).item(), rel=1e-12)
+
+
+def test_sm90_head_group(monkeypatch):
+    """Heads per group of the sm90 tile order: 8 (at most the head count) on causal problems
+    without a long prefix on the dynamic or static scheduler, else 1; MLAGEN_HEAD_GROUP overrides."""
+    import types
+
+    from mlagen.families.mla_prefill.tma import head_group
+
+    monkeypatch.delenv("MLAGEN_HEAD_GROUP", raising=False)
+
+    def call(heads, total_q, total_k, causal=True):
+        return types.SimpleNamespace(heads=heads, total_q=total_q, total_k=total_k, causal=causal)
+
+    assert head_group(call(128, 8192, 8192), "dynamic") == 8       # D1
+    assert head_group(call(16, 16384, 16384), "static") == 8       # D2
+    assert head_group(call(5, 300, 300), "dynamic") == 5           # fewer heads than a group
+    assert head_group(call(16, 16384, 16384), "persistent") == 1   # D7's record: round-robin
+    assert head_group(call(16, 16384, 16384, causal=False), "dynamic") == 1  # D3: tiles alike
+    assert head_group(call(128, 2048, 16384), "dynamic") == 1      # D5: a long cached prefix
+    monkeypatch.setenv("MLAGEN_HEAD_GROUP", "3")
+    assert head_group(call(128, 8192, 8192, causal=False), "persistent") == 3
+    monkeypatch.setenv("MLAGEN_HEAD_GROUP", "300")
+    assert head_group(call(128, 8192, 8192), "dynamic") == 128

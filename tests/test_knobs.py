@@ -11,7 +11,7 @@ from mlagen import knobs
 
 NAMES = ("MLAGEN_OUT_DIR", "MLAGEN_CACHE_DIR", "MLAGEN_TUNING_DB", "MLAGEN_NO_TUNED", "MLAGEN_NO_SHIPPED",
          "MLAGEN_FAMILY", "MLAGEN_COMPILE_WORKERS", "MLAGEN_LOG", "MLAGEN_NVRTC_LIBRARY", "MLAGEN_CHECK_SEQLENS",
-         "MLAGEN_RECORD_SHAPES", "MLAGEN_HIP_CLANG", "MLAGEN_HIP_COMPILER", "MLAGEN_PEERS_DIR")
+         "MLAGEN_RECORD_SHAPES", "MLAGEN_HEAD_GROUP", "MLAGEN_HIP_CLANG", "MLAGEN_HIP_COMPILER", "MLAGEN_PEERS_DIR")
 
 
 @pytest.fixture
@@ -45,6 +45,7 @@ def test_defaults(clean_env):
     assert knobs.compile_workers() == max(1, os.cpu_count() or 1)
     assert knobs.log_level() == "WARNING"
     assert knobs.hip_clang() is None and knobs.hip_compiler() == "auto"
+    assert knobs.head_group() is None
 
 
 def test_hip_compiler_choice(clean_env):
@@ -137,3 +138,12 @@ def test_peers_dir(clean_env, tmp_path):
             break
     else:
         assert found is None
+
+
+def test_head_group(clean_env):
+    clean_env.setenv("MLAGEN_HEAD_GROUP", "3")
+    assert knobs.head_group() == 3
+    for bad in ("0", "-2", "four"):
+        clean_env.setenv("MLAGEN_HEAD_GROUP", bad)
+        with pytest.raises(ValueError, match=f"MLAGEN_HEAD_GROUP='{bad}': expected a positive integer"):
+            knobs.head_group()

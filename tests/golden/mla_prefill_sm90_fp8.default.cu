@@ -67,6 +67,7 @@ struct Params {
   mlagen::TensorMap tma_o;
   int* tile_counter;
   int num_virtual_tiles;
+  int head_group;
   int rope_shared;
   mlagen::u16* out;
   float* lse;

@@ -49,6 +49,7 @@ TMA_PARAMS = abi.ParamStruct("Params", (
     abi.Field("tma_o", "tensormap"),
     abi.Field("tile_counter", "int*"),
     abi.Field("num_virtual_tiles", "int"),
+    abi.Field("head_group", "int"),
     abi.Field("rope_shared", "int"),
 ) + _COMMON_FIELDS)
 

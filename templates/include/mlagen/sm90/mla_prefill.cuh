@@ -155,11 +155,22 @@ __device__ __forceinline__ int next_published_tile(u32 smem, const Barriers& bar
 
 // This CTA's rows of tile t, and how many key tiles the cluster streams for it (the CTA's own
 // count, or more for the lower half of a causal cluster tile).
+//
+// Tile order: heads in groups of p.head_group; a group's tiles go virtual tile by virtual tile
+// (sequence after sequence, the longest key range first within a causal sequence) with the
+// group's heads innermost. The last tiles handed out are then the group's shortest ones, not one
+// head's whole sequence (whose long tiles end the grid late). head_group 1 is head after head;
+// the launcher picks it (mla_prefill/tma.py: head_group).
 template <class Cfg, class Params>
 __device__ __forceinline__ QueryTile query_tile(const Params& p, int t, int& head, int& kv_blocks) {
-  head = t / p.num_virtual_tiles;
+  const int group = t / (p.head_group * p.num_virtual_tiles);
+  const int first_head = group * p.head_group;
+  const int heads = min(p.head_group, p.num_heads - first_head);  // the last group may be smaller
+  const int i = t - first_head * p.num_virtual_tiles;
+  const int v = i / heads;
+  head = first_head + (i - v * heads);
   const QueryTile whole = locate_tile<Cfg::kBlockM * Cfg::kCluster, Cfg::kBlockN, Cfg::kCausal>(
-      p.cu_seqlens_q, p.cu_seqlens_k, p.total_q, p.total_k, p.batch, t % p.num_virtual_tiles);
+      p.cu_seqlens_q, p.cu_seqlens_k, p.total_q, p.total_k, p.batch, v);
   kv_blocks = whole.n_blocks;
   if constexpr (Cfg::kCluster == 1) return whole;
   return split_tile<Cfg::kBlockM, Cfg::kBlockN, Cfg::kCausal>(whole, static_cast<int>(cluster_cta_rank()));

@@ -81,15 +81,6 @@ for name, (lens, H) in shapes.items():
     e, most = sim_active(tl, P, 1.0)
     print(f"  {name}: today {e/ideal:.3f}/{most}  " + "  ".join(row))
 
-def head_groups(tl, G, H):
-    """G heads per group; inside a group: the virtual tiles in order (sequences in turn, heavy
-    first within a sequence), the group's heads innermost."""
-    pos = {}
-    for i, x in enumerate(tl):  # tl is head-major: i % per_head is the virtual tile
-        pass
-    per_head = len(tl) // H
-    return sorted(tl, key=lambda x: (x[0] // G, tl.index(x) % per_head if False else None, x[0]) if False else 0)
-
 def head_group_order(lens, H, G, bm=128, bn=128):
     out = []
     for g0 in range(0, H, G):

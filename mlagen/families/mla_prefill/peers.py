@@ -71,7 +71,14 @@ def mlagen_peer(shape, inputs: dict, arg: str | None = None, *, check_seqlens: b
     sel = mla_prefill_kernel(q, k, v, **kwargs, **({"kernel": extra["kernel"]} if arg else {}))
     how = "public call, default arguments" if not extra else ", ".join(
         f"{a}={getattr(b, 'symbol', b)!r}" for a, b in extra.items())
-    return Prepared(fn, checked_call, f"{how}; shared k_rope [Tk, 1, 64]; {sel.variant.symbol} ({sel.origin})")
+    order = ""
+    if sel.spec.abi in ("tma", "tma_fp8"):  # the tile order the launcher picks (tma.py: head_group)
+        from .schedule import evaluate
+        from .tma import head_group
+
+        order = f"; tiles in groups of {head_group(shape, evaluate(sel.variant).scheduler)} heads"
+    return Prepared(fn, checked_call,
+                    f"{how}; shared k_rope [Tk, 1, 64]; {sel.variant.symbol} ({sel.origin}){order}")
 
 
 def mlagen_checked_peer(shape, inputs: dict, arg: str | None = None) -> Prepared:

@@ -130,3 +130,24 @@ for name, (lens, H) in shapes.items():
     e0, most0 = sim_active(tl, P, 1.0)
     print(f"  {name}: G {G}: dynamic today {e0/ideal:.3f}/{most0} -> {e/ideal:.3f}/{most};"
           f" persistent today {persistent(tl, P, 1.0)/ideal:.3f} -> {persistent(new, P, 1.0)/ideal:.3f}")
+
+def persistent_snake(order, P, ov):
+    """persistent scheduler dealing round r left to right when r is even, right to left when odd"""
+    load = [0.0] * P
+    for i, (_, _, _, s) in enumerate(order):
+        r, k = divmod(i, P)
+        load[k if r % 2 == 0 else P - 1 - k] += ov + s
+    return max(load)
+
+print("persistent, overhead 1 step: ratio to ideal (round-robin | snake) by head group")
+for name, (lens, H) in shapes.items():
+    lens = lens or d4
+    tl = tiles_for(lens, H)
+    ideal = sum(1 + s for *_, s in tl) / P
+    row = []
+    for G in (1, 2, 4, 8, 16):
+        if G > H:
+            break
+        o = head_group_order(lens, H, G)
+        row.append(f"G{G} {persistent(o, P, 1.0)/ideal:.3f}|{persistent_snake(o, P, 1.0)/ideal:.3f}")
+    print(f"  {name}: " + "  ".join(row))

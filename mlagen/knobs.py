@@ -39,9 +39,6 @@ RECORD_SHAPES = Knob("MLAGEN_RECORD_SHAPES", None,
 HEAD_GROUP = Knob("MLAGEN_HEAD_GROUP", None,
                   "sm90 dense kernels: heads per group of the tile order (1: head after head); default: 8 on "
                   "causal problems without a long prefix (dynamic or static scheduler), else 1 (mla_prefill/tma.py).")
-TILE_DEAL = Knob("MLAGEN_TILE_DEAL", None,
-                 "sm90 dense kernels on the persistent scheduler: how rounds of tiles are dealt to the CTAs, "
-                 "'snake' (odd rounds backwards) or 'stride' (every round forwards); default: snake.")
 
 HIP_CLANG = Knob("MLAGEN_HIP_CLANG", None,
                  "Offline clang for AMD targets (a path, or 'ziglang'); default: clang-22 on PATH, then the ziglang wheel.")
@@ -51,7 +48,7 @@ PEERS_DIR = Knob("MLAGEN_PEERS_DIR", None, "Benchmark peers' builds (fa3/); defa
                  "else <repo>/shared/peers.")
 
 ALL = (OUT_DIR, CACHE_DIR, TUNING_DB, NO_TUNED, NO_SHIPPED, FAMILY, COMPILE_WORKERS, LOG, NVRTC_LIBRARY, CHECK_SEQLENS,
-       RECORD_SHAPES, HEAD_GROUP, TILE_DEAL, HIP_CLANG, HIP_COMPILER, PEERS_DIR)
+       RECORD_SHAPES, HEAD_GROUP, HIP_CLANG, HIP_COMPILER, PEERS_DIR)
 
 
 def _flag(knob: Knob) -> bool:
@@ -107,19 +104,6 @@ def head_group() -> int | None:
         value = 0
     if value < 1:
         raise ValueError(f"{HEAD_GROUP.name}={raw!r}: expected a positive integer (heads per group)")
-    return value
-
-
-TILE_DEALS = ("snake", "stride")
-
-
-def tile_deal() -> str | None:
-    raw = TILE_DEAL.raw()
-    if raw is None:
-        return None
-    value = raw.strip().lower()
-    if value not in TILE_DEALS:
-        raise ValueError(f"{TILE_DEAL.name}={raw!r}: expected one of {', '.join(TILE_DEALS)}")
     return value
 
 

@@ -589,9 +589,9 @@ def test_mlagen_peer_takes_a_kernel_symbol_and_refuses_the_wrong_mask():
 
 @pytest.mark.parametrize("sid, symbol, group", [
     ("D2", "mla_prefill_sm90_causal_c2_n128_s2_qsmem_opingpong_ov1_rsoverlapped_pwearly_schdynamic_eptma_lw2_rp24"
-           "_rc240_sq128_sk128_sv128_cl1", "8 heads"),
+           "_rc240_sq128_sk128_sv128_cl1", 8),
     ("D7", "mla_prefill_sm90_causal_c2_n128_s2_qsmem_opingpong_ov1_rsoverlapped_pwearly_schpersistent_epdirect_lw1"
-           "_rp56_rc224_sq128_sk128_sv128_cl1", "1 heads, dealt in a snake"),
+           "_rp56_rc224_sq128_sk128_sv128_cl1", 1),
 ])
 def test_mlagen_peer_names_the_tile_order(monkeypatch, sid, symbol, group):
     """The bench's note for our kernel says which head group the launcher picks (a launch-time
@@ -603,10 +603,9 @@ def test_mlagen_peer_names_the_tile_order(monkeypatch, sid, symbol, group):
     from mlagen.families.mla_prefill import entry, peers
 
     monkeypatch.delenv("MLAGEN_HEAD_GROUP", raising=False)
-    monkeypatch.delenv("MLAGEN_TILE_DEAL", raising=False)
     s = spec_mod.load("mla_prefill_sm90")
     sel = types.SimpleNamespace(spec=s, variant=variant.from_symbol(s, symbol), origin="shipped:h100.json")
     monkeypatch.setattr(entry, "mla_prefill_kernel", lambda *a, **k: sel)
     inputs = {"q": None, "k": None, "v": None, "k_rope": None, "cu_seqlens_q": None, "cu_seqlens_k": None}
     note = peers.mlagen_peer(DENSE.shapes()[sid], inputs).note
-    assert note.endswith(f"{symbol} (shipped:h100.json); tiles in groups of {group}"), note
+    assert note.endswith(f"{symbol} (shipped:h100.json); tiles in groups of {group} heads"), note

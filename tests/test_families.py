@@ -252,17 +252,3 @@ def test_sm90_head_group(monkeypatch):
     assert head_group(call(128, 8192, 8192, causal=False), "persistent") == 3
     monkeypatch.setenv("MLAGEN_HEAD_GROUP", "300")
     assert head_group(call(128, 8192, 8192), "dynamic") == 128
-
-
-def test_sm90_snake_deal(monkeypatch):
-    """The persistent scheduler deals odd rounds backwards unless MLAGEN_TILE_DEAL=stride; the
-    other schedulers deal no rounds."""
-    from mlagen.families.mla_prefill.tma import snake_deal
-
-    monkeypatch.delenv("MLAGEN_TILE_DEAL", raising=False)
-    assert snake_deal("persistent") is True
-    assert snake_deal("dynamic") is False and snake_deal("static") is False
-    monkeypatch.setenv("MLAGEN_TILE_DEAL", "stride")
-    assert snake_deal("persistent") is False
-    monkeypatch.setenv("MLAGEN_TILE_DEAL", "snake")
-    assert snake_deal("dynamic") is False

@@ -11,7 +11,7 @@ from mlagen import knobs
 
 NAMES = ("MLAGEN_OUT_DIR", "MLAGEN_CACHE_DIR", "MLAGEN_TUNING_DB", "MLAGEN_NO_TUNED", "MLAGEN_NO_SHIPPED",
          "MLAGEN_FAMILY", "MLAGEN_COMPILE_WORKERS", "MLAGEN_LOG", "MLAGEN_NVRTC_LIBRARY", "MLAGEN_CHECK_SEQLENS",
-         "MLAGEN_RECORD_SHAPES", "MLAGEN_HEAD_GROUP", "MLAGEN_TILE_DEAL", "MLAGEN_HIP_CLANG", "MLAGEN_HIP_COMPILER", "MLAGEN_PEERS_DIR")
+         "MLAGEN_RECORD_SHAPES", "MLAGEN_HEAD_GROUP", "MLAGEN_HIP_CLANG", "MLAGEN_HIP_COMPILER", "MLAGEN_PEERS_DIR")
 
 
 @pytest.fixture
@@ -46,7 +46,6 @@ def test_defaults(clean_env):
     assert knobs.log_level() == "WARNING"
     assert knobs.hip_clang() is None and knobs.hip_compiler() == "auto"
     assert knobs.head_group() is None
-    assert knobs.tile_deal() is None
 
 
 def test_hip_compiler_choice(clean_env):
@@ -148,11 +147,3 @@ def test_head_group(clean_env):
         clean_env.setenv("MLAGEN_HEAD_GROUP", bad)
         with pytest.raises(ValueError, match=f"MLAGEN_HEAD_GROUP='{bad}': expected a positive integer"):
             knobs.head_group()
-
-
-def test_tile_deal(clean_env):
-    clean_env.setenv("MLAGEN_TILE_DEAL", " Stride")
-    assert knobs.tile_deal() == "stride"
-    clean_env.setenv("MLAGEN_TILE_DEAL", "round-robin")
-    with pytest.raises(ValueError, match="MLAGEN_TILE_DEAL='round-robin': expected one of snake, stride"):
-        knobs.tile_deal()

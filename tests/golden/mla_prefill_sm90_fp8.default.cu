@@ -68,7 +68,6 @@ struct Params {
   int* tile_counter;
   int num_virtual_tiles;
   int head_group;
-  int snake;
   int rope_shared;
   mlagen::u16* out;
   float* lse;

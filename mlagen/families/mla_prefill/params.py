@@ -50,7 +50,6 @@ TMA_PARAMS = abi.ParamStruct("Params", (
     abi.Field("tile_counter", "int*"),
     abi.Field("num_virtual_tiles", "int"),
     abi.Field("head_group", "int"),
-    abi.Field("snake", "int"),
     abi.Field("rope_shared", "int"),
 ) + _COMMON_FIELDS)
 

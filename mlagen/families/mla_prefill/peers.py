@@ -72,14 +72,11 @@ def mlagen_peer(shape, inputs: dict, arg: str | None = None, *, check_seqlens: b
     how = "public call, default arguments" if not extra else ", ".join(
         f"{a}={getattr(b, 'symbol', b)!r}" for a, b in extra.items())
     order = ""
-    if sel.spec.abi in ("tma", "tma_fp8"):  # the tile order the launcher picks (tma.py)
+    if sel.spec.abi in ("tma", "tma_fp8"):  # the tile order the launcher picks (tma.py: head_group)
         from .schedule import evaluate
-        from .tma import head_group, snake_deal
+        from .tma import head_group
 
-        scheduler = evaluate(sel.variant).scheduler
-        order = f"; tiles in groups of {head_group(shape, scheduler)} heads"
-        if scheduler == "persistent":
-            order += ", dealt in a snake" if snake_deal(scheduler) else ", dealt in stride"
+        order = f"; tiles in groups of {head_group(shape, evaluate(sel.variant).scheduler)} heads"
     return Prepared(fn, checked_call,
                     f"{how}; shared k_rope [Tk, 1, 64]; {sel.variant.symbol} ({sel.origin}){order}")
 

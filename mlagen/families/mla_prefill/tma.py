@@ -145,16 +145,6 @@ def head_group(call: Call, scheduler: str) -> int:
     return min(CAUSAL_HEAD_GROUP, call.heads)
 
 
-def snake_deal(scheduler: str) -> bool:
-    """Whether the persistent scheduler deals odd rounds of tiles backwards (mla_prefill.cuh:
-    TileSchedule::next_static). Dealt forwards, the first CTAs of every round take that round's
-    longest causal tile; a list-scheduling simulation put D7's makespan at 1.19x the ideal dealt
-    forwards and 1.03x in a snake (docs/notes.md). ``MLAGEN_TILE_DEAL`` overrides it."""
-    if scheduler != "persistent":
-        return False  # the static scheduler takes one tile per CTA, the dynamic one a queue
-    return (knobs.tile_deal() or "snake") == "snake"
-
-
 def launch(selection, call: Call, env: dict, stream: int) -> None:
     import torch
 
@@ -191,7 +181,6 @@ def launch(selection, call: Call, env: dict, stream: int) -> None:
         "tile_counter": counter,
         "num_virtual_tiles": n_virtual,
         "head_group": head_group(call, s.scheduler),
-        "snake": int(snake_deal(s.scheduler)),
         "rope_shared": int(call.k_rope.size(1) == 1),
         **common_values(call),
     }

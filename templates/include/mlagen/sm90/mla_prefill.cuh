@@ -135,17 +135,10 @@ struct TileSchedule {
   __device__ __forceinline__ int first() const { return blockIdx.x / Cfg::kCluster; }
   // Static and persistent schedules are computed identically by every warp; the dynamic one is
   // fetched by the producer (next_dynamic) and published to the consumers through shared memory.
-  //
-  // The persistent one deals the tiles in rounds of one per cluster: round r covers tiles
-  // [r * P, (r + 1) * P). With p.snake, odd rounds go right to left (the cluster at position k
-  // takes position P - 1 - k of the next round), so a cluster dealt a long tile in one round gets
-  // a short one in the next; else each round goes left to right (stride P), where the first
-  // clusters take the longest tile of every round (the launcher picks: mla_prefill/tma.py).
   __device__ __forceinline__ int next_static(int t) const {
     if constexpr (Cfg::kScheduler == Scheduler::kStatic) return total;
-    const int clusters = Cfg::kCluster == 1 ? static_cast<int>(gridDim.x) : static_cast<int>(cluster_count_x());
-    if (p.snake) return 2 * clusters * (t / clusters + 1) - 1 - t;
-    return t + clusters;
+    if constexpr (Cfg::kCluster == 1) return t + gridDim.x;
+    return t + static_cast<int>(cluster_count_x());
   }
   __device__ __forceinline__ int next_dynamic() const { return gridDim.x + atomicAdd(p.tile_counter, 1); }
 };

@@ -9,6 +9,7 @@ are generated from one description instead of being kept in step by hand.
 from __future__ import annotations
 
 import ctypes
+import functools
 import struct
 from dataclasses import dataclass
 
@@ -44,7 +45,7 @@ class ParamStruct:
             if f.kind not in _KINDS:
                 raise ValueError(f"field {f.name}: unknown kind {f.kind!r}; known: {', '.join(_KINDS)}")
 
-    @property
+    @functools.cached_property
     def layout(self) -> list[tuple[Field, int]]:
         """(field, byte offset) with C's natural alignment rules."""
         out, offset = [], 0
@@ -55,15 +56,33 @@ class ParamStruct:
             offset += size
         return out
 
-    @property
+    @functools.cached_property
     def alignment(self) -> int:
         return max(_KINDS[f.kind][2] for f in self.fields)
 
-    @property
+    @functools.cached_property
     def size(self) -> int:
         f, offset = self.layout[-1]
         end = offset + _KINDS[f.kind][1]
         return (end + self.alignment - 1) // self.alignment * self.alignment
+
+    @functools.cached_property
+    def _packer(self) -> tuple[struct.Struct, tuple[str, ...], frozenset, tuple[str, ...]]:
+        """The whole struct as one struct.Struct (padding as pad bytes, tensor maps as 128s), the
+        field names in order, their set, and the raw-bytes fields (whose length pack checks, as
+        ``s`` codes would silently pad or cut). Launches pack on every call: one pack_into."""
+        fmt, end = ["<"], 0
+        for f, offset in self.layout:
+            if offset > end:
+                fmt.append(f"{offset - end}x")
+            code, size = _KINDS[f.kind][3], _KINDS[f.kind][1]
+            fmt.append(code if code is not None else f"{size}s")
+            end = offset + size
+        if self.size > end:
+            fmt.append(f"{self.size - end}x")
+        names = tuple(f.name for f in self.fields)
+        raw = tuple(f.name for f in self.fields if _KINDS[f.kind][3] is None)
+        return struct.Struct("".join(fmt)), names, frozenset(names), raw
 
     def c_declaration(self) -> str:
         lines = [f"struct {self.name} {{"]
@@ -84,22 +103,29 @@ class ParamStruct:
 
     def pack(self, values: dict) -> "PackedParams":
         """Pack field values (ints for pointers, bytes for tensor maps) into a launch buffer."""
-        missing = [f.name for f in self.fields if f.name not in values]
-        extra = set(values) - {f.name for f in self.fields}
-        if missing or extra:
-            raise ValueError(f"{self.name}: missing {missing}, unexpected {sorted(extra)}")
+        packer, names, name_set, raw = self._packer
+        if values.keys() != name_set:
+            missing = [n for n in names if n not in values]
+            raise ValueError(f"{self.name}: missing {missing}, unexpected {sorted(set(values) - name_set)}")
+        for name in raw:
+            if len(values[name]) != 128:
+                raise ValueError(f"{self.name}.{name}: expected 128 bytes, got {len(values[name])}")
         buf = PackedParams(self.size)
-        for f, offset in self.layout:
-            fmt = _KINDS[f.kind][3]
-            value = values[f.name]
-            if fmt is None:
-                raw = bytes(value)
-                if len(raw) != _KINDS[f.kind][1]:
-                    raise ValueError(f"{self.name}.{f.name}: expected {_KINDS[f.kind][1]} bytes, got {len(raw)}")
-                buf.data[offset:offset + len(raw)] = raw
-            else:
-                struct.pack_into("<" + fmt, buf.data, offset, value)
+        try:
+            packer.pack_into(buf.data, 0, *[values[n] for n in names])
+        except struct.error as exc:  # name the field
+            bad = next((f.name for f in self.fields if _KINDS[f.kind][3] is not None
+                        and not _packs(_KINDS[f.kind][3], values[f.name])), "?")
+            raise struct.error(f"{self.name}.{bad}: {exc} (value {values.get(bad)!r})") from exc
         return buf
+
+
+def _packs(code: str, value) -> bool:
+    try:
+        struct.pack("<" + code, value)
+        return True
+    except struct.error:
+        return False
 
 
 class PackedParams:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 import logging
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from . import arch, db, families, knobs, resources
 from . import spec as spec_mod
@@ -35,6 +35,9 @@ class Selection:
     resources: resources.Resources
     origin: str  # "default", "explicit", "user" or "shipped:<file>", + " (other device: <name>)"
     env: dict    # variant.env(), computed once: launches read block sizes from it
+    # What a launcher derives from the variant once (schedule, boxes, grid rule) and reads on
+    # every call, keyed by the launcher; filled on first launch. Not part of equality.
+    plan: dict = field(default_factory=dict, compare=False, hash=False, repr=False)
 
 
 @functools.lru_cache(maxsize=None)
@@ -147,10 +150,14 @@ class Dispatcher:
     def __init__(self):
         self._memo: dict[tuple, Selection] = {}
         self._lock = threading.Lock()
+        # Bumped by clear(): memos in front of this one (a family's per-call cache of its
+        # selections) compare it and start over when it moved.
+        self.generation = 0
 
     def clear(self) -> None:
         with self._lock:
             self._memo.clear()
+            self.generation += 1
 
     def candidates(self, family: str, target: arch.Target, accepts, only: str | None = None) -> list[spec_mod.KernelSpec]:
         forced = only or knobs.forced_family()

@@ -286,6 +286,19 @@ def runtime():
     return CudaRuntime()
 
 
+def device_alloc(nbytes: int) -> int:
+    """Device memory from the driver in the current context, outside torch's caching allocator,
+    so no memory pool (a CUDA graph's, or torch.compile's) ever holds it. Never freed: for small
+    buffers a process keeps."""
+    return int(check(_driver().cuMemAlloc(nbytes), f"cuMemAlloc({nbytes})"))
+
+
+def memset_d32_async(address: int, value: int, count: int, stream: int) -> None:
+    """``count`` 32-bit words at ``address`` set to ``value``, in order on ``stream``."""
+    d = _driver()
+    check(d.cuMemsetD32Async(d.CUdeviceptr(address), value, count, d.CUstream(stream)), "cuMemsetD32Async")
+
+
 def encode_tensor_map_bf16(address: int, dims: list[int], strides_bytes: list[int], box: list[int],
                            swizzle_bytes: int, what: str) -> bytes:
     """A TMA descriptor (128 bytes) for a bf16 tensor; dims innermost first, strides for dims[1:]."""

@@ -137,7 +137,7 @@ def test_pack_tensormap_of_the_wrong_size():
 def test_pack_out_of_range_int():
     values = _values(SIMT_PARAMS)
     values["total_q"] = 2**31
-    with pytest.raises(struct.error):
+    with pytest.raises(struct.error, match=r"Params\.total_q: .* \(value 2147483648\)"):
         SIMT_PARAMS.pack(values)
 
 

@@ -59,8 +59,18 @@ class Call:
         return self.total_q == 0
 
     def tma_compatible(self) -> str | None:
-        """None if every operand meets TMA's rules (16-byte aligned base and strides), else why not."""
+        """None if every operand meets TMA's rules (16-byte aligned base and strides), else why not.
+        Computed once per call (dispatch asks for each spec)."""
+        try:
+            return self._tma_verdict
+        except AttributeError:
+            self._tma_verdict = self._tma_check()
+            return self._tma_verdict
+
+    def _tma_check(self) -> str | None:
         for name in ("q", "k", "k_rope", "v", "out"):
+            if _aligned(getattr(self, name)):
+                continue
             t = getattr(self, name)
             if t.data_ptr() % 16:
                 return f"{name} is not 16-byte aligned"
@@ -97,12 +107,14 @@ INPUT_DTYPES = {"bf16": "bfloat16", "fp8_e4m3": "float8_e4m3fn", "fp8_e4m3fnuz":
 FP8_DTYPES = ("fp8_e4m3", "fp8_e4m3fnuz")
 
 
+_DTYPE_NAMES: dict = {}
+
+
 def dtype_name(torch, dtype) -> str | None:
     """The dtype name ("bf16", "fp8_e4m3", "fp8_e4m3fnuz") of a torch dtype, None if not an input type."""
-    for name, attr in INPUT_DTYPES.items():
-        if getattr(torch, attr, None) == dtype:
-            return name
-    return None
+    if not _DTYPE_NAMES:
+        _DTYPE_NAMES.update({getattr(torch, attr): name for name, attr in INPUT_DTYPES.items() if hasattr(torch, attr)})
+    return _DTYPE_NAMES.get(dtype)
 
 
 def _allowed_dtypes(torch) -> str:
@@ -246,11 +258,18 @@ def check_arguments(torch, q, k, v, k_rope=None, cu_seqlens_q=None, cu_seqlens_k
     return total_q, total_k, heads, batch, rope
 
 
+def _aligned(t) -> bool:
+    """Whether t's base and its strides (but the last, and of dimensions of size 1) are multiples
+    of 16 bytes: what cp.async and TMA need."""
+    if t.data_ptr() % 16:
+        return False
+    elem = t.element_size()
+    return not any(size > 1 and (stride * elem) % 16 for size, stride in zip(t.shape[:-1], t.stride()[:-1]))
+
+
 def _aligned_or_copy(t):
     """cp.async and TMA read 16-byte chunks: a view whose base or strides break that is copied."""
-    ok = t.data_ptr() % 16 == 0 and all(
-        (t.stride(d) * t.element_size()) % 16 == 0 for d in range(t.dim() - 1) if t.size(d) > 1)
-    return t if ok else t.contiguous()
+    return t if _aligned(t) else t.contiguous()
 
 
 def _check_cu_values(cu, arg: str, total: int, longest: int | None, longest_arg: str) -> None:
@@ -319,6 +338,10 @@ def prepare(q, k, v, *, k_rope=None, cu_seqlens_q=None, cu_seqlens_k=None, causa
     if k_rope is None:
         k_rope = k[:, :, D_NOPE:]
         k = k[:, :, :D_NOPE]
-    q, k, k_rope, v = (_aligned_or_copy(t) for t in (q, k, k_rope, v))
-    return Call(q, k, k_rope, v, out, lse, cu_q, cu_k, total_q, total_k, heads, batch, causal, scale, rope,
+    q, k, k_rope, v = _aligned_or_copy(q), _aligned_or_copy(k), _aligned_or_copy(k_rope), _aligned_or_copy(v)
+    call = Call(q, k, k_rope, v, out, lse, cu_q, cu_k, total_q, total_k, heads, batch, causal, scale, rope,
                 max_seqlen_q, max_seqlen_k, dtype, q_descale, k_descale, v_descale)
+    # TMA's rules are _aligned's: q, k, k_rope and v now meet them, and out was checked above (its
+    # strides by check_arguments) or allocated here; so dispatch need not look again.
+    call._tma_verdict = None
+    return call

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 
-from ... import dispatch, runtime
+from ... import dispatch, knobs, runtime
 from ...errors import ArgumentTypeError
 from ...variant import Variant
 from .launch import accepts, launch, spec_dtype
@@ -37,9 +37,27 @@ def run(q, k, v, *, k_rope=None, cu_seqlens_q=None, cu_seqlens_k=None, causal=Tr
         call.lse.fill_(math.inf)
         return call.out, call.lse
     device, selection = select(call, kernel)
-    with torch.cuda.device(device):
-        launch(selection, call, torch.cuda.current_stream(device).cuda_stream)
+    stream = current_stream(torch, device)
+    if device == torch.cuda.current_device():
+        launch(selection, call, stream)
+    else:  # the tensors' device, for anything the launcher allocates (a cheap check, a costly switch)
+        with torch.cuda.device(device):
+            launch(selection, call, stream)
     return call.out, call.lse
+
+
+def current_stream(torch, device: int) -> int:
+    """The handle of torch's current stream on ``device`` (torch's raw accessor where it has one:
+    a tenth of the cost of building a Stream object, on every call)."""
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    return raw(device) if raw is not None else torch.cuda.current_stream(device).cuda_stream
+
+
+# (generation of the dispatcher, device, the call's class and kernel argument, forced spec) ->
+# (device, Selection): what select() returned for calls like this one, so a repeated call
+# skips the problem key and the dispatcher's spec filter. Bounded; cleared with the dispatcher.
+_selected: dict[tuple, tuple] = {}
+_SELECTED_MAX = 4096
 
 
 def select(call: Call, kernel=None):
@@ -47,6 +65,20 @@ def select(call: Call, kernel=None):
     import torch
 
     device = call.q.device.index if call.q.device.index is not None else torch.cuda.current_device()
+    if isinstance(kernel, Variant):
+        return _select(call, kernel, device)
+    memo = (dispatch.dispatcher().generation, device, call.dtype, call.heads, call.total_q, call.total_k, call.batch,
+            call.causal, call.tma_compatible() is None, kernel, knobs.FAMILY.raw())
+    hit = _selected.get(memo)
+    if hit is None:
+        hit = _select(call, kernel, device)
+        if len(_selected) >= _SELECTED_MAX:
+            _selected.clear()
+        _selected[memo] = hit
+    return hit
+
+
+def _select(call: Call, kernel, device: int):
     named = kernel.spec if isinstance(kernel, Variant) else next(
         (s for s in dispatch.family_specs(FAMILY_NAME) if s.name == kernel), None)
     if named is not None and spec_dtype(named) != call.dtype:

@@ -18,14 +18,15 @@ is the same layout in torch: the reference the tests hold the pre-pass to.
 from __future__ import annotations
 
 import threading
-from collections import OrderedDict
+from dataclasses import dataclass
 
 from ... import knobs
-from ...runtime import device_info, encode_tensor_map
+from ...abi import ParamStruct
+from ...runtime import device_alloc, device_info, encode_tensor_map, memset_d32_async
 from .call import Call
 from .pack import common_values, num_virtual_tiles
 from .params import ABIS, VT_PARAMS
-from .schedule import evaluate
+from .schedule import Schedule, evaluate
 
 # Position p of a 16-key group of V^T holds key PERM16[p]: thread t of a quad holds S columns
 # 2t, 2t+1, 8+2t, 9+2t of each 16 (the wgmma accumulator layout) and the k32 e4m3 A fragment wants
@@ -33,7 +34,7 @@ from .schedule import evaluate
 PERM16 = tuple(8 * ((p % 4) // 2) + 2 * (p // 4) + p % 2 for p in range(16))
 
 _CACHE_SIZE = 512
-_maps: "OrderedDict[tuple, bytes]" = OrderedDict()
+_maps: dict[tuple, bytes] = {}  # oldest first; read without the lock (dict reads are atomic)
 _lock = threading.Lock()
 
 
@@ -42,22 +43,45 @@ def tensor_map(t, box_cols: int, box_rows: int, swizzle: int, what: str) -> byte
     a (box_cols, 1 head, box_rows) box."""
     rows, heads, cols = t.shape
     elem = t.element_size()
-    row_stride = t.stride(0) * elem
-    head_stride = t.stride(1) * elem if heads > 1 else row_stride  # any 16-byte multiple will do for one head
+    strides = t.stride()
+    row_stride = strides[0] * elem
+    head_stride = strides[1] * elem if heads > 1 else row_stride  # any 16-byte multiple will do for one head
     key = (t.data_ptr(), elem, rows, heads, cols, row_stride, head_stride, box_cols, box_rows, swizzle)
-    with _lock:
-        hit = _maps.get(key)
-        if hit is not None:
-            _maps.move_to_end(key)
-            return hit
-    encoded = encode_tensor_map(t.data_ptr(), [cols, heads, max(rows, 1)], [head_stride, row_stride],
+    hit = _maps.get(key)
+    if hit is not None:
+        return hit
+    encoded = encode_tensor_map(key[0], [cols, heads, max(rows, 1)], [head_stride, row_stride],
                                 [box_cols, 1, box_rows], swizzle, what, elem)
     with _lock:
+        if len(_maps) >= _CACHE_SIZE:
+            del _maps[next(iter(_maps))]
         _maps[key] = encoded
-        if len(_maps) > _CACHE_SIZE:
-            _maps.popitem(last=False)
     return encoded
 
+
+# The dynamic scheduler's tile counter, one int32 per (device, stream), set to 0 on the stream
+# right before each launch (cuMemsetD32Async: one driver call, where a new torch.zeros costs an
+# allocation and a fill kernel launch). Launches on one stream run in order, so they can share it.
+# The counters come from the driver, not torch's allocator, so no memory pool holds them (a
+# torch.compile CUDA-graph tree refuses live allocations in its pool it did not make). A graph
+# being captured gets a counter of its own from the graph's pool instead (a memset node), so a
+# replay on another stream never shares one with eager launches.
+_counters: dict[tuple[int, int], int] = {}
+
+
+def tile_counter(device, stream: int) -> int:
+    """Address of a zeroed int32 the next kernel on ``stream`` may count tiles in."""
+    import torch
+
+    if torch.cuda.is_current_stream_capturing():
+        return torch.zeros(1, dtype=torch.int32, device=device).data_ptr()
+    key = (device.index, stream)
+    address = _counters.get(key)
+    if address is None:
+        with _lock:
+            address = _counters.get(key) or _counters.setdefault(key, device_alloc(4))
+    memset_d32_async(address, 0, 1, stream)
+    return address
 
 def vt_width(total_k: int, batch: int) -> int:
     """Columns of V^T: every sequence starts on a 16-column boundary (at most 16 more per sequence)."""
@@ -145,50 +169,61 @@ def head_group(call: Call, scheduler: str) -> int:
     return min(CAUSAL_HEAD_GROUP, call.heads)
 
 
-def launch(selection, call: Call, env: dict, stream: int) -> None:
-    import torch
+@dataclass(frozen=True)
+class _Plan:
+    """What a launch of one selected kernel reads on every call, derived once from its variant."""
 
-    s = evaluate(selection.variant)
-    fp8 = selection.spec.abi == "tma_fp8"
-    elem = 1 if fp8 else 2
-    bm, bn = env["block_m"], env["block_n"]
-    sw_q, sw_k, sw_v = s.swizzle["q"], s.swizzle["k"], s.swizzle["v"]
-    kv_rows = bn // s.cluster  # in a cluster, each CTA loads its share of every K/V tile
-    if fp8:
+    fp8: bool
+    elem: int
+    block_m: int
+    swizzle: tuple[int, int, int]  # q, k, v
+    kv_rows: int                   # rows of a K/V box: in a cluster, each CTA loads its share
+    cluster: int
+    schedule: Schedule
+    abi: ParamStruct
+    block: tuple[int, int, int]
+    smem: int
+
+
+def _plan(selection, env: dict) -> _Plan:
+    plan = selection.plan.get("tma")
+    if plan is None:
+        s = evaluate(selection.variant)
+        fp8 = selection.spec.abi == "tma_fp8"
+        plan = _Plan(fp8, 1 if fp8 else 2, env["block_m"], (s.swizzle["q"], s.swizzle["k"], s.swizzle["v"]),
+                     env["block_n"] // s.cluster, s.cluster, s, ABIS[selection.spec.abi],
+                     (selection.resources.threads, 1, 1), selection.resources.smem_bytes)
+        selection.plan["tma"] = plan
+    return plan
+
+
+def launch(selection, call: Call, env: dict, stream: int) -> None:
+    p = _plan(selection, env)
+    s, elem, bm = p.schedule, p.elem, p.block_m
+    sw_q, sw_k, sw_v = p.swizzle
+    if p.fp8:
         # V^T as [d_v rows, heads, columns]; boxes of sw_v keys by all d_v rows (a cluster's share).
         vt = launch_transpose_v(selection, call, stream)
-        v_map = tensor_map(vt.permute(1, 0, 2), sw_v, vt.size(1) // s.cluster, sw_v, "v (transposed)")
+        v_map = tensor_map(vt.permute(1, 0, 2), sw_v, vt.size(1) // p.cluster, sw_v, "v (transposed)")
     else:
-        v_map = tensor_map(call.v, sw_v // 2, kv_rows, sw_v, "v")
-    maps = {
-        "tma_q": tensor_map(call.q, sw_q // elem, bm, sw_q, "q"),
-        "tma_k": tensor_map(call.k, sw_k // elem, kv_rows, sw_k, "k"),
-        "tma_k_rope": tensor_map(call.k_rope, sw_k // elem, kv_rows, sw_k, "k_rope"),
-        "tma_v": v_map,
-        "tma_o": tensor_map(call.out, sw_q // 2, 64, sw_q, "out"),
-    }
+        v_map = tensor_map(call.v, sw_v // 2, p.kv_rows, sw_v, "v")
+    values = common_values(call)
+    values["tma_q"] = tensor_map(call.q, sw_q // elem, bm, sw_q, "q")
+    values["tma_k"] = tensor_map(call.k, sw_k // elem, p.kv_rows, sw_k, "k")
+    values["tma_k_rope"] = tensor_map(call.k_rope, sw_k // elem, p.kv_rows, sw_k, "k_rope")
+    values["tma_v"] = v_map
+    values["tma_o"] = tensor_map(call.out, sw_q // 2, 64, sw_q, "out")
     # Tiles are numbered per cluster: a cluster of C CTAs takes C * block_m query rows.
-    n_virtual = num_virtual_tiles(call, bm * s.cluster)
-    info = device_info(call.q.device.index)
-    grid = s.grid(n_virtual * call.heads, info.sm_count if s.scheduler != "static" else 0)
-    counter = 0
-    if s.scheduler == "dynamic":
-        # Zeroed per launch (a memset node when captured in a graph); the kernel counts tiles in it.
-        counter_t = torch.zeros(1, dtype=torch.int32, device=call.q.device)
-        counter = counter_t.data_ptr()
-    values = {
-        **maps,
-        "tile_counter": counter,
-        "num_virtual_tiles": n_virtual,
-        "head_group": head_group(call, s.scheduler),
-        "rope_shared": int(call.k_rope.size(1) == 1),
-        **common_values(call),
-    }
-    if fp8:
+    n_virtual = num_virtual_tiles(call, bm * p.cluster)
+    grid = s.grid(n_virtual * call.heads, device_info(call.q.device.index).sm_count if s.scheduler != "static" else 0)
+    # Zeroed per launch; the kernel counts tiles in it.
+    values["tile_counter"] = tile_counter(call.q.device, stream) if s.scheduler == "dynamic" else 0
+    values["num_virtual_tiles"] = n_virtual
+    values["head_group"] = head_group(call, s.scheduler)
+    values["rope_shared"] = int(call.k_rope.size(1) == 1)
+    if p.fp8:
         for name in ("q", "k", "v"):
             t = getattr(call, f"{name}_descale")
             values[f"{name}_descale"] = 0 if t is None else t.data_ptr()
             values[f"{name[0]}d_head_stride"] = 0 if t is None or t.numel() == 1 else t.stride(0)
-    params = ABIS[selection.spec.abi].pack(values)
-    res = selection.resources
-    selection.kernel.launch((grid, 1, 1), (res.threads, 1, 1), res.smem_bytes, stream, params)
+    selection.kernel.launch((grid, 1, 1), p.block, p.smem, stream, p.abi.pack(values))

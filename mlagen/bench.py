@@ -32,7 +32,7 @@ from typing import Any, Callable, Iterable
 from . import families, shapes
 from .errors import BenchError
 from .families.base import Family, Peer, Prepared
-from .measure import MIB, L2Flush, Timing, median, percentile, time_calls  # noqa: F401  (re-exported)
+from .measure import MIB, L2Flush, Timing, host_time, median, percentile, time_calls  # noqa: F401  (re-exported)
 from .verify import CHECK_HEADS
 
 CELL_LIMIT = 80    # characters of an n/a or WRONG reason shown in a table cell
@@ -217,6 +217,7 @@ class PeerResult:
     note: str = ""
     ours: bool = False
     lead: bool = False
+    host: float | None = None   # CPU seconds per call (measure.host_time)
 
     @property
     def wrong(self) -> bool:
@@ -367,6 +368,8 @@ def _prepare(family, item, shape, inputs, ref, warmup, log) -> tuple[PeerResult,
             for _ in range(warmup if outcome.check.ok else 0):
                 prepared.fn()
             torch.cuda.synchronize()
+            if outcome.check.ok:
+                outcome.host = host_time(prepared.fn)
         except Exception as exc:  # a peer's failure is a result, not a crash
             outcome.error = _reason(exc, caught)
             log(f"{shape.id} {name}: n/a ({outcome.error})")
@@ -578,7 +581,24 @@ def _family_table(results: list[Result]) -> list[str]:
     lines.append("| " + " | ".join(header) + " |")
     lines.append("|" + "|".join("---" for _ in header) + "|")
     lines += ["| " + " | ".join(_escape(_short(c)) for c in row) + " |" for row in rows]
-    return lines
+    return lines + _host_table(results, names)
+
+
+def _host_table(results: list[Result], names: list[str]) -> list[str]:
+    """CPU time per call of each peer: what an eager caller pays whatever the GPU does."""
+    if not any(p.host is not None for r in results for p in r.peers.values()):
+        return []
+
+    def cell(r: Result, n: str) -> str:
+        p = r.peers.get(n)
+        return "—" if p is None or p.host is None else f"{p.host * 1e6:.0f}"
+
+    header = ["shape"] + [f"{n} host µs/call" for n in names]
+    return ["", "Host (CPU) time per call, µs: the fastest of 5 runs of 20 calls back to back, divided by 20 "
+            "(the caller's cost per call whatever the GPU does; the times above do not show it while the "
+            "GPU is the slower).", "",
+            "| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"] + [
+            "| " + " | ".join([r.shape.id] + [cell(r, n) for n in names]) + " |" for r in results]
 
 
 def _notes(results: list[Result]) -> list[str]:
@@ -603,7 +623,7 @@ def _shape_fields(shape) -> dict:
 def results_to_json(results: list[Result], env: dict[str, str]) -> str:
     """Every measurement (per-call seconds per block included) and the environment, as JSON text."""
     def peer_dict(r: Result, p: PeerResult) -> dict:
-        d = {"note": p.note, "error": p.error, "check": None, "timing": None}
+        d = {"note": p.note, "error": p.error, "check": None, "timing": None, "host_s": p.host}
         if p.check is not None:
             d["check"] = {"max_abs": p.check.max_abs, "rel_l2": p.check.rel_l2, "lse_max_abs": p.check.lse_max_abs,
                           "problem": p.check.problem}

@@ -7,6 +7,7 @@ Used by ``tune`` (each trial, and the re-timing of finalists) and ``bench`` (eac
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
@@ -98,3 +99,22 @@ def time_calls(fn: Callable[[], Any], iters: int, flush: Callable[[], None]) -> 
         end.record()
     torch.cuda.synchronize()
     return [start.elapsed_time(end) / 1e3 for start, end in zip(starts, ends)]
+
+
+def host_time(fn: Callable[[], Any], calls: int = 20, reps: int = 5) -> float:
+    """Seconds of the caller's CPU time one call of ``fn`` costs: the fastest of ``reps`` runs of
+    ``calls`` calls back to back (the GPU idle before each run, so no launch waits on a full
+    queue), divided by ``calls``. What an eager caller (a serving stack outside CUDA graphs) pays
+    per call whatever the GPU does; the event timings do not show it while the GPU is the slower."""
+    import torch
+
+    best = math.inf
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        best = min(best, (time.perf_counter() - start) / calls)
+    torch.cuda.synchronize()
+    return best
+

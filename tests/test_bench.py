@@ -378,6 +378,7 @@ def _no_gpu_timing(monkeypatch, calls):
         return [1e-3 * (1 + len(calls) % 3)] * iters
 
     monkeypatch.setattr(bench, "time_calls", fake_time_calls)
+    monkeypatch.setattr(bench, "host_time", lambda fn: 42e-6)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
     monkeypatch.setattr(bench, "gpu_telemetry", lambda device=None: {})
@@ -431,8 +432,13 @@ def test_bench_shape_turns_peer_failures_into_results(monkeypatch):
     assert p["flaky"].timing is None and p["flaky"].error == "RuntimeError: illegal memory access"
     assert p["fa3"].timing is None and p["fa3"].error == "fa3: not built here"   # asked for: n/a with the reason
     assert any("round 2/2 cudnn" in line for line in logs) and any("fa2: n/a" in line for line in logs)
+    assert p["mlagen"].host == p["cudnn"].host == 42e-6 and p["fa2"].host is None and p["wrong"].host is None
     table = bench.format_table([result], {})
     assert "n/a (RuntimeError: No available kernel.; Flash attention" in table and "WRONG (relative L2 error" in table
+    host = _table_rows(table[table.index("Host (CPU) time per call"):])
+    assert host[0][0] == "shape" and host[0].index("fa3 host µs/call") < host[0].index("mlagen host µs/call")
+    assert host[1][0] == shape.id and host[1][host[0].index("mlagen host µs/call")] == "42"
+    assert host[1][host[0].index("fa2 host µs/call")] == "—"
     assert table.index("fa3 TFLOP/s") < table.index("mlagen TFLOP/s") and "n/a (fa3: not built here)" in table
 
 

@@ -90,3 +90,38 @@ def test_candidate_variants_end_with_the_default(empty_db):
                                              empty_db))
     assert found[0] == (variant.make(S90, {**rec.variant, "mask": "causal"}), "shipped:h100.json")
     assert found[-1][1] == "default" and len(found) >= 3  # every causal sm90 record is a candidate
+
+
+def test_mla_prefill_select_memo_follows_the_dispatcher(monkeypatch):
+    """entry.select answers a repeated call class from its memo, asks the dispatcher again for a
+    new class, a forced spec (MLAGEN_FAMILY) or after dispatcher().clear()."""
+    import types
+
+    from mlagen.families.mla_prefill import entry
+
+    asked = []
+
+    def fake_select(self, family, problem, specialization, device, accepts, variant=None, only=None):
+        asked.append((problem, only))
+        return types.SimpleNamespace(problem=problem, n=len(asked))
+
+    monkeypatch.setattr(dispatch.Dispatcher, "select", fake_select)
+    monkeypatch.delenv("MLAGEN_FAMILY", raising=False)
+    entry._selected.clear()
+
+    def call(heads=16, total=4096):
+        q = types.SimpleNamespace(device=types.SimpleNamespace(index=0), dtype="torch.bfloat16")
+        c = types.SimpleNamespace(q=q, dtype="bf16", heads=heads, total_q=total, total_k=total, batch=1, causal=True,
+                                  mask="causal", key=f"causal/h{heads}/q{total}", tma_compatible=lambda: None)
+        return c
+
+    first = entry.select(call())[1]
+    assert entry.select(call())[1] is first and len(asked) == 1        # the same class: the memo
+    assert entry.select(call(heads=64))[1].n == 2                     # another class: the dispatcher
+    monkeypatch.setenv("MLAGEN_FAMILY", "mla_prefill_sm80")
+    assert entry.select(call())[1].n == 3                             # a forced spec is part of the key
+    monkeypatch.delenv("MLAGEN_FAMILY")
+    assert entry.select(call())[1] is first
+    dispatch.dispatcher().clear()
+    assert entry.select(call())[1].n == 4                             # cleared: asked again
+    entry._selected.clear()

@@ -118,6 +118,10 @@ SM90_FP8_SCHEDULES = [
      "consumer_regs": 160},
     {"consumers": 3, "order": "none", "block_n": 64, "swizzle_v": 64, "stages": 3, "load_warps": 1,
      "producer_regs": 24, "consumer_regs": 160, "rescale": "first", "cluster": 2, "scheduler": "persistent"},
+    # The lazy maximum (probabilities up to 2^8 in e4m3).
+    {"rescale": "lazy"},
+    {"consumers": 3, "order": "none", "block_n": 96, "swizzle_v": 32, "load_warps": 1, "producer_regs": 24,
+     "consumer_regs": 160, "rescale": "lazy", "pv_wait": "late", "epilogue": "direct"},
 ]
 
 

@@ -310,6 +310,12 @@ SCHEDULES = [
     {"pv_wait": "late", "rescale": "overlapped", "q_operand": "regs", "scheduler": "static", "epilogue": "direct",
      "block_n": 112},
     {"pv_wait": "early", "rescale": "first", "block_n": 96, "load_warps": 1},
+    # The lazy maximum: O rescaled only when some row of the warp moved its maximum by > 2^8.
+    {"rescale": "lazy"},
+    {"rescale": "lazy", "overlap": False, "order": "none", "scheduler": "static", "epilogue": "direct"},
+    {"rescale": "lazy", "pv_wait": "late", "epilogue": "vtma", "scheduler": "persistent", "cluster": 2},
+    {"rescale": "lazy", "consumers": 3, "order": "none", "block_n": 80, "stages": 3, "load_warps": 1,
+     "producer_regs": 24, "consumer_regs": 160},
     # The output staged in the last V stage (released after the TMA store has read it): the ragged
     # case also takes the predicated-store path, which must release the stage too.
     {"epilogue": "vtma"},
@@ -349,6 +355,34 @@ def test_sm90_schedules(schedule, causal):
     q, k, v_, k_rope, _, _ = make(100, 1000, 16, seed=25)  # a prefix: 100 queries after 900 cached keys
     run_and_check(v, q, k, v_, k_rope, None, None, causal)
 
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
+                    reason="the sm90 kernel needs a Hopper GPU")
+@pytest.mark.parametrize("rescale", ["lazy", "overlapped"])
+@pytest.mark.parametrize("consumers", [2, 3])
+@pytest.mark.parametrize("causal", [True, False])
+def test_sm90_lazy_maximum_with_rising_scores(rescale, consumers, causal):
+    """Scores that rise by far more than the lazy margin (2^8) from one key tile to the next, in the
+    order the kernel visits them (last key tile first), and scores that stay flat: the kept maximum
+    must move in time (else exp2 overflows) and the skipped rescales must not change the result."""
+    from mlagen import spec, variant
+
+    extra = {"order": "none", "block_n": 80, "stages": 3, "load_warps": 1, "producer_regs": 24,
+             "consumer_regs": 160} if consumers == 3 else {}
+    v = variant.make(spec.load("mla_prefill_sm90"), {"rescale": rescale, "consumers": consumers, **extra,
+                                                     "mask": "causal" if causal else "none"})
+    q, k, v_, k_rope, cu_q, cu_k = make([700, 1, 333], [700, 1, 333], 16, seed=31)
+    # Key j's logits scaled by up to 40 towards the first keys, so every key tile's maximum is
+    # tens of log2 units above the one visited before it; flat rows in the middle sequence.
+    ramp = torch.linspace(40.0, 0.5, k.shape[0], device="cuda").view(-1, 1, 1)
+    k = (k.float() * ramp).to(torch.bfloat16)
+    k_rope = (k_rope.float() * ramp).to(torch.bfloat16)
+    run_and_check(v, q, k, v_, k_rope, cu_q, cu_k, causal, scale=0.05)
+    # Falling scores (the first tile visited holds the maximum): the kept maximum never moves.
+    k = (k.float() / ramp * ramp.flip(0)).to(torch.bfloat16)
+    k_rope = (k_rope.float() / ramp * ramp.flip(0)).to(torch.bfloat16)
+    run_and_check(v, q, k, v_, k_rope, cu_q, cu_k, causal, scale=0.05)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),

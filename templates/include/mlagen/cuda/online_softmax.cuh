@@ -31,22 +31,46 @@ struct RowStats {
   }
 };
 
+// How far (log2 units) a row's scores may rise above its kept maximum before a lazy softmax moves
+// it: probabilities then reach at most 2^8 = 256, which bf16, e4m3 (448) and the fp32 sums hold.
+constexpr float kLazyMaxMargin = 8.f;
+
 // Rescale-and-exponentiate one tile of scores in place: s becomes exp2(s*scale_log2 - new_max).
 // Returns the factor by which the output accumulator of each row must be multiplied.
 // A row that has seen only masked keys keeps max = -inf; its factors and probabilities are 0.
-template <int N_FRAGS>
+// LAZY keeps every row's maximum unless some row of the warp would rise by more than
+// kLazyMaxMargin (a warp vote, so the decision is warp-uniform); the factors are then exactly 1
+// and the caller may skip the output rescale (see any_row_moved). The result is the same softmax:
+// the maximum only has to bound the scores well enough that exp2 neither overflows nor loses them.
+template <int N_FRAGS, bool LAZY = false>
 __device__ __forceinline__ void softmax_update(float (&s)[N_FRAGS * 4], RowStats& st, float scale_log2,
                                                float (&correction)[2]) {
+  float mx[2];
+  bool keep = false;  // LAZY: every row of the warp keeps its maximum
+  if constexpr (LAZY) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float m = neg_inf();
+#pragma unroll
+      for (int j = 0; j < N_FRAGS; ++j) m = fmaxf(m, fmaxf(s[4 * j + 2 * r], s[4 * j + 2 * r + 1]));
+      mx[r] = quad_max(m) * scale_log2;
+    }
+    // -inf + margin is -inf, so a row's first visible score always moves it.
+    keep = !__any_sync(0xffffffffu, mx[0] > st.max_scaled[0] + kLazyMaxMargin ||
+                                        mx[1] > st.max_scaled[1] + kLazyMaxMargin);
+  }
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    float mx = neg_inf();
+    if constexpr (!LAZY) {
+      float m = neg_inf();
 #pragma unroll
-    for (int j = 0; j < N_FRAGS; ++j) mx = fmaxf(mx, fmaxf(s[4 * j + 2 * r], s[4 * j + 2 * r + 1]));
-    mx = quad_max(mx);
-    const float new_max = fmaxf(st.max_scaled[r], mx * scale_log2);
+      for (int j = 0; j < N_FRAGS; ++j) m = fmaxf(m, fmaxf(s[4 * j + 2 * r], s[4 * j + 2 * r + 1]));
+      mx[r] = quad_max(m) * scale_log2;
+    }
+    const float new_max = keep ? st.max_scaled[r] : fmaxf(st.max_scaled[r], mx[r]);
     // -inf - (-inf) is NaN: subtract 0 instead while the row has seen nothing.
     const float base = new_max == neg_inf() ? 0.f : new_max;
-    correction[r] = fast_exp2(st.max_scaled[r] - base);
+    correction[r] = keep ? 1.f : fast_exp2(st.max_scaled[r] - base);
     st.max_scaled[r] = new_max;
     float sum = 0.f;
 #pragma unroll
@@ -60,6 +84,11 @@ __device__ __forceinline__ void softmax_update(float (&s)[N_FRAGS * 4], RowStats
     }
     st.sum[r] = st.sum[r] * correction[r] + sum;
   }
+}
+
+// Warp-uniform: does any row of this warp have a correction other than 1 (its maximum moved)?
+__device__ __forceinline__ bool any_row_moved(const float (&correction)[2]) {
+  return __any_sync(0xffffffffu, correction[0] != 1.f || correction[1] != 1.f);
 }
 
 // Final per-row normaliser and log-sum-exp (natural log). A row with no visible key gets

@@ -405,13 +405,17 @@ __device__ __forceinline__ void scores_to_probabilities(ConsumerRegs<Cfg>& r, co
                                                         int row_base, float scale_log2, float (&corr)[2]) {
   pin_registers(r.s);
   if (n >= qt.first_masked_block) apply_mask(r, qt, n, row_base);
-  softmax_update<ConsumerRegs<Cfg>::kSFrags>(r.s, r.stats, scale_log2, corr);
+  softmax_update<ConsumerRegs<Cfg>::kSFrags, Cfg::kLazyRescale>(r.s, r.stats, scale_log2, corr);
 }
 
-// O *= the softmax correction of its rows (the running max moved).
+// O *= the softmax correction of its rows (the running max moved). With the lazy maximum most
+// steps move no row of the warp, and the 64 multiplies are skipped (a warp-uniform branch).
 template <class Cfg>
 __device__ __forceinline__ void rescale_o(ConsumerRegs<Cfg>& r, const float (&corr)[2]) {
   pin_registers(r.o);
+  if constexpr (Cfg::kLazyRescale) {
+    if (!any_row_moved(corr)) return;
+  }
 #pragma unroll
   for (int j = 0; j < ConsumerRegs<Cfg>::kOFrags; ++j) {
     r.o[4 * j + 0] *= corr[0];

@@ -16,8 +16,12 @@
 //
 // Rows (heads) past H are zero-filled Q rows whose outputs are not written; blocks past the
 // valid length are skipped whole (the block count is rounded up to pairs; the extra block is all
-// invalid). Softmax runs in the exp2 domain with the scale folded in.
+// invalid). Softmax runs in the exp2 domain with the scale folded in. With Cfg::kLazyMax the
+// shared running max moves only when a block's row max exceeds it by more than 2^8 (each
+// consumer applies the rule to the published values, so both agree row by row); O is rescaled
+// only when some row of the warp moved, and the exact max for max_logits is kept beside it.
 #pragma once
+#include "mlagen/cuda/online_softmax.cuh"
 #include "mlagen/common/types.cuh"
 #include "mlagen/sm90/barrier.cuh"
 #include "mlagen/sm90/sparse_gather.cuh"
@@ -107,13 +111,31 @@ __device__ __forceinline__ void load_q(const Params& p, u32 smem, const Barriers
 // ------------------------------------------------------------------------------------------------
 // Consumers.
 
+// The value subtracted before exp2: the max, or 0 while a row has seen no key (avoids inf - inf).
+__device__ __forceinline__ float max_or_zero(float m) { return m == neg_inf() ? 0.f : m; }
+
 struct ConsumerRegs {
   float o[128];   // 64 rows x 256 output columns
   float s[32];    // 64 rows x 64 keys: scores, then probabilities (fp32)
   u32 pb[4][4];   // probabilities as bf16 A fragments (4 k-steps of 16 keys)
   float m[2];     // running max (log2 domain, scale folded in) of rows lane/4 and lane/4 + 8
   float l[2];     // running sum of this consumer's probabilities
+  float mx[2];    // exact max of this consumer's blocks (for max_logits; r.m may lag with kLazyMax)
 };
+
+// The running max after folding in a block's row max b: the exact max, or with LAZY the kept one
+// unless b exceeds it by more than kLazyMaxMargin (-inf + margin is -inf: a first key moves it).
+template <bool LAZY>
+__device__ __forceinline__ float fold_max(float kept, float b) {
+  if constexpr (LAZY) return b > kept + kLazyMaxMargin ? b : kept;
+  return fmaxf(kept, b);
+}
+
+// The factor that takes values relative to `from` to relative to `to`: exactly 1 when the max
+// did not move (so the lazy path can skip the multiplies), else exp2(from - to).
+__device__ __forceinline__ float max_correction(float from, float to) {
+  return from == to ? 1.f : fast_exp2(from - max_or_zero(to));
+}
 
 // desc_offset and opaque (forming each MMA's descriptor from a base): mlagen/sm90/wgmma.cuh.
 
@@ -179,8 +201,6 @@ __device__ __forceinline__ void mask(ConsumerRegs& r, u32 smem, int buf) {
   }
 }
 
-// The value subtracted before exp2: the max, or 0 while a row has seen no key (avoids inf - inf).
-__device__ __forceinline__ float max_or_zero(float m) { return m == neg_inf() ? 0.f : m; }
 
 // This block's row max of the scores (log2 domain, scale folded in), over the row's quad.
 __device__ __forceinline__ void block_max(const ConsumerRegs& r, float scale_log2, float (&mx)[2]) {
@@ -198,16 +218,24 @@ __device__ __forceinline__ void block_max(const ConsumerRegs& r, float scale_log
 // With the new running max published, rescale O and the sum from r.m to it and turn the scores
 // into probabilities. Split from block_max so that the max reaches the other consumer before
 // this consumer spends time on exponentials and the O rescale.
+template <bool LAZY>
 __device__ __forceinline__ void exponentiate(ConsumerRegs& r, const float (&m_new)[2], float scale_log2) {
+  float corr[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) corr[h] = LAZY ? max_correction(r.m[h], m_new[h]) : fast_exp2(r.m[h] - max_or_zero(m_new[h]));
+  if (!LAZY || any_row_moved(corr)) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+#pragma unroll
+      for (int j = 0; j < 32; ++j) {
+        r.o[4 * j + 2 * h] *= corr[h];
+        r.o[4 * j + 2 * h + 1] *= corr[h];
+      }
+    }
+  }
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const float sub = max_or_zero(m_new[h]);
-    const float corr = fast_exp2(r.m[h] - sub);  // r.m is what O and l are relative to
-#pragma unroll
-    for (int j = 0; j < 32; ++j) {
-      r.o[4 * j + 2 * h] *= corr;
-      r.o[4 * j + 2 * h + 1] *= corr;
-    }
     float sum = 0.f;
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
@@ -215,7 +243,7 @@ __device__ __forceinline__ void exponentiate(ConsumerRegs& r, const float (&m_ne
       r.s[4 * j + 2 * h + 1] = fast_exp2(fmaf(r.s[4 * j + 2 * h + 1], scale_log2, -sub));
       sum += r.s[4 * j + 2 * h] + r.s[4 * j + 2 * h + 1];
     }
-    r.l[h] = r.l[h] * corr + sum;
+    r.l[h] = r.l[h] * corr[h] + sum;
     r.m[h] = m_new[h];
   }
 }
@@ -282,7 +310,20 @@ __device__ __forceinline__ void epilogue(const Params& p, ConsumerRegs& r, u32 s
                    "f"(r.l[h])
                    : "memory");
   }
+  if constexpr (Cfg::kLazyMax) {
+    // The exact max for max_logits: consumer 0's blocks through the exchange slot (its last reader,
+    // consumer 0 itself, has passed it), folded in by consumer 1, which writes max_logits.
+    if (wg == 0) store_max(smem + L::kMax, r.mx);
+  }
   named_sync(kSumReady, 256);
+  if constexpr (Cfg::kLazyMax) {
+    if (wg == 1) {
+      float other[2];
+      load_max(smem + L::kMax, other);
+      r.mx[0] = fmaxf(r.mx[0], other[0]);
+      r.mx[1] = fmaxf(r.mx[1], other[1]);
+    }
+  }
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     float other;
@@ -343,7 +384,7 @@ __device__ __forceinline__ void epilogue(const Params& p, ConsumerRegs& r, u32 s
       }
       if (wg == 1 && lane % 4 == 0) {
         const bool empty = r.l[h] == 0.f;
-        p.max_logits[(i64)t * p.ml_row_stride + heads[h]] = empty ? neg_inf() : r.m[h] * kLn2;
+        p.max_logits[(i64)t * p.ml_row_stride + heads[h]] = empty ? neg_inf() : (Cfg::kLazyMax ? r.mx[h] : r.m[h]) * kLn2;
         p.lse[(i64)t * p.lse_row_stride + heads[h]] = empty ? pos_inf() : (r.m[h] + __log2f(r.l[h])) * kLn2;
       }
     }
@@ -357,6 +398,7 @@ __device__ void consumer0(const Params& p, u32 smem, const Barriers& bar, int t,
 #pragma unroll
   for (int i = 0; i < 128; ++i) r.o[i] = 0.f;
   r.m[0] = r.m[1] = neg_inf();
+  r.mx[0] = r.mx[1] = neg_inf();
   r.l[0] = r.l[1] = 0.f;
   const int pairs = num_pairs(valid_length(p, t));
   load_q<Cfg>(p, smem, bar, t, head0);
@@ -377,11 +419,14 @@ __device__ void consumer0(const Params& p, u32 smem, const Barriers& bar, int t,
     mask<Cfg>(r, smem, 0);
     float m0[2];
     block_max(r, p.scale_log2, m0);
-    m0[0] = fmaxf(m0[0], r.m[0]);
-    m0[1] = fmaxf(m0[1], r.m[1]);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      if constexpr (Cfg::kLazyMax) r.mx[h] = fmaxf(r.mx[h], m0[h]);
+      m0[h] = fold_max<Cfg::kLazyMax>(r.m[h], m0[h]);
+    }
     store_max(smem + L::kMax, m0);
     named_arrive(kMax0Ready, 256);
-    exponentiate(r, m0, p.scale_log2);
+    exponentiate<Cfg::kLazyMax>(r, m0, p.scale_log2);
     const float one[2] = {1.f, 1.f};
     pack_p(r, one, r.pb);
     pin_registers(r.o);
@@ -396,9 +441,10 @@ __device__ void consumer0(const Params& p, u32 smem, const Barriers& bar, int t,
     load_max(smem + L::kMax, m1);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      f[h] = fast_exp2(r.m[h] - max_or_zero(m1[h]));
+      f[h] = Cfg::kLazyMax ? max_correction(r.m[h], m1[h]) : fast_exp2(r.m[h] - max_or_zero(m1[h]));
       r.m[h] = m1[h];
     }
+    const bool rescale = !Cfg::kLazyMax || any_row_moved(f);
     {
       u32 pb2[4][4];
       pack_p(r, f, pb2);
@@ -409,13 +455,15 @@ __device__ void consumer0(const Params& p, u32 smem, const Barriers& bar, int t,
     wgmma_wait<0>();
     pin_registers(r.o);
     mbar_arrive(bar.free(0, 0));
+    if (rescale) {
 #pragma unroll
-    for (int i = 0; i < 64; ++i) {
-      r.o[2 * i] *= f[(i % 2)];
-      r.o[2 * i + 1] *= f[(i % 2)];
+      for (int i = 0; i < 64; ++i) {
+        r.o[2 * i] *= f[(i % 2)];
+        r.o[2 * i + 1] *= f[(i % 2)];
+      }
+      r.l[0] *= f[0];
+      r.l[1] *= f[1];
     }
-    r.l[0] *= f[0];
-    r.l[1] *= f[1];
     named_sync(kP1Ready, 256);
     pin_registers(r.o);
     wgmma_fence();
@@ -452,6 +500,7 @@ __device__ void consumer1(const Params& p, u32 smem, const Barriers& bar, int t,
 #pragma unroll
   for (int i = 0; i < 128; ++i) r.o[i] = 0.f;
   r.m[0] = r.m[1] = neg_inf();
+  r.mx[0] = r.mx[1] = neg_inf();
   r.l[0] = r.l[1] = 0.f;
   const int pairs = num_pairs(valid_length(p, t));
   load_q<Cfg>(p, smem, bar, t, head0);
@@ -475,12 +524,15 @@ __device__ void consumer1(const Params& p, u32 smem, const Barriers& bar, int t,
     {
       float prior[2];
       load_max(smem + L::kMax, prior);
-      m1[0] = fmaxf(m1[0], prior[0]);
-      m1[1] = fmaxf(m1[1], prior[1]);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        if constexpr (Cfg::kLazyMax) r.mx[h] = fmaxf(r.mx[h], m1[h]);
+        m1[h] = fold_max<Cfg::kLazyMax>(prior[h], m1[h]);
+      }
     }
     store_max(smem + L::kMax, m1);
     named_arrive(kMax1Ready, 256);
-    exponentiate(r, m1, p.scale_log2);
+    exponentiate<Cfg::kLazyMax>(r, m1, p.scale_log2);
     const float one[2] = {1.f, 1.f};
     pack_p(r, one, r.pb);
     pin_registers(r.o);

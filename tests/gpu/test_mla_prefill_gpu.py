@@ -314,6 +314,7 @@ SCHEDULES = [
     {"rescale": "lazy"},
     {"rescale": "lazy", "overlap": False, "order": "none", "scheduler": "static", "epilogue": "direct"},
     {"rescale": "lazy", "pv_wait": "late", "epilogue": "vtma", "scheduler": "persistent", "cluster": 2},
+    {"rescale": "lazy", "epilogue": "vtma", "load_warps": 1, "consumer_regs": 208},   # D6's record
     {"rescale": "lazy", "consumers": 3, "order": "none", "block_n": 80, "stages": 3, "load_warps": 1,
      "producer_regs": 24, "consumer_regs": 160},
     # The output staged in the last V stage (released after the TMA store has read it): the ragged

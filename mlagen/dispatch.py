@@ -229,5 +229,33 @@ def dispatcher() -> Dispatcher:
     return Dispatcher()
 
 
-__all__ = ["Dispatcher", "Selection", "build", "candidate_variants", "choose_variant", "dispatcher", "family_specs", "record_key",
+class SelectionMemo:
+    """A family's per-call cache in front of the dispatcher: what its ``select`` answered for a
+    class of calls (the key: device, the call's class, the kernel argument, knobs), so a repeated
+    call skips the problem key and the dispatcher's spec filter. Entries carry the dispatcher's
+    generation, so ``dispatcher().clear()`` invalidates them; bounded (cleared when full).
+    Lock-free: two threads racing on a new class both compute the same answer."""
+
+    def __init__(self, limit: int = 4096):
+        self._entries: dict[tuple, object] = {}
+        self._limit = limit
+
+    def get(self, key: tuple, compute):
+        key = (dispatcher().generation, *key)
+        hit = self._entries.get(key)
+        if hit is None:
+            hit = compute()
+            if len(self._entries) >= self._limit:
+                self._entries.clear()
+            self._entries[key] = hit
+        return hit
+
+    def clear(self) -> None:
+        self._entries.clear()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+__all__ = ["Dispatcher", "Selection", "SelectionMemo", "build", "candidate_variants", "choose_variant", "dispatcher", "family_specs", "record_key",
            "record_target", "MlagenError"]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 
 from ... import dispatch, knobs, runtime
+from ...runtime import current_stream
 from ...errors import ArgumentTypeError
 from ...variant import Variant
 from .launch import accepts, launch, spec_dtype
@@ -46,18 +47,8 @@ def run(q, k, v, *, k_rope=None, cu_seqlens_q=None, cu_seqlens_k=None, causal=Tr
     return call.out, call.lse
 
 
-def current_stream(torch, device: int) -> int:
-    """The handle of torch's current stream on ``device`` (torch's raw accessor where it has one:
-    a tenth of the cost of building a Stream object, on every call)."""
-    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-    return raw(device) if raw is not None else torch.cuda.current_stream(device).cuda_stream
-
-
-# (generation of the dispatcher, device, the call's class and kernel argument, forced spec) ->
-# (device, Selection): what select() returned for calls like this one, so a repeated call
-# skips the problem key and the dispatcher's spec filter. Bounded; cleared with the dispatcher.
-_selected: dict[tuple, tuple] = {}
-_SELECTED_MAX = 4096
+# (device, the call's class and kernel argument, forced spec) -> (device, Selection).
+_selected = dispatch.SelectionMemo()
 
 
 def select(call: Call, kernel=None):
@@ -67,15 +58,9 @@ def select(call: Call, kernel=None):
     device = call.q.device.index if call.q.device.index is not None else torch.cuda.current_device()
     if isinstance(kernel, Variant):
         return _select(call, kernel, device)
-    memo = (dispatch.dispatcher().generation, device, call.dtype, call.heads, call.total_q, call.total_k, call.batch,
-            call.causal, call.tma_compatible() is None, kernel, knobs.FAMILY.raw())
-    hit = _selected.get(memo)
-    if hit is None:
-        hit = _select(call, kernel, device)
-        if len(_selected) >= _SELECTED_MAX:
-            _selected.clear()
-        _selected[memo] = hit
-    return hit
+    memo = (device, call.dtype, call.heads, call.total_q, call.total_k, call.batch, call.causal,
+            call.tma_compatible() is None, kernel, knobs.FAMILY.raw())
+    return _selected.get(memo, lambda: _select(call, kernel, device))
 
 
 def _select(call: Call, kernel, device: int):

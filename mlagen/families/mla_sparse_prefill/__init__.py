@@ -811,18 +811,30 @@ def run(q, kv, indices, *, softmax_scale, topk_length=None, attn_sink=None, d_v=
             fill_empty(call)
         return call.out, call.max_logits, call.lse
     device, selection = select(call, kernel)
-    with torch.cuda.device(device):
-        launch(selection, call, torch.cuda.current_stream(device).cuda_stream)
+    from ...runtime import current_stream
+
+    stream = current_stream(torch, device)
+    if device == torch.cuda.current_device():
+        launch(selection, call, stream)
+    else:  # the tensors' device (a cheap check, a costly switch)
+        with torch.cuda.device(device):
+            launch(selection, call, stream)
     return call.out, call.max_logits, call.lse
+
+
+# (device, the call's class, specialisation, kernel argument, forced spec) -> (device, Selection):
+# a dispatch.SelectionMemo, made on first use (dispatch imports the families).
+_selected = None
 
 
 def select(call: Call, kernel=None):
     """(device index, dispatch Selection) for a validated call; ``kernel`` is a spec name or a Variant."""
     import torch
 
-    from ... import dispatch
+    from ... import dispatch, knobs
     from ...variant import Variant
 
+    global _selected
     device = call.q.device.index if call.q.device.index is not None else torch.cuda.current_device()
     if isinstance(kernel, Variant):
         # A pinned variant skips dispatch's filter; one compiled for another layout or format
@@ -831,6 +843,17 @@ def select(call: Call, kernel=None):
         if wrong:
             _fail("kernel", f"variant {kernel.symbol} is compiled for "
                             f"{ {k: kernel.get(k) for k in wrong} }, the call needs {wrong}")
+        return _select(call, kernel, device)
+    if _selected is None:
+        _selected = dispatch.SelectionMemo()
+    memo = (device, str(call.key), tuple(specialization(call).items()), kernel, knobs.FAMILY.raw())
+    return _selected.get(memo, lambda: _select(call, kernel, device))
+
+
+def _select(call: Call, kernel, device: int):
+    from ... import dispatch
+    from ...variant import Variant
+
     try:
         selection = dispatch.dispatcher().select(
             FAMILY.name, str(call.key), specialization(call), device,

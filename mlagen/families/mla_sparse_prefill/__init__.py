@@ -804,6 +804,8 @@ def run(q, kv, indices, *, softmax_scale, topk_length=None, attn_sink=None, d_v=
     stream; returns (out, max_logits, lse). See :func:`mlagen.mla_sparse_prefill`."""
     import torch
 
+    from ...runtime import current_stream
+
     call = prepare(q, kv, indices, softmax_scale=softmax_scale, topk_length=topk_length, attn_sink=attn_sink,
                    d_v=d_v, out=out, max_logits=max_logits, lse=lse, kv_format=kv_format)
     if call.empty:
@@ -811,8 +813,6 @@ def run(q, kv, indices, *, softmax_scale, topk_length=None, attn_sink=None, d_v=
             fill_empty(call)
         return call.out, call.max_logits, call.lse
     device, selection = select(call, kernel)
-    from ...runtime import current_stream
-
     stream = current_stream(torch, device)
     if device == torch.cuda.current_device():
         launch(selection, call, stream)

@@ -113,6 +113,24 @@ def test_sm90_source_holds_the_schedule():
         assert line in text, line
 
 
+@pytest.mark.parametrize("spec_name, values, lines", [
+    # The O rescale: where (under Q K^T or right after the softmax) and when (every step, or lazily).
+    ("mla_prefill_sm90", {"rescale": "overlapped"},
+     ["kRescaleUnderQk = true;", "kLazyRescale = false;"]),
+    ("mla_prefill_sm90", {"rescale": "first"}, ["kRescaleUnderQk = false;", "kLazyRescale = false;"]),
+    ("mla_prefill_sm90", {"rescale": "lazy"}, ["kRescaleUnderQk = true;", "kLazyRescale = true;"]),
+    ("mla_prefill_sm90", {"rescale": "lazy", "overlap": False, "order": "none"},
+     ["kRescaleUnderQk = false;", "kLazyRescale = true;"]),
+    ("mla_prefill_sm90_fp8", {"rescale": "lazy"}, ["kLazyRescale = true;"]),
+    ("mla_sparse_prefill_sm90", {"softmax_max": "lazy"}, ["kLazyMax = true;"]),
+    ("mla_sparse_prefill_sm90", {"softmax_max": "exact"}, ["kLazyMax = false;"]),
+])
+def test_softmax_maximum_options_reach_the_kernel(spec_name, values, lines):
+    text = render.render(variant.make(spec_mod.load(spec_name), values)).text
+    for line in lines:
+        assert line in text, line
+
+
 def test_no_template_syntax_survives():
     for v in (variant.default(S80), variant.default(S90)):
         text = render.render(v).text

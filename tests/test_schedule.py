@@ -192,3 +192,12 @@ def test_the_scheduler_owns_its_grid_rule():
                                      ({"scheduler": "dynamic", "cluster": 1}, 1000, 78, 78)]:
         s = schedule.evaluate(variant_mod.make(s90, values))
         assert s.grid(tiles, sms) == grid, (values, tiles, sms)
+
+
+@pytest.mark.parametrize("rescale, allowed", [("first", False), ("overlapped", True), ("lazy", True)])
+def test_without_overlap_the_rescale_has_one_place(rescale, allowed):
+    """rescale: first places the O rescale before an overlapped Q K^T; without overlap only the
+    one place remains, taken every step (overlapped) or lazily (lazy)."""
+    v = variant.make(S90, {"rescale": rescale, "overlap": False, "order": "none"})
+    found = [x for x in resources.check(v, SM90A).reasons if x.startswith("rescale first places")]
+    assert bool(found) != allowed, found

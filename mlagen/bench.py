@@ -192,15 +192,21 @@ def format_peer_list() -> str:
 def interleaving(peers: list[str], rounds: int, ours: Iterable[str]) -> list[tuple[int, str]]:
     """(round, peer) in the order blocks are timed: each round runs every other peer, each
     followed by ours (peer, ours, peer, ours ...); without ours, or with ours alone, each once.
-    Several of ours (``mlagen``, ``mlagen:<spec>``) all follow each other peer."""
+    Several of ours (``mlagen``, ``mlagen:<spec>``, ``mlagen-check``) all follow each other peer,
+    in an order reversed every other round: otherwise every peer's block would follow the same one
+    of ours, and a block that leaves the GPU idle part of the time (``mlagen-check`` synchronises
+    the host on every call) would always hand the peers a cooler GPU than ours get."""
     ours = set(ours)
     mine = [p for p in peers if p in ours]
     others = [p for p in peers if p not in ours]
-    if mine and others:
-        one_round = [name for p in others for name in (p, *mine)]
-    else:
-        one_round = list(peers)
-    return [(r, name) for r in range(rounds) for name in one_round]
+    order = []
+    for r in range(rounds):
+        if mine and others:
+            mine_r = mine if r % 2 == 0 else mine[::-1]
+            order += [(r, name) for p in others for name in (p, *mine_r)]
+        else:
+            order += [(r, name) for name in peers]
+    return order
 
 
 # --- running --------------------------------------------------------------------------------
@@ -573,7 +579,8 @@ def _family_table(results: list[Result]) -> list[str]:
         rows.append([r.shape.id, r.description] + [_peer_cell(r, n) for n in names]
                     + [_ratio_cell(r, a, b) for a, b in pairs] + [_check_cell(r, a) for a in ours])
     r0 = results[0]
-    lines = [f"{r0.rounds} interleaved rounds (peer, ours, peer, ours ...) of {r0.iters} timed calls per block, "
+    lines = [f"{r0.rounds} interleaved rounds (peer, ours, peer, ours ...; several of ours in an order reversed "
+             f"every other round) of {r0.iters} timed calls per block, "
              "L2 flushed before each call. A cell is TFLOP/s at the median of the block medians, "
              "[at the p80 – p20 call times, all blocks pooled], then the range over the block medians. "
              f"Ratios are of the medians. Error: ours against the float32 reference on heads 0–{CHECK_HEADS - 1}; "

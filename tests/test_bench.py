@@ -165,6 +165,10 @@ def test_interleaving_puts_ours_after_each_peer():
                      (1, "cudnn"), (1, "mlagen"), (1, "fa2"), (1, "mlagen")]
     assert bench.interleaving(["flashmla", "mlagen", "mlagen:x"], 1, ours) == [
         (0, "flashmla"), (0, "mlagen"), (0, "mlagen:x")]
+    # Several of ours: their order alternates between rounds, so no peer always follows the same one.
+    assert bench.interleaving(["fa3", "cudnn", "mlagen", "mlagen:x"], 2, ours) == [
+        (0, "fa3"), (0, "mlagen"), (0, "mlagen:x"), (0, "cudnn"), (0, "mlagen"), (0, "mlagen:x"),
+        (1, "fa3"), (1, "mlagen:x"), (1, "mlagen"), (1, "cudnn"), (1, "mlagen:x"), (1, "mlagen")]
     assert bench.interleaving(["cudnn", "fa2"], 2, ours) == [(0, "cudnn"), (0, "fa2"), (1, "cudnn"), (1, "fa2")]
     assert bench.interleaving(["mlagen"], 3, ours) == [(0, "mlagen"), (1, "mlagen"), (2, "mlagen")]
     assert bench.interleaving([], 3, ours) == []

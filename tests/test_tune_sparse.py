@@ -146,12 +146,15 @@ def test_the_sparse_call_asks_dispatch_for_its_shape_class(monkeypatch):
     asked = {}
 
     class FakeDispatcher:
+        generation = 0   # read by the family's select memo (dispatch.SelectionMemo)
+
         def select(self, family, problem, specialization, device, accepts, variant=None, only=None):
             asked.update(family=family, problem=problem, specialization=specialization, device=device,
                          accepts=accepts(S90), variant=variant, only=only)
             return "selection"
 
     monkeypatch.setattr(dispatch, "dispatcher", lambda: FakeDispatcher())
+    monkeypatch.setattr(fam, "_selected", None)   # a fresh select memo
     q = SimpleNamespace(device=torch.device("cuda", 1))
     call = fam.Call(q, None, None, None, None, None, None, None, sq=4096, heads=128, topk=2048, d_qk=576,
                     num_kv=8192, kv_row_stride=576, kv_page_stride=0, page_size=0, scale=0.04)

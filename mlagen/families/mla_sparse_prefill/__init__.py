@@ -13,6 +13,7 @@ no host synchronisation), :func:`problem_key` (the tuning shape class), :func:`l
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, replace
 from typing import Any
@@ -33,6 +34,7 @@ def params_for(kv_format: str = "bf16") -> abi.ParamStruct:
     return _params(operands.get(kv_format).c_pointer)
 
 
+@functools.lru_cache(maxsize=None)
 def _params(kv_pointer: str) -> abi.ParamStruct:
     return abi.ParamStruct("Params", (
         abi.Field("q", "const bf16*"),
@@ -530,6 +532,16 @@ class MlaSparsePrefillFamily(Family):
     def shapes(self) -> dict[str, Shape]:
         """S1 ... S6 of BENCHMARKS.md."""
         return dict(SHAPES)
+
+    def check_shapes(self, problem: str) -> list[Shape]:
+        """The named shapes of the class; for a quantized cache's class, the first bf16 shape of
+        the same class read from that format (records of them are tuned on S1's sizes)."""
+        same = super().check_shapes(problem)
+        key = ProblemKey.parse(problem)
+        if same or key.kv_format == "bf16":
+            return same
+        plain = str(replace(key, kv_format="bf16"))
+        return [replace(s, kv_format=key.kv_format) for s in SHAPES.values() if str(problem_key(s)) == plain][:1]
 
     # --- run time ---------------------------------------------------------------------------
 

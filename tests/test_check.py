@@ -137,8 +137,30 @@ def test_gpu_mode_logic_with_a_stand_in_kernel_and_timer(monkeypatch):
                                    timer=lambda fn: fast / 0.8)
     [slow] = [s for s in speeds if s.record == record]
     assert not slow.ok and "below the recorded" in slow.problem
+    # One slow timing (a hot GPU) is timed again: the best of up to three decides.
+    seen = []
+    speeds = check.measure_shipped(0.1, shapes=[shape_of_class], device=torch.device("cpu"), info=info,
+                                   timer=lambda fn: seen.append(fn) or (fast / 0.8 if len(seen) == 1 else fast / 0.95))
+    [retimed] = [s for s in speeds if s.record == record]
+    assert retimed.ok and retimed.tflops == pytest.approx(record.tflops * 0.95) and len(seen) == 2
     others = [s for s in speeds if s.record.key.spec == "mla_prefill_sm90" and s.record != record]
     assert all("no benchmark shape of class" in s.problem for s in others)
     other_device = DeviceInfo(0, "NVIDIA H200", (9, 0), 132, "13.0", 232448, 50 << 20)
     assert check.measure_shipped(0.1, shapes=[shape_of_class], device=torch.device("cpu"), info=other_device,
                                  timer=lambda fn: fast) == []
+
+
+def test_gpu_mode_finds_a_shape_for_every_shipped_record():
+    # A record of a class with no BENCHMARKS.md id (1 x 8192 with 64 heads, or an FP8 cache's
+    # class) is timed on a shape of its class, not reported as untimeable.
+    from mlagen import db, families
+    from mlagen import spec as spec_mod
+
+    for r in db.shipped_records():
+        family = families.get(spec_mod.load(r.key.spec).family)
+        shapes = family.check_shapes(r.key.problem)
+        assert shapes and all(family.problem_key(s) == r.key.problem for s in shapes), r.key
+    dense = families.get("mla_prefill")
+    [h64] = dense.check_shapes("causal/h64/q8192/k8192")
+    assert (h64.q_lens, h64.heads, h64.causal) == ((8192,), 64, True)
+    assert [s.id for s in dense.check_shapes("none/h16/q8192/k8192")] == ["D3"]

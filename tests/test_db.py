@@ -488,9 +488,17 @@ def test_unreadable_user_database_falls_back_to_shipped(tmp_path, no_shipped):
 
 def test_packaged_shipped_records_are_valid():
     db.shipped_records.cache_clear()
+    from mlagen import families
+
+    families_seen = set()
     for b in db.shipped_records():
         assert b.origin.startswith("shipped:") and b.time_ms > 0
-        ProblemKey.parse(b.key.problem)
+        family = families.get(spec_mod.load(b.key.spec).family)
+        assert family.problem_distance(b.key.problem, b.key.problem) == 0   # the family reads its key
+        families_seen.add(spec_mod.load(b.key.spec).family)
+    # (Records whose source hash no longer matches their spec are dropped on load: a stale one
+    # would be missing here.)
+    assert families_seen == {"mla_prefill", "mla_sparse_prefill"}
 
 
 def test_source_hash():

@@ -28,7 +28,10 @@ def test_record_is_current_and_compiles_without_spills(record):
     assert record.key.source_hash == db.source_hash(spec), (
         f"{record.key.spec} changed since {record.origin} was tuned: re-run `mlagen tune` on an H100 and "
         "`mlagen db export --best-only mlagen/tuned/h100.json`")
-    v = variant_mod.make(spec, {**record.variant, "mask": record.key.problem.split("/")[0]})
+    from mlagen import families
+
+    family = families.get(spec.family)
+    v = variant_mod.make(spec, {**record.variant, **family.problem_specialization(record.key.problem)})
     assert v.symbol == record.symbol
     target = arch.target("sm_90a")
     assert resources.check(v, target).ok

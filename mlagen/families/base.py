@@ -139,6 +139,11 @@ class Family(ABC):
         reads these ids too. None by default."""
         return {}
 
+    def check_shapes(self, problem: str) -> list:
+        """The shapes ``mlagen check --gpu`` times a shipped record of shape class ``problem`` on:
+        by default the named shapes of that class."""
+        return [s for s in self.shapes().values() if self.problem_key(s) == problem]
+
     # --- run time: one call -----------------------------------------------------------------
 
     @abstractmethod

@@ -66,6 +66,15 @@ class MlaPrefillFamily(Family):
         """D1 ... D7 of BENCHMARKS.md."""
         return dict(SHAPES)
 
+    def check_shapes(self, problem: str) -> list[Shape]:
+        """The named shapes of the class, else one sequence of the class's lengths and heads (a
+        record tuned on a described shape, such as 1 x 8192 with 64 heads)."""
+        same = super().check_shapes(problem)
+        if same:
+            return same
+        key = ProblemKey.parse(problem)
+        return [self.parse_shape(f"b=1,q={key.q_per_seq},k={key.k_per_seq},h={key.heads},{key.mask}", id=problem)]
+
     def accepts(self, spec, call) -> bool:
         return accepts(spec, call)
 

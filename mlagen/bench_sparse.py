@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import math
 import sys
 import time
@@ -100,7 +101,7 @@ def check_case(torch, case: dict, seed: int, kernel=None) -> tuple[bool, str]:
     device = torch.device("cuda")
     gen = torch.Generator(device=device)
     gen.manual_seed(seed)
-    sq, heads, topk, n, d_qk = case["sq"], case["heads"], case["topk"], case["n"], case.get("d_qk", 576)
+    sq, heads, n, d_qk = case["sq"], case["heads"], case["n"], case.get("d_qk", 576)
     # q as a strided view (heads padded in memory) to exercise in-place strided reads.
     q_big = torch.randn((sq, heads + 3, d_qk + 64), generator=gen, device=device).to(torch.bfloat16)
     q = q_big[:, 1:heads + 1, :d_qk]
@@ -161,6 +162,8 @@ def verify_cases() -> list[dict]:
                 "sq": 9 if topk >= 640 else 13, "heads": heads, "topk": topk, "n": 3000 if topk < 2048 else 5000,
                 "d_qk": 576 if i % 3 else 512, "kv": layouts[i % 3], "sink": sinks[i % 5],
                 "topk_length": [None, "short", "long"][i % 3 if i % 4 else 0], "idx3": i % 2 == 1,
+                # Every other case with power-of-two scales (what V3.2's quantizer writes).
+                "scales": "ue8m0" if i % 2 == 0 else "fp32",
             })
             i += 1
     # All-valid (no invalid entries), and all invalid.
@@ -223,9 +226,14 @@ def sanitize() -> int:
     ok1, m1 = check_case(torch, {"sq": 6, "heads": 20, "topk": 200, "n": 300, "invalid": 0.5, "sink": "mixed",
                                  "topk_length": "long", "kv": "paged"}, seed=7)
     ok2, m2 = check_case(torch, {"sq": 4, "heads": 64, "topk": 130, "n": 1, "invalid": 0.5, "d_qk": 512}, seed=8)
-    print("sanitize case 1:", m1)
-    print("sanitize case 2:", m2)
-    return 0 if ok1 and ok2 else 1
+    # The FP8 cache's gather (loads to registers, L1 prefetches), paged and strided.
+    ok3, m3 = check_fp8_case(torch, {"sq": 6, "heads": 20, "topk": 200, "n": 300, "invalid": 0.5, "sink": "mixed",
+                                     "topk_length": "long", "kv": "p64_strided", "scales": "ue8m0"}, seed=9)
+    ok4, m4 = check_fp8_case(torch, {"sq": 5, "heads": 64, "topk": 130, "n": 1, "invalid": 0.5, "kv": "p1_4d",
+                                     "kv_format": "fp8_b32"}, seed=10)
+    for i, m in enumerate((m1, m2, m3, m4)):
+        print(f"sanitize case {i + 1}:", m)
+    return 0 if ok1 and ok2 and ok3 and ok4 else 1
 
 
 # --- FP8 cache (issue 10): correctness matrix and benchmark -------------------------------------
@@ -236,10 +244,10 @@ FP8_LAYOUTS = {"p64": (64, False, False), "p1": (1, False, False), "p64_4d": (64
                "p64_strided": (64, False, True), "p1_4d": (1, True, False)}
 
 
-def make_fp8_kv(torch, layout: str, n: int, fmt, gen, device, spread: float = 2.0):
+def make_fp8_kv(torch, layout: str, n: int, fmt, gen, device, spread: float = 2.0, scale_fmt: str = "fp32"):
     """A quantized cache holding >= n rows of random data whose scale blocks differ by up to
     10**±spread (so the per-block scales vary by orders of magnitude; without scales the data
-    stays in e4m3's range). Returns the cache tensor
+    stays in e4m3's range), with scales of ``scale_fmt`` (operands.SCALE_FORMATS). Returns the cache tensor
     as a caller passes it (uint8, [blocks, page, row_bytes] or [blocks, page, 1, row_bytes];
     strided pages sit in slots twice their size)."""
     from . import operands
@@ -251,7 +259,7 @@ def make_fp8_kv(torch, layout: str, n: int, fmt, gen, device, spread: float = 2.
     spread = spread if fmt.scales else 0.0
     mag = 10.0 ** ((torch.rand((rows.shape[0], groups), generator=gen, device=device) * 2 - 1) * spread)
     rows[:, :fmt.values] *= mag.repeat_interleave(fmt.values // groups, dim=1)
-    cache = operands.quantize(rows, fmt).view(blocks, page, fmt.row_bytes)
+    cache = operands.quantize(rows, fmt, scale_fmt=scale_fmt).view(blocks, page, fmt.row_bytes)
     if strided:
         slot = torch.zeros((blocks, 2 * page, fmt.row_bytes), dtype=torch.uint8, device=device)
         slot[:, :page] = cache
@@ -273,12 +281,19 @@ def fp8_cases() -> list[dict]:
                 "sq": 9 if topk >= 640 else 13, "heads": heads, "topk": topk, "n": 3000 if topk < 2048 else 5000,
                 "kv": layouts[i % len(layouts)], "kv_format": formats[i % len(formats)], "sink": sinks[i % 5],
                 "topk_length": [None, "short", "long"][i % 3 if i % 4 else 0], "idx3": i % 2 == 1,
+                # Every other case with power-of-two scales (what V3.2's quantizer writes).
+                "scales": "ue8m0" if i % 2 == 0 else "fp32",
             })
             i += 1
     cases.append({"sq": 7, "heads": 128, "topk": 2048, "n": 8192, "invalid": 0.0, "sink": "finite",
                   "kv": "p64", "kv_format": "fp8_v32"})
     cases.append({"sq": 5, "heads": 64, "topk": 128, "n": 100, "invalid": 1.0, "sink": "finite",
                   "kv": "p64_4d", "kv_format": "fp8_v32"})
+    # Power-of-two scales from 2^-40 to 2^20: huge and tiny products, e4m3 subnormals.
+    cases.append({"sq": 9, "heads": 64, "topk": 640, "n": 3000, "sink": "finite", "kv": "p64",
+                  "kv_format": "fp8_v32", "scales": "ue8m0", "spread": 6.0})
+    cases.append({"sq": 9, "heads": 16, "topk": 640, "n": 3000, "sink": "none",
+                  "kv_format": "fp8_b32", "scales": "ue8m0", "spread": 6.0, "kv": "p1_4d"})
     # n small against topk: indices drawn with replacement repeat rows many times.
     cases.append({"sq": 6, "heads": 20, "topk": 700, "n": 37, "sink": "mixed", "topk_length": "long",
                   "kv": "p1", "kv_format": "fp8_v32"})
@@ -320,11 +335,12 @@ def check_fp8_case(torch, case: dict, seed: int, kernel=None) -> tuple[bool, str
     device = torch.device("cuda")
     gen = torch.Generator(device=device)
     gen.manual_seed(seed)
-    sq, heads, topk, n = case["sq"], case["heads"], case["topk"], case["n"]
+    sq, heads, n = case["sq"], case["heads"], case["n"]
     fmt = operands.get(case.get("kv_format", "fp8_v32"))
     q_big = torch.randn((sq, heads + 3, 640), generator=gen, device=device).to(torch.bfloat16)
     q = q_big[:, 1:heads + 1, :576]
-    cache = make_fp8_kv(torch, case.get("kv", "p64"), n, fmt, gen, device)
+    cache = make_fp8_kv(torch, case.get("kv", "p64"), n, fmt, gen, device, spread=case.get("spread", 2.0),
+                        scale_fmt=case.get("scales", "fp32"))
     n_rows = cache.shape[0] * cache.shape[1]
     idx, length, sink = case_indices(torch, case, n_rows, gen, device)
     scale = 576 ** -0.5
@@ -370,11 +386,12 @@ def serving_dequant(torch, cache, fmt, out):
     return out
 
 
-def bench_fp8(shapes, rounds, iters) -> None:
+def bench_fp8(shapes, rounds, iters, scale_fmts=("ue8m0", "fp32")) -> None:
     """S1 / S3 from the fp8_v32 cache (pages of 64): the kernel reading it ("bf16" compute
     mode), our bf16 kernel on the dequantized bf16 copy, and the serving path (dequantize the
     request's cache into bf16, then FlashMLA if its build is found (MLAGEN_PEERS_DIR), else our bf16
-    kernel).
+    kernel). Once per scale format: "ue8m0" (powers of two, what V3.2's quantizer writes) and
+    "fp32" (amax / 448).
     Interleaved rounds in one process, L2 flushed before each call; TFLOP/s by the FLOP
     convention of BENCHMARKS.md."""
     import torch
@@ -392,10 +409,12 @@ def bench_fp8(shapes, rounds, iters) -> None:
     print(f"device: {dev.name}, torch {torch.__version__}, cuda {torch.version.cuda}, {time.strftime('%Y-%m-%d %H:%M')}")
     flush = measure.L2Flush("cuda")
     rows = []
-    for name in shapes:
+    for name, scale_fmt in itertools.product(shapes, scale_fmts):
         shape = dataclasses.replace(fam.parse_shape(name), kv_format=fmt.name)
         inp = fam.make_inputs(shape, "cuda", seed=0)
         q, cache, idx, sink, sc = inp["q"], inp["kv"], inp["indices"], inp["attn_sink"], inp["softmax_scale"]
+        if scale_fmt != "fp32":   # make_inputs quantizes with amax / 448
+            cache = operands.quantize(operands.dequantize(cache, fmt), fmt, scale_fmt=scale_fmt).view(cache.shape)
         copy = operands.dequantize(cache, fmt, round_bf16=True)
         buf = torch.empty_like(copy)
         fl = fam.flops(shape.sq, shape.heads, shape.topk)
@@ -418,20 +437,20 @@ def bench_fp8(shapes, rounds, iters) -> None:
             for k, f in fns.items():
                 times[k].append(measure.median(measure.time_calls(f, iters, flush)) * 1e3)   # ms
         med = {k: measure.median(v) for k, v in times.items()}
-        row = {"shape": shape.id, **{f"{k}_ms": v for k, v in med.items()},
+        row = {"shape": shape.id, "scales": scale_fmt, **{f"{k}_ms": v for k, v in med.items()},
                **{f"{k}_tflops": fl / v / 1e9 for k, v in med.items()},
                "fp8_vs_bf16_copy": med["bf16_copy"] / med["fp8"], "fp8_vs_serving": med["serving"] / med["fp8"],
                "serving_peer": "flashmla" if peer is not None else "ours (bf16)", "fp8_equals_bf16_copy": same,
                "rounds": times}
         rows.append(row)
         print(row, flush=True)
-        del inp, cache, copy, buf, results
+        fns = results = inp = cache = copy = buf = None   # free the tensors before the next shape
         torch.cuda.empty_cache()
     print()
-    print("| shape | fp8 ms | fp8 TFLOP/s | bf16 on copy ms | serving ms | fp8 / bf16-copy | fp8 / serving |")
-    print("|---|---|---|---|---|---|---|")
+    print("| shape | scales | fp8 ms | fp8 TFLOP/s | bf16 on copy ms | serving ms | fp8 / bf16-copy | fp8 / serving |")
+    print("|---|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['shape']} | {r['fp8_ms']:.3f} | {r['fp8_tflops']:.0f} | {r['bf16_copy_ms']:.3f} | "
+        print(f"| {r['shape']} | {r['scales']} | {r['fp8_ms']:.3f} | {r['fp8_tflops']:.0f} | {r['bf16_copy_ms']:.3f} | "
               f"{r['serving_ms']:.3f} | {r['fp8_vs_bf16_copy']:.3f} | {r['fp8_vs_serving']:.3f} |")
 
 
@@ -503,6 +522,7 @@ def main(argv=None) -> int:
     bf.add_argument("--shapes", default="S1,S3")
     bf.add_argument("--rounds", type=int, default=3)
     bf.add_argument("--iters", type=int, default=30)
+    bf.add_argument("--scales", default="ue8m0,fp32", help="scale formats of the cache (operands.SCALE_FORMATS)")
     pr = sub.add_parser("profile")
     pr.add_argument("--shape", default="sq=1024,h=128,topk=2048,skv=8192", help="an id (S1) or a description")
     b = sub.add_parser("bench", help="mlagen bench on sparse shapes (FlashMLA from MLAGEN_PEERS_DIR), and variants")
@@ -521,7 +541,7 @@ def main(argv=None) -> int:
         if args.cmd == "verify-fp8":
             return verify_fp8(args.kernel)
         if args.cmd == "bench-fp8":
-            bench_fp8(args.shapes.split(","), args.rounds, args.iters)
+            bench_fp8(args.shapes.split(","), args.rounds, args.iters, tuple(args.scales.split(",")))
             return 0
         if args.cmd == "profile":
             return profile(args.shape)

@@ -7,7 +7,6 @@ exit non-zero; they never show a traceback.
 from __future__ import annotations
 
 import functools
-import json
 import sys
 from pathlib import Path
 

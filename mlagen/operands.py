@@ -144,11 +144,20 @@ def dequantize(cache, fmt: KvFormat, *, round_bf16: bool = False):
     return torch.cat([vals, rope.float()], dim=1)
 
 
-def quantize(rows, fmt: KvFormat, *, scales=None):
+#: How ``quantize`` picks a block's scale: "fp32" amax / 448; "ue8m0" the power of two at or above
+#: it (DeepSeek-V3.2's quantizer: its scales are UE8M0-representable).
+SCALE_FORMATS = ("fp32", "ue8m0")
+
+
+def quantize(rows, fmt: KvFormat, *, scales=None, scale_fmt: str = "fp32"):
     """Rows ``[N, d_qk]`` (float) into a uint8 ``[N, row_bytes]`` cache of ``fmt``: per scale
-    block, scale = amax / 448 (1 where the block is all zero) unless ``scales`` ``[N, n_scales]``
-    fp32 is given; values = e4m3(v / scale) (saturating); rope rounded to bf16."""
+    block, scale = amax / 448 (``scale_fmt="ue8m0"``: rounded up to a power of two; 1 where the
+    block is all zero) unless ``scales`` ``[N, n_scales]`` fp32 is given; values = e4m3(v / scale)
+    (saturating); rope rounded to bf16."""
     import torch
+
+    if scale_fmt not in SCALE_FORMATS:
+        raise ValueError(f"scale_fmt: expected one of {', '.join(SCALE_FORMATS)}, got {scale_fmt!r}")
 
     n = rows.shape[0]
     lat = rows[:, :fmt.values].float()
@@ -158,6 +167,8 @@ def quantize(rows, fmt: KvFormat, *, scales=None):
         if scales is None:
             amax = blocks.abs().amax(-1)
             scales = torch.where(amax > 0, amax / E4M3_MAX, torch.ones_like(amax))
+            if scale_fmt == "ue8m0":
+                scales = torch.exp2(torch.ceil(torch.log2(scales)))
         scales = scales.float().reshape(n, fmt.scales).contiguous()
         q = (blocks / scales.unsqueeze(-1)).reshape(n, fmt.values)
         out[:, fmt.scale_offset:fmt.rope_offset] = scales.view(torch.uint8).view(n, 4 * fmt.scales)

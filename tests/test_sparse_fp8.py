@@ -237,3 +237,42 @@ def test_the_rounding_bound_holds_on_the_reference_and_catches_more():
     assert ok, msg
     moved = torch.where(torch.isinf(ref16[1]), ref16[1], ref16[1] + 2 * bound + 0.1)
     assert not bench_sparse.judge(torch, (ref16[0], moved, ref16[2]), ref32, bench_sparse.FP8_OUT_TOL, bound=bound)[0]
+
+
+def test_ue8m0_scales_are_powers_of_two_at_or_above_amax_over_448():
+    fmt = operands.get("fp8_v32")
+    g = torch.Generator().manual_seed(3)
+    rows = torch.randn(50, 576, generator=g) * 10.0 ** torch.randint(-3, 4, (50, 1), generator=g)
+    rows[7, :128] = 0.0   # an all-zero block keeps scale 1
+    cache = operands.quantize(rows, fmt, scale_fmt="ue8m0")
+    scales = cache[:, fmt.scale_offset:fmt.rope_offset].contiguous().view(torch.float32)
+    mant, exp = torch.frexp(scales)
+    assert torch.all(mant == 0.5), "every scale a power of two"
+    amax = rows[:, :512].abs().view(50, 4, 128).amax(-1)
+    nz = amax > 0
+    assert torch.all(scales[nz] >= amax[nz] / 448) and torch.all(scales[nz] < 2 * amax[nz] / 448)
+    assert scales[7, 0] == 1.0
+    # Dequantized, the values stay within e4m3's rounding of the rows.
+    back = operands.dequantize(cache, fmt)[:, :512]
+    assert torch.allclose(back, rows[:, :512], rtol=2 ** -3, atol=float(scales.max()) * 2 ** -9)
+    with pytest.raises(ValueError, match="scale_fmt"):
+        operands.quantize(rows, fmt, scale_fmt="e8m0")
+
+
+def test_the_fp8_matrix_covers_both_scale_formats():
+    cases = bench_sparse.fp8_cases()
+    assert {c.get("scales", "fp32") for c in cases} == {"fp32", "ue8m0"}
+    # Power-of-two scales spread from 2^-40 to 2^20 (tiny and huge products).
+    assert any(c.get("scales") == "ue8m0" and c.get("spread", 2.0) >= 6 for c in cases)
+
+
+def test_check_gpu_times_an_fp8_record_on_s1_read_from_that_format():
+    # `mlagen check --gpu` times each shipped record on its class's shapes; an fp8 class has no
+    # BENCHMARKS.md id of its own, so the family offers S1's sizes read from the format.
+    got = fam.FAMILY.check_shapes("d576/h128/k2048/flat/fp8_v32")
+    assert [(s.id, s.s_kv, s.kv_format) for s in got] == [("S1", 8192, "fp8_v32")]
+    assert [s.id for s in fam.FAMILY.check_shapes("d576/h128/k2048/flat")] == ["S1", "S2", "S3"]
+    assert fam.FAMILY.check_shapes("d576/h16/k2048/paged/fp8_v32") == []
+    from mlagen import db
+    shipped = [b for b in db.shipped_records() if b.key.spec == "mla_sparse_prefill_sm90"]
+    assert shipped and all(fam.FAMILY.check_shapes(b.key.problem) for b in shipped)

@@ -89,3 +89,36 @@ def test_scale_blocks_64_32_and_none_match_their_references():
         ok, msg = bench_sparse.check_fp8_case(torch, case, seed=7)
         assert ok, f"{name}: {msg}"
     assert operands.get("fp8_b0").scales == 0
+
+
+# Scales at edges of the exact dequantization: powers of two near the ends of fp32's range,
+# products that are fp32 subnormals, zero, negative, and scales with more than 8 significant bits.
+EDGE_SCALES = [2.0 ** -120, 2.0 ** -121, 2.0 ** 7, 2.0 ** 8, 1.5, 1.1, -2.0, 0.0, 2.0 ** -126, 255.0, 3.0e-3,
+               2.0 ** -7]
+
+
+@pytest.mark.parametrize("name", ["fp8_v32", "fp8_b64", "fp8_b0"])
+def test_every_e4m3_byte_and_edge_scale_dequantizes_exactly(name):
+    # One key per token, so out is that key's V row: every finite e4m3 byte times every edge scale
+    # must equal the host's bf16_rn(fp32(value) * scale) bit for bit.
+    fmt = operands.get(name)
+    n = 96
+    g = torch.Generator(device="cuda").manual_seed(3)
+    raw = torch.empty((n, fmt.row_bytes), dtype=torch.uint8, device="cuda")
+    vals = (torch.arange(fmt.values, device="cuda")[None, :] * 5 + torch.arange(n, device="cuda")[:, None] * 3) % 256
+    vals[(vals & 0x7F) == 0x7F] = 0   # NaN patterns: NaN != NaN would need its own check
+    raw[:, :fmt.values] = vals.to(torch.uint8)
+    if fmt.scales:
+        pick = (torch.arange(n * fmt.scales, device="cuda") * 7) % len(EDGE_SCALES)
+        scales = torch.tensor(EDGE_SCALES, dtype=torch.float32, device="cuda")[pick].view(n, fmt.scales)
+        raw[:, fmt.scale_offset:fmt.rope_offset] = scales.view(torch.uint8)
+    rope = torch.randn((n, fmt.rope), generator=g, device="cuda").to(torch.bfloat16)
+    raw[:, fmt.rope_offset:] = rope.view(torch.uint8)
+    cache = raw.view(n, 1, fmt.row_bytes)
+    q = torch.randn((n, 4, 576), generator=g, device="cuda").to(torch.bfloat16)
+    idx = torch.arange(n, dtype=torch.int32, device="cuda").view(n, 1)
+    out, _, _ = mlagen.mla_sparse_prefill(q, cache, idx, softmax_scale=0.01, kv_format=name)
+    want = operands.dequantize(raw, fmt, round_bf16=True)[:, :512]
+    torch.cuda.synchronize()
+    bad = (out != want[:, None, :]) & ~(torch.isnan(out) & torch.isnan(want[:, None, :]))
+    assert not bad.any(), f"{int(bad.sum())} values differ, first at {bad.nonzero()[0].tolist()}"

@@ -120,12 +120,18 @@ _INCLUDE = re.compile(r'^\s*#\s*include\s*"([^"]+)"', re.MULTILINE)
 
 
 def _included_headers(text: str, seen: set[Path]) -> None:
-    """Every header under include/ that ``text`` includes, transitively (both sides of an #if)."""
+    """Every header under include/ that ``text`` includes, transitively (both sides of an #if; a
+    name the template computes, ``sparse_kv_{{ ... }}.cuh``, stands for every header it can name)."""
+    root = paths.include_dir()
     for name in _INCLUDE.findall(text):
-        p = paths.include_dir() / name
-        if p.is_file() and p not in seen:
-            seen.add(p)
-            _included_headers(p.read_text(), seen)
+        if "{{" in name:
+            candidates = sorted(root.glob(re.sub(r"\{\{.*?\}\}", "*", name)))
+        else:
+            candidates = [root / name]
+        for p in candidates:
+            if p.is_file() and p not in seen:
+                seen.add(p)
+                _included_headers(p.read_text(), seen)
 
 
 def source_hash(spec) -> str:

@@ -539,3 +539,18 @@ def test_candidates_rank_every_usable_record(tdb, no_shipped):
     assert [b.symbol for b in ranked] == ["user exact", "shipped exact", "user near", "shipped far", "h20"]
     assert ranked[-1].origin == "user (other device: NVIDIA H20)"
     assert db.lookup(KEY, distance, tdb).symbol == "user exact"
+
+
+def test_source_hash_counts_a_header_the_template_names_by_expression():
+    # The sparse template includes "sparse_kv_{{ 'fp8' if ... else 'bf16' }}.cuh": both operand
+    # headers are part of what its records were built from (before, neither was, and a change to
+    # the FP8 producer left the FP8 record current).
+    seen = set()
+    db._included_headers('#include "mlagen/sm90/sparse_kv_{{ \'fp8\' if kv.quantized else \'bf16\' }}.cuh"\n', seen)
+    names = {p.name for p in seen}
+    assert {"sparse_kv_fp8.cuh", "sparse_kv_bf16.cuh", "sparse_prefill.cuh"} <= names
+    template = spec_mod.template_path(spec_mod.load("mla_sparse_prefill_sm90").template,
+                                      spec_mod.load("mla_sparse_prefill_sm90").path).read_text()
+    closure = set()
+    db._included_headers(template, closure)
+    assert "sparse_kv_fp8.cuh" in {p.name for p in closure}

@@ -7,7 +7,7 @@
 // then, once the buffer is free, loads them to registers a row at a time (16-byte loads),
 // dequantizes them (the fp32 product of the value and its block's scale, rounded to bf16: round
 // to nearest even) and stores them into the same 128-byte-swizzled bf16 tiles the bf16 operand
-// fills; the rope values are already bf16 and are copied to their tile as they are. So the
+// fills; the rope values are already bf16 and are copied to their tile by cp.async. So the
 // consumers, and the result, are the bf16 kernel's on the dequantized rows. Invalid rows are
 // written as zeros and never read.
 //
@@ -15,6 +15,7 @@
 // (columns 256 h ... 256 h + 255) it loads, per row, the 16 values at bytes 256 h + 128 k + 16 c
 // (k = 0, 1): bf16 tile 4 h + 2 k + c / 4, 16-byte chunks 2 (c % 4) and 2 (c % 4) + 1 there.
 #pragma once
+#include "mlagen/sm90/sparse_gather.cuh"
 #include "mlagen/sm90/sparse_prefill.cuh"
 
 namespace mlagen::sm90::sparse {
@@ -137,15 +138,16 @@ struct KvFp8 {
         const u32 buf = smem + (b == 0 ? L::kK0 : L::kK1);
         mbar_wait(bar.free(b, h), phase);
         if (h == 1) {
-          // The rope tile, bf16 already: 16 bytes per thread and row through registers (zeros if
-          // invalid). Not cp.async: with its mbarrier arrival inside this rolled loop the kernel
-          // stopped on an illegal instruction on the H100 (unrolled it ran).
+          // The rope tile, bf16 already: 16-byte cp.async per thread and row (zero-filled if
+          // invalid), in flight while the values convert; each thread waits for its own copies
+          // (cp.async.wait_all) before the step's proxy fence and arrival. Not through registers:
+          // that cost 4-8% (the producer is latency-bound; notes-sparse.md). Not with
+          // cp.async.mbarrier.arrive.noinc: inside this rolled loop that stopped the kernel on an
+          // illegal instruction on the H100.
 #pragma unroll
-          for (int r = 0; r < 4; ++r) {
-            uint4 v = make_uint4(0, 0, 0, 0);
-            if (row_of(b, r) >= 0) v = ld_nc_16(row_ptr(row_of(b, r)) + 16 * c + Cfg::kKvRopeOffset);
-            st_shared_16(buf + 8 * kTileBytes + 16 * 128 * r + slot_rope, make_uint2(v.x, v.y), make_uint2(v.z, v.w));
-          }
+          for (int r = 0; r < 4; ++r)
+            cp_async_16<false>(buf + 8 * kTileBytes + 16 * 128 * r + slot_rope,
+                               row_ptr(row_of(b, r)) + 16 * c + Cfg::kKvRopeOffset, row_of(b, r) >= 0, 0);
         }
 #pragma unroll
         for (int r = 0; r < 4; ++r) {
@@ -168,6 +170,7 @@ struct KvFp8 {
             st_shared_16(tile + slot_second, dequant_e4m3x4(b0, sc), dequant_e4m3x4(b1, sc));
           }
         }
+        if (h == 1) asm volatile("cp.async.wait_all;\n" ::: "memory");   // this thread's rope copies
         // The tiles were written by the generic proxy and are read by wgmma (the async proxy).
         fence_async_shared();
         if (h == 1 && c == 0) {

@@ -103,11 +103,17 @@ FORMATS: dict[str, KvFormat] = {f.name: f for f in (
 NAMES = ("bf16",) + tuple(FORMATS)
 
 
+_BF16: dict[int, KvFormat] = {}
+
+
 def get(name: str, d_qk: int = 576) -> KvFormat:
     """The format called ``name`` (``bf16`` with ``d_qk`` values per row); ValueError naming
     kv_format and the known names otherwise."""
     if name == "bf16":
-        return KvFormat("bf16", "bf16", d_qk, 0, 0)
+        fmt = _BF16.get(d_qk)   # one object per width: every call of the sparse op asks
+        if fmt is None:
+            fmt = _BF16[d_qk] = KvFormat("bf16", "bf16", d_qk, 0, 0)
+        return fmt
     if not isinstance(name, str) or name not in FORMATS:
         raise ValueError(f"kv_format: {name!r} is not one of {list(NAMES)}")
     return FORMATS[name]

@@ -271,9 +271,7 @@ def kv_layout(kv, fmt: operands.KvFormat, device=None):
     [blocks, page, row_bytes] or [blocks, page, 1, row_bytes] (FlashMLA's decode cache)."""
     import torch
 
-    dtype = getattr(torch, fmt.storage)
-    what = (f"kv_format {fmt.name!r} rows are {fmt.row_bytes} bytes ({fmt.values} e4m3, {fmt.scales} fp32 "
-            f"scales, {fmt.rope} bf16)")
+    dtype = torch.uint8 if fmt.quantized else torch.bfloat16
     if isinstance(kv, torch.Tensor) and kv.dtype != dtype:
         _fail("kv", f"dtype must be {dtype} for kv_format {fmt.name!r}, got {kv.dtype}", TypeError)
     _check_tensor(torch, kv, "kv", dtype, (2, 3, 4) if fmt.quantized else (2, 3), device)
@@ -284,7 +282,8 @@ def kv_layout(kv, fmt: operands.KvFormat, device=None):
     if kv.shape[-1] != fmt.row_elems:
         if not fmt.quantized:
             _fail("kv", f"last dimension must match q's d_qk {fmt.d_qk}, got {kv.shape[-1]}")
-        _fail("kv", f"last dimension must be {fmt.row_elems} ({what}), got {kv.shape[-1]}")
+        _fail("kv", f"last dimension must be {fmt.row_elems} (kv_format {fmt.name!r} rows are {fmt.row_bytes} bytes ("
+                    f"{fmt.values} e4m3, {fmt.scales} fp32 scales, {fmt.rope} bf16)), got {kv.shape[-1]}")
     if kv.dim() == 2:
         num_kv, page_size, row_stride, page_stride = kv.shape[0], 0, kv.stride(0), 0
     else:

@@ -360,14 +360,28 @@ def check_fp8_case(torch, case: dict, seed: int, kernel=None) -> tuple[bool, str
     ok32, msg32 = judge(torch, got, ref32, FP8_OUT_TOL, bound=bound)
     ok, msg = ok and ok32, f"vs bf16-rounded rows: {msg}; vs fp32-dequantized rows: {msg32}"
     out2, ml2, lse2 = poisoned()
+    # The same kernel on bf16 rows: the spec that served the FP8 call (dispatch may prefer another
+    # spec for bf16 rows, e.g. the H <= 16 kernel, whose sums run in another order).
     same = mlagen.mla_sparse_prefill(q, copy, idx, softmax_scale=scale, topk_length=length, attn_sink=sink, out=out2,
-                                     max_logits=ml2, lse=lse2, kernel=kernel)
+                                     max_logits=ml2, lse=lse2, kernel=kernel if kernel is not None else
+                                     _spec_reading(fmt.name, q.device))
     torch.cuda.synchronize()
     equal = all(torch.equal(a, b) for a, b in zip(got, same))
     if not equal:
         d = (got[0].float() - same[0].float()).abs().max().item()
         ok, msg = False, msg + f"; differs from the bf16 kernel on the dequantized copy (out max diff {d:.2e})"
     return ok, msg + ("; == bf16 kernel on the dequantized copy" if equal else "")
+
+
+def _spec_reading(kv_format: str, device) -> str:
+    """The spec dispatch uses for ``kv_format`` caches on ``device``: the highest-priority one of
+    the family that targets it and reads that format."""
+    from .dispatch import family_specs
+    from .runtime import device_info
+
+    target = device_info(device.index if device.index is not None else 0).target.name
+    return next(s.name for s in family_specs(fam.FAMILY.name)
+                if target in s.targets and kv_format in dict(s.specialize).get("kv_format", ()))
 
 
 def verify_fp8(kernel=None) -> int:

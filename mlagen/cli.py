@@ -64,8 +64,9 @@ def table(headers: list[str], rows: list[list]) -> str:
 
 
 def default_spec_name(target: str | None = None) -> str:
-    """The highest-priority packaged spec (of any family), among those targeting ``target`` if
-    given; ties go to the first by name."""
+    """The dispatcher's first choice in the first family (by name) with a packaged spec targeting
+    ``target`` (any target if None): that family's highest-priority spec; ties go to the first by
+    name. Priorities rank the specs of one family, so they are not compared across families."""
     from . import spec as spec_mod
 
     specs = [spec_mod.load(p) for p in spec_mod.available()]
@@ -73,7 +74,8 @@ def default_spec_name(target: str | None = None) -> str:
     if not specs:
         known = sorted({t for p in spec_mod.available() for t in spec_mod.load(p).targets})
         raise click.ClickException(f"--arch {target}: no spec targets it; targets: {', '.join(known)}")
-    return min(specs, key=lambda s: (-s.priority, s.name)).name
+    family = min(s.family for s in specs)
+    return min((s for s in specs if s.family == family), key=lambda s: (-s.priority, s.name)).name
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import math
+import threading
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -63,8 +64,19 @@ def _params(kv_pointer: str) -> abi.ParamStruct:
     ))
 
 
+def params_tma_for(kv_format: str = "bf16") -> abi.ParamStruct:
+    """The parameter struct of the ``gather_tma`` ABI: ``gather``'s plus a TMA descriptor of the
+    KV rows (kv_tensor_map) for kernels that gather one row per TMA box."""
+    return _params_tma(operands.get(kv_format).c_pointer)
+
+
+@functools.lru_cache(maxsize=None)
+def _params_tma(kv_pointer: str) -> abi.ParamStruct:
+    return abi.ParamStruct("Params", _params(kv_pointer).fields + (abi.Field("kv_map", "tensormap"),))
+
+
 PARAMS = params_for("bf16")
-_ABIS = {"gather": params_for}
+_ABIS = {"gather": params_for, "gather_tma": params_tma_for}
 _SCHEDULE_KEYS = ("roles", "gather", "consumer_split")
 
 
@@ -389,7 +401,35 @@ def fill_empty(call: Call) -> None:
     call.lse.fill_(math.inf)
 
 
-def pack(call: Call):
+_MAP_CACHE_SIZE = 256
+_kv_maps: dict[tuple, bytes] = {}  # oldest first; read without the lock (dict reads are atomic)
+_kv_maps_lock = threading.Lock()
+
+
+def kv_tensor_map(call: Call) -> bytes:
+    """TMA descriptor of a call's bf16 KV rows as a 4-D tensor (64 values, d_qk / 64 chunks, rows
+    of a page, pages; a flat table is one page of N rows), 128-byte swizzled, box one row."""
+    from ...runtime import encode_tensor_map_bf16
+
+    row_bytes, chunks = 2 * call.kv_row_stride, call.d_qk // 64
+    if call.page_size > 0:
+        rows, pages, page_bytes = call.page_size, -(-call.num_kv // call.page_size), 2 * call.kv_page_stride
+    else:
+        rows, pages, page_bytes = max(call.num_kv, 1), 1, max(call.num_kv, 1) * row_bytes
+    key = (call.kv.data_ptr(), chunks, rows, pages, row_bytes, page_bytes)
+    hit = _kv_maps.get(key)
+    if hit is not None:
+        return hit
+    encoded = encode_tensor_map_bf16(key[0], [64, chunks, rows, pages], [128, row_bytes, page_bytes],
+                                     [64, chunks, 1, 1], 128, "kv")
+    with _kv_maps_lock:
+        if len(_kv_maps) >= _MAP_CACHE_SIZE:
+            del _kv_maps[next(iter(_kv_maps))]
+        _kv_maps[key] = encoded
+    return encoded
+
+
+def pack(call: Call, abi_name: str = "gather"):
     values = {
         "q": call.q.data_ptr(), "kv": call.kv.data_ptr(), "indices": call.indices.data_ptr(),
         "topk_length": call.topk_length.data_ptr() if call.topk_length is not None else 0,
@@ -403,18 +443,27 @@ def pack(call: Call):
         "sq": call.sq, "heads": call.heads, "topk": call.topk, "num_kv": call.num_kv,
         "page_size": call.page_size, "scale_log2": call.scale * math.log2(math.e),
     }
-    return params_for(call.kv_format).pack(values)
+    if abi_name == "gather_tma":
+        values["kv_map"] = kv_tensor_map(call)
+    return _ABIS[abi_name](call.kv_format).pack(values)
 
 
 def grid(selection, call: Call) -> tuple[int, int, int]:
     rows = selection.env["block_h"]
-    return (call.sq * -(-call.heads // rows), 1, 1)
+    items = call.sq * -(-call.heads // rows)
+    if dict(selection.spec.problem).get("persistent", False):
+        # One CTA per SM loops over the items (the kernel strides by gridDim.x).
+        from ...runtime import device_info
+
+        return (max(1, min(items, device_info(call.q.device.index).sm_count)), 1, 1)
+    return (items, 1, 1)
 
 
 def launch(selection, call: Call, stream: int) -> None:
     """Launch the selected kernel on ``stream``; no host synchronisation."""
     res = selection.resources
-    selection.kernel.launch(grid(selection, call), (res.threads, 1, 1), res.smem_bytes, stream, pack(call))
+    selection.kernel.launch(grid(selection, call), (res.threads, 1, 1), res.smem_bytes, stream,
+                            pack(call, selection.spec.abi))
 
 
 def specialization(call) -> dict:
@@ -426,7 +475,13 @@ def specialization(call) -> dict:
 
 def accepts(spec, call: Call) -> bool:
     axes = dict(spec.specialize)
-    return spec.abi == "gather" and all(v in axes.get(k, ()) for k, v in specialization(call).items())
+    return spec.abi in _ABIS and all(v in axes.get(k, ()) for k, v in specialization(call).items())
+
+
+def preferred(spec, call) -> bool:
+    """Whether dispatch may choose ``spec`` for ``call`` unasked: a spec with ``problem.max_heads``
+    (a kernel for few heads, correct for any count) is chosen only up to that many heads."""
+    return call.heads <= dict(spec.problem).get("max_heads", call.heads)
 
 
 def kv_format_targets(kv_format: str) -> list[str]:
@@ -449,6 +504,12 @@ class MlaSparsePrefillFamily(Family):
             if problem.get(key) != value:
                 raise SpecError(spec.path, f"problem.{key}",
                                 f"{problem.get(key)!r}: this family implements {key} = {value!r}")
+        for key in ("max_heads",):
+            if key in problem and not (isinstance(problem[key], int) and not isinstance(problem[key], bool)
+                                       and problem[key] >= 1):
+                raise SpecError(spec.path, f"problem.{key}", f"{problem[key]!r}: expected a positive integer")
+        if "persistent" in problem and not isinstance(problem["persistent"], bool):
+            raise SpecError(spec.path, "problem.persistent", f"{problem['persistent']!r}: expected true or false")
         if spec.abi not in _ABIS:
             raise SpecError(spec.path, "abi", f"{spec.abi!r} is not one of {sorted(_ABIS)}")
         axes = dict(spec.specialize)
@@ -868,7 +929,7 @@ def _select(call: Call, kernel, device: int):
     try:
         selection = dispatch.dispatcher().select(
             FAMILY.name, str(call.key), specialization(call), device,
-            accepts=lambda spec: accepts(spec, call),
+            accepts=lambda spec: accepts(spec, call) and (kernel is not None or preferred(spec, call)),
             variant=kernel if isinstance(kernel, Variant) else None,
             only=kernel if isinstance(kernel, str) else None,
         )

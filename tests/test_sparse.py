@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from mlagen import render, spec, variant
+from mlagen import paths, render, spec, variant
 from mlagen.errors import SpecError
 
 torch = pytest.importorskip("torch")
@@ -82,7 +82,44 @@ def test_sm90_is_preferred_on_hopper():
     from mlagen.dispatch import family_specs
 
     names = [s.name for s in family_specs("mla_sparse_prefill")]
-    assert names == ["mla_sparse_prefill_sm90", "mla_sparse_prefill_sm80"]
+    # The H <= 16 kernel first: dispatch takes it only up to its max_heads (16).
+    assert names == ["mla_sparse_prefill_sm90_h16", "mla_sparse_prefill_sm90", "mla_sparse_prefill_sm80"]
+
+
+def test_max_heads_limits_what_dispatch_may_choose_unasked():
+    from types import SimpleNamespace
+
+    h16 = spec.load("mla_sparse_prefill_sm90_h16")
+    sm90 = spec.load("mla_sparse_prefill_sm90")
+    assert dict(h16.problem)["max_heads"] == 16
+    assert fam.preferred(h16, SimpleNamespace(heads=16)) and not fam.preferred(h16, SimpleNamespace(heads=17))
+    assert fam.preferred(sm90, SimpleNamespace(heads=128))
+
+
+def test_gather_tma_abi_adds_one_aligned_tensor_map():
+    plain, tma = fam.params_for("bf16"), fam.params_tma_for("bf16")
+    assert tma.fields[:-1] == plain.fields and tma.fields[-1].name == "kv_map"
+    (_, offset), = [(f, o) for f, o in tma.layout if f.name == "kv_map"]
+    assert offset % 64 == 0 and tma.alignment == 64 and tma.size == offset + 128
+    assert "mlagen::TensorMap kv_map;" in tma.c_declaration()
+
+
+@pytest.mark.parametrize("values, ok", [
+    ({"gather": "tma", "row_pad": 0}, True), ({"gather": "bulk", "row_pad": 16}, True),
+    ({"gather": "tma", "row_pad": 16}, False), ({"gather": "bulk", "row_pad": 0}, False)])
+def test_h16_spec_pairs_the_gather_with_its_row_layout(values, ok):
+    sp = spec.load("mla_sparse_prefill_sm90_h16")
+    v = variant.make(sp, dict(values, d_qk=576, paged=False, kv_format="bf16"))
+    assert all(c.require(v.env()) for c in sp.constraints) == ok
+
+
+def test_max_heads_must_be_a_positive_integer(tmp_path):
+    text = (paths.specs_dir() / "mla_sparse_prefill_sm90_h16.yaml").read_text().replace("max_heads: 16", "max_heads: 0")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(text)
+    (tmp_path / "mla_sparse_prefill_sm90_h16.cu.j2").write_text("")
+    with pytest.raises(SpecError, match="problem.max_heads"):
+        spec.load(bad)
 
 
 def test_problem_key_round_trip():

@@ -97,6 +97,48 @@ def test_running_max_with_rising_and_falling_scores(softmax_max, rising):
     assert ok, msg
 
 
+# Schedule options of the H <= 16 kernel beside its default (the case matrix runs the default):
+# the other gather and row layouts, register-set depths, the skipped rescale, the late drain,
+# fewer producer warps and ring slots.
+_H16_OPTIONS = [{}, {"skip_rescale": True}, {"gather": "bulk", "row_pad": 16}, {"gather": "bulk", "row_pad": 32},
+                {"qk_sets": 2, "pv_sets": 2}, {"late_drain": True, "qk_sets": 2, "pv_sets": 2}, {"producers": 1, "slots": 3},
+                {"qk_chains": 1, "qk_group": 12, "qk_sets": 2}, {"l2_evict_last": False}]
+
+
+@pytest.mark.skipif(not _HOPPER, reason="the H <= 16 sparse kernel needs a Hopper GPU")
+@pytest.mark.parametrize("options", _H16_OPTIONS, ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()) or "default")
+@pytest.mark.parametrize("rising", [True, False])
+def test_h16_schedules_with_rising_and_falling_scores(options, rising):
+    """The H <= 16 kernel's schedule options on key rows whose logits grow (or shrink) by tens of
+    log2 units from block to block (the running max moves every block, or never after the
+    first), 20 heads (a full and a partial group), invalid entries mixed in, a strided paged pool."""
+    from mlagen import spec as spec_mod
+    from mlagen import variant
+
+    g = torch.Generator(device="cuda").manual_seed(78)
+    sq, heads, topk, n, page = 5, 20, 640, 4096, 64
+    ramp = torch.linspace(0.5, 40.0, n, device="cuda").view(-1, 1)
+    if not rising:
+        ramp = ramp.flip(0)
+    kv = (torch.randn((n, 576), generator=g, device="cuda") * ramp).to(torch.bfloat16)
+    q = torch.randn((sq, heads, 576), generator=g, device="cuda").to(torch.bfloat16)
+    idx = torch.sort(torch.randperm(n, generator=g, device="cuda")[:topk]).values.to(torch.int32).repeat(sq, 1)
+    idx[:, 5::97] = -1
+    sink = torch.randn((heads,), generator=g, device="cuda")
+    v = variant.make(spec_mod.load("mla_sparse_prefill_sm90_h16"),
+                     dict(options, d_qk=576, paged=True, kv_format="bf16"))
+    # A strided pool: each page of 64 rows sits in a slot of 65 (else the call reads it as a flat table).
+    pool = torch.zeros((n // page, page + 1, 576), dtype=torch.bfloat16, device="cuda")
+    pool[:, :page] = kv.view(n // page, page, 576)
+    out = torch.full((sq, heads, 512), math.nan, dtype=torch.bfloat16, device="cuda")
+    got = mlagen.mla_sparse_prefill(q, pool[:, :page], idx, softmax_scale=0.05, attn_sink=sink, out=out, kernel=v)
+    ref = fam.reference(q, kv, idx, softmax_scale=0.05, attn_sink=sink)
+    torch.cuda.synchronize()
+    assert float(ref[1].min()) > 20
+    ok, msg = bench_sparse.judge(torch, got, ref)
+    assert ok, msg
+
+
 def test_cuda_graph_capture_and_replay():
     ok, msg = bench_sparse.check_graph(torch)
     assert ok, msg

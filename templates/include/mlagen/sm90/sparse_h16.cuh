@@ -1,0 +1,536 @@
+// Sparse MLA prefill for few heads on Hopper (H <= 16: DeepSeek-V3.2 at TP8), without padding the
+// heads to wgmma's 64 rows.
+//
+// At 16 heads a gathered row carries a quarter of the work it carries at 64, so the kernel is bound
+// by moving rows (L2 -> shared memory -> registers), not by the tensor cores: it gathers with one
+// 1-D bulk copy per row, keeps several slots of rows in flight, and swaps the operands so that the
+// keys, not the heads, fill the 64 rows of each wgmma (the padded kernels do four times the MMA
+// work and read Q as the large operand).
+//
+// Persistent CTAs take the work items (query token, group of 16 heads) in turn. Producer warps
+// (4 ...) gather the selected KV rows into a ring of 32-row slots, one cp.async.bulk per row, the
+// warps taking slots in turn; the first also copies each item's Q (16 rows, 128-byte swizzled,
+// cp.async) into one of two buffers. Rows are
+// padded by 16 bytes so that ldmatrix reads of eight rows hit eight bank groups. Invalid rows
+// (index < 0 or >= N, positions past topk_length) are never read: the producer zero-fills them
+// (so stale rows cannot turn masked zeros into NaN) and clears their bit in the slot's mask.
+// Warps 0-3 (one warpgroup) compute each 64-key block (two slots):
+//   S^T [64 keys x 16 heads] = K Q^T, wgmma m64n16k16 with K from registers (ldmatrix of the
+//     gathered rows; warp w holds keys 16w .. 16w + 15) and Q from shared memory;
+//   the block's max per head meets across the four warps in shared memory (exact running max);
+//   P^T (bf16, [16 heads x 64 keys], 128-byte swizzled) goes to shared memory as the B operand of
+//   O^T [512 dims x 16 heads] += V^T P^T, eight m64n16k16 accumulators with V^T from registers
+//     (ldmatrix.trans of the same rows; V is the first 512 values of each row).
+// Row sums stay per thread until the item ends. The output is written straight from the
+// accumulators; lse and max_logits follow MLA.md (natural log, sink only in the denominator).
+#pragma once
+#include "mlagen/common/types.cuh"
+#include "mlagen/sm80/mma.cuh"
+#include "mlagen/sm90/barrier.cuh"
+#include "mlagen/sm90/sparse_gather.cuh"
+#include "mlagen/sm90/wgmma.cuh"
+
+namespace mlagen::sm90::sparse_h16 {
+
+using sm80::ldmatrix_x4;
+using sm80::ldmatrix_x4_trans;
+
+constexpr int kHeads = 16;     // heads per work item (wgmma N)
+constexpr int kSlotRows = 32;  // gathered rows per slot (one per producer lane)
+constexpr int kBlockK = 64;    // keys per block (wgmma M): two slots
+constexpr int kConsumerThreads = 128;
+
+enum NamedBarrier : int {
+  kMaxReady = 1,  // every warp published its block max per head
+  kPReady = 2,    // P^T is complete in shared memory
+  kSumReady = 3,  // row sums published (epilogue)
+};
+
+template <class Cfg>
+struct Layout {
+  static constexpr int kDValues = Cfg::kDQk;
+  // TMA rows are 128-byte swizzled and not padded. Bulk-copied rows are padded by Cfg::kRowPad
+  // bytes: 16 puts the 8 rows of an ldmatrix in 8 bank groups but leaves the copies' destinations
+  // 16-byte aligned (twice the L2 requests); 32 keeps 32-byte alignment at a 2-way conflict.
+  static constexpr int kRowBytes = Cfg::kDQk * 2 + Cfg::kRowPad;
+  static constexpr int kQBytes = kHeads * Cfg::kDQk * 2;  // Cfg::kDQk / 64 tiles of 16 rows x 128 B
+  static constexpr int kSlotBytes = kSlotRows * kRowBytes;
+  static constexpr int kQ = 0;                            // two Q buffers (items alternate)
+  static constexpr int kPT = kQ + 2 * kQBytes;            // P^T: 16 x 64 bf16, one swizzled tile
+  static constexpr int kRing = kPT + kHeads * kBlockK * 2;
+  static constexpr int kRed = kRing + Cfg::kSlots * kSlotBytes;  // [4 warps][16 heads] block maxima
+  static constexpr int kSum = kRed + 4 * kHeads * 4;             // [4 warps][16 heads] row sums
+  static constexpr int kFlags = kSum + 4 * kHeads * 4;           // one valid-row mask per slot
+  static constexpr int kBars = kFlags + (Cfg::kSlots * 4 + 63) / 64 * 64;
+  static constexpr int kBarBytes = (2 * Cfg::kSlots + 4) * 8;
+  // + 1 KB: the base is aligned up to the 128-byte swizzle atom (1 KB) at run time.
+  static constexpr int kSmemBytes = kBars + kBarBytes + 1024;
+  static_assert(kQBytes % 1024 == 0 && kPT % 1024 == 0, "swizzled operands start on a 1 KB atom");
+  static_assert(!Cfg::kTmaGather || (Cfg::kRowPad == 0 && kRing % 1024 == 0), "TMA rows: 128-byte aligned, unpadded");
+};
+
+template <class Cfg>
+struct Barriers {
+  u32 base;
+  __device__ __forceinline__ u32 full(int slot) const { return base + 8 * slot; }
+  __device__ __forceinline__ u32 empty(int slot) const { return base + 8 * (Cfg::kSlots + slot); }
+  __device__ __forceinline__ u32 q_full(int b) const { return base + 8 * (2 * Cfg::kSlots + b); }
+  __device__ __forceinline__ u32 q_empty(int b) const { return base + 8 * (2 * Cfg::kSlots + 2 + b); }
+};
+
+__device__ __forceinline__ u32 aligned_smem_base() {
+  extern __shared__ __align__(1024) u8 smem_raw[];
+  return (smem_u32(smem_raw) + 1023) & ~1023u;
+}
+
+template <class Params>
+__device__ __forceinline__ int valid_length(const Params& p, int t) {
+  int len = p.topk;
+  if (p.topk_length != nullptr) len = min(len, max(0, __ldg(p.topk_length + t)));
+  return len;
+}
+
+__device__ __forceinline__ int num_blocks(int len) { return (len + kBlockK - 1) / kBlockK; }
+
+// Byte offset of (row, 16-byte chunk) in a 128-byte-swizzled tile (the wgmma 128B pattern).
+__device__ __forceinline__ u32 swizzled(int row, int chunk) { return row * 128 + ((chunk ^ (row % 8)) << 4); }
+
+__device__ __forceinline__ void bulk_copy(u32 dst, const void* src, u32 bytes, u32 bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
+               "l"(src), "r"(bytes), "r"(bar)
+               : "memory");
+}
+
+__device__ __forceinline__ void bulk_copy_evict_last(u32 dst, const void* src, u32 bytes, u32 bar, u64 policy) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;\n" ::"r"(
+          dst),
+      "l"(src), "r"(bytes), "r"(bar), "l"(policy)
+      : "memory");
+}
+
+// The bf16 (round to nearest even) bits of x.
+__device__ __forceinline__ u16 bf16_bits(float x) { return (u16)(pack_bf16x2(x, 0.f) & 0xffffu); }
+
+// One gathered row by TMA: a 4-D box (64 values, d_qk / 64 chunks, 1 row, 1 page) of the KV tensor
+// map, written with the 128-byte swizzle (16-byte pieces XORed by smem address bits 7-9).
+template <bool kEvictLast>
+__device__ __forceinline__ void tma_load_4d(u32 dst, const TensorMap* map, u32 bar, int c0, int c1, int c2, int c3,
+                                            u64 policy) {
+  if constexpr (kEvictLast) {
+    asm volatile(
+        "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1, {%3, %4, %5, %6}], [%2], %7;\n" ::
+            "r"(dst),
+        "l"(reinterpret_cast<u64>(map)), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "l"(policy)
+        : "memory");
+  } else {
+    asm volatile(
+        "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5, %6}], [%2];\n" ::
+            "r"(dst),
+        "l"(reinterpret_cast<u64>(map)), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+        : "memory");
+  }
+}
+
+// Shared address of 16-byte chunk j of the gathered row at `row`: TMA rows are 128-byte swizzled
+// by address (row starts are 128-byte aligned, so 8 consecutive rows have 8 different phases and
+// ldmatrix reads of one column hit 8 bank groups); bulk-copied rows are linear and padded.
+template <class Cfg>
+__device__ __forceinline__ u32 chunk_addr(u32 row, int j) {
+  if constexpr (Cfg::kTmaGather) return row + 128 * (j / 8) + 16 * ((j % 8) ^ (((row >> 7) + j / 8) & 7));
+  return row + 16 * j;
+}
+
+__device__ __forceinline__ void st_shared_zero16(u32 addr) {
+  asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(addr), "r"(0u) : "memory");
+}
+
+template <class Cfg, class Params>
+__device__ __forceinline__ const u16* kv_row(const Params& p, int row) {
+  if constexpr (Cfg::kPaged)
+    return p.kv + (i64)(row / p.page_size) * p.kv_page_stride + (i64)(row % p.page_size) * p.kv_row_stride;
+  return p.kv + (i64)row * p.kv_row_stride;
+}
+
+// ------------------------------------------------------------------------------------------------
+// Producer (one warp).
+
+constexpr int kAhead = 4;  // slots whose indices the producer has in flight
+
+// The index at `pos` of a token's list, or -1 past its valid length (not read).
+__device__ __forceinline__ int load_index(const int* idx, int pos, int len) {
+  return pos < len ? __ldg(idx + pos) : -1;
+}
+
+// Fill ring slot number `filled` (over all items) with the 32 rows whose indices the lanes hold.
+template <class Cfg, class Params>
+__device__ __forceinline__ void fill_slot(const Params& p, u32 smem, const Barriers<Cfg>& bar, u32 filled, int id,
+                                          int lane, u64 policy) {
+  using L = Layout<Cfg>;
+  const bool ok = id >= 0 && id < p.num_kv;
+  const int slot = filled % Cfg::kSlots;
+  const u32 round = filled / Cfg::kSlots;
+  if (round > 0) mbar_wait(bar.empty(slot), (round - 1) & 1);
+  const u32 base = smem + L::kRing + slot * L::kSlotBytes;
+  const u32 invalid = __ballot_sync(0xffffffffu, !ok);
+  if (invalid != 0) {
+    // Zero the invalid rows (all lanes, 16 bytes each), then order these ordinary writes before
+    // later bulk copies (async proxy) into the same rows.
+    for (u32 m = invalid; m != 0; m &= m - 1) {
+      const u32 row = base + (__ffs(m) - 1) * L::kRowBytes;
+      for (int c = lane; c < Cfg::kDQk / 8; c += 32) st_shared_zero16(row + 16 * c);
+    }
+    fence_async_shared();
+  }
+  if (lane == 0) asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(smem + L::kFlags + 4 * slot), "r"(~invalid) : "memory");
+  if (ok) {
+    mbar_arrive_expect_tx(bar.full(slot), Cfg::kDQk * 2);
+    const u32 dst = base + lane * L::kRowBytes;
+    if constexpr (Cfg::kTmaGather) {
+      const int page = Cfg::kPaged ? id / p.page_size : 0;
+      tma_load_4d<Cfg::kEvictLast>(dst, &p.kv_map, bar.full(slot), 0, 0, Cfg::kPaged ? id - page * p.page_size : id,
+                                   page, policy);
+    } else if constexpr (Cfg::kEvictLast)
+      bulk_copy_evict_last(dst, kv_row<Cfg>(p, id), Cfg::kDQk * 2, bar.full(slot), policy);
+    else
+      bulk_copy(dst, kv_row<Cfg>(p, id), Cfg::kDQk * 2, bar.full(slot));
+  } else {
+    mbar_arrive(bar.full(slot));
+  }
+}
+
+// Producer warp `pw` of Cfg::kProducers fills the ring slots whose number (over all items) is pw
+// modulo the warp count. One warp issues its 32 bulk copies one after another (the copy takes
+// uniform operands, so the lanes' rows are issued in a loop), so several warps on different
+// schedulers keep more rows in flight.
+template <class Cfg, class Params>
+__device__ void produce(const Params& p, u32 smem, const Barriers<Cfg>& bar, int items, int groups, int pw) {
+  using L = Layout<Cfg>;
+  constexpr int kP = Cfg::kProducers;
+  const int lane = threadIdx.x % 32;
+  u64 policy = 0;
+  if constexpr (Cfg::kEvictLast) policy = l2_policy_evict_last();
+  u32 filled = 0;  // slots filled over all items (by every producer warp): ring position and phase
+  for (int item = blockIdx.x, n = 0; item < items; item += gridDim.x, ++n) {
+    const int t = item / groups, head0 = (item % groups) * kHeads;
+    if (pw == 0) {
+      const int qb = n & 1;
+      if (n >= 2) mbar_wait(bar.q_empty(qb), ((n >> 1) - 1) & 1);
+      // Q: 16 rows x d_qk / 8 chunks, 128-byte swizzled tiles of 64 columns; heads past H are zeros.
+      const u32 q = smem + L::kQ + qb * L::kQBytes;
+      constexpr int kChunks = Cfg::kDQk / 8;
+#pragma unroll 4
+      for (int i = lane; i < kHeads * kChunks; i += 32) {
+        const int row = i / kChunks, c = i % kChunks;
+        const bool ok = head0 + row < p.heads;
+        const u16* src = p.q + (i64)t * p.q_row_stride + (i64)(ok ? head0 + row : 0) * p.q_head_stride + 8 * c;
+        cp_async_16<false>(q + (c / 8) * (kHeads * 128) + swizzled(row, c % 8), src, ok, 0);
+      }
+      cp_async_arrive_noinc(bar.q_full(qb));
+    }
+    const int len = valid_length(p, t);
+    const int slots = 2 * num_blocks(len);
+    const int* idx = p.indices + (i64)t * p.idx_row_stride;
+    const int first = (int)((pw - filled % kP + kP) % kP);  // this warp's first slot of the item
+    // Each lane's index for this warp's next kAhead slots is loaded ahead: an index load is a
+    // dependent global access, and waiting for it slot by slot would bound the gather.
+    int ahead[kAhead];
+#pragma unroll
+    for (int j = 0; j < kAhead; ++j) ahead[j] = load_index(idx, kSlotRows * (first + kP * j) + lane, len);
+    for (int s0 = first; s0 < slots; s0 += kP * kAhead) {
+#pragma unroll
+      for (int j = 0; j < kAhead; ++j) {
+        const int s = s0 + kP * j;
+        if (s >= slots) break;
+        const int id = ahead[j];
+        ahead[j] = load_index(idx, kSlotRows * (s + kP * kAhead) + lane, len);
+        fill_slot<Cfg>(p, smem, bar, filled + s, id, lane, policy);
+      }
+    }
+    filled += slots;
+  }
+}
+
+// ------------------------------------------------------------------------------------------------
+// Consumers (one warpgroup).
+
+__device__ __forceinline__ float max_or_zero(float m) { return m == neg_inf() ? 0.f : m; }
+
+// The thread's four heads: 2q, 2q + 1, 8 + 2q, 9 + 2q (q = lane % 4); accumulator register e of an
+// m64n16 fragment belongs to head slot 2 * (e / 4) + e % 2.
+__device__ __forceinline__ int head_of_slot(int hs, int q) { return 8 * (hs / 2) + 2 * q + (hs % 2); }
+
+template <class Cfg, class Params>
+__device__ void consume(const Params& p, u32 smem, const Barriers<Cfg>& bar, int items, int groups) {
+  using L = Layout<Cfg>;
+  constexpr int kKSteps = Cfg::kDQk / 16;       // Q K^T k-steps (36 or 32)
+  constexpr int kG = Cfg::kQkGroup;             // k-steps per committed group
+  static_assert(kKSteps % kG == 0, "the Q K^T groups split the k-steps evenly");
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, q = lane % 4;
+  const float scale = p.scale_log2;
+  u32 used = 0;  // slots consumed over all items
+  for (int item = blockIdx.x, n = 0; item < items; item += gridDim.x, ++n) {
+    const int t = item / groups, head0 = (item % groups) * kHeads;
+    const int qb = n & 1;
+    const u32 qtile = smem + L::kQ + qb * L::kQBytes;
+    const int blocks = num_blocks(valid_length(p, t));
+    mbar_wait(bar.q_full(qb), (n >> 1) & 1);
+    fence_async_shared();  // Q written by cp.async, read by wgmma
+
+    float o[8][8];
+#pragma unroll
+    for (int mt = 0; mt < 8; ++mt)
+#pragma unroll
+      for (int e = 0; e < 8; ++e) o[mt][e] = 0.f;
+    float m[4], l[4];
+#pragma unroll
+    for (int h = 0; h < 4; ++h) m[h] = neg_inf(), l[h] = 0.f;
+
+    for (int b = 0; b < blocks; ++b, used += 2) {
+      const int slot_a = used % Cfg::kSlots, slot_b = (used + 1) % Cfg::kSlots;
+      mbar_wait(bar.full(slot_a), (used / Cfg::kSlots) & 1);
+      mbar_wait(bar.full(slot_b), ((used + 1) / Cfg::kSlots) & 1);
+      const u32 ring = smem + L::kRing;
+      const u32 slot_base[2] = {ring + slot_a * L::kSlotBytes, ring + slot_b * L::kSlotBytes};
+
+      // S^T = K Q^T: warp w's 16 keys are rows 16 (w % 2) .. of slot w / 2.
+      float s[8];
+      {
+        constexpr int kC = Cfg::kQkChains;  // independent accumulators, summed after the last k-step
+        float acc[kC][8];
+        const u32 krow = slot_base[warp / 2] + (16 * (warp % 2) + lane % 8 + 8 * ((lane / 8) % 2)) * L::kRowBytes;
+        const u64 qdesc = desc_k_major<128>(qtile);
+        // Register sets of K fragments, loaded kS - 1 groups ahead of the group that uses them:
+        // a group's wgmmas are issued, then (once the group before it is done) the set that group
+        // used is refilled, so each ldmatrix has a whole group's MMAs to land.
+        constexpr int kS = Cfg::kQkSets, kGroups = kKSteps / kG;
+        u32 a[kS][kG][4];
+        auto load = [&](int g) {
+#pragma unroll
+          for (int i = 0; i < kG; ++i) ldmatrix_x4(a[g % kS][i], chunk_addr<Cfg>(krow, 2 * (g * kG + i) + lane / 16));
+        };
+#pragma unroll
+        for (int g = 0; g < kS - 1 && g < kGroups; ++g) load(g);
+        // The previous block's P V drains while the first K fragments load.
+        if constexpr (Cfg::kLateDrain) wgmma_wait<0>();
+#pragma unroll
+        for (int g = 0; g < kGroups; ++g) {
+          wgmma_fence();
+#pragma unroll
+          for (int i = 0; i < kG; ++i) {
+            const int kk = g * kG + i;
+            Wgmma<16>::rs<0>(acc[kk % kC], a[g % kS][i], desc_advance(qdesc, (kk / 4) * (kHeads * 128) + (kk % 4) * 32),
+                             kk >= kC);
+          }
+          wgmma_commit();
+          if (g + kS - 1 < kGroups) {
+            if (g >= 1) wgmma_wait<1>();  // group g - 1, the last user of the set refilled next, is done
+            load(g + kS - 1);
+          }
+        }
+        wgmma_wait<0>();
+#pragma unroll
+        for (int c = 0; c < kC; ++c) pin_registers(acc[c]);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+          s[e] = acc[0][e];
+#pragma unroll
+          for (int c = 1; c < kC; ++c) s[e] += acc[c][e];
+        }
+      }
+
+      // The first V^T fragments of P V do not depend on P: their loads overlap the softmax.
+      constexpr int kPS = Cfg::kPvSets;
+      u32 va[kPS][8][4];
+      auto load_v = [&](int ks) {
+        const u32 vrow = slot_base[ks / 2] + (16 * (ks % 2) + 8 * (lane / 16) + lane % 8) * L::kRowBytes;
+#pragma unroll
+        for (int mt = 0; mt < 8; ++mt)
+          ldmatrix_x4_trans(va[ks % kPS][mt], chunk_addr<Cfg>(vrow, 8 * mt + 2 * warp + (lane / 8) % 2));
+      };
+#pragma unroll
+      for (int ks = 0; ks < kPS - 1; ++ks) load_v(ks);
+
+      // Mask, scale, block max per head across the warpgroup.
+      const u32 mask = [&] {
+        u32 v;
+        asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(v) : "r"(smem + L::kFlags + 4 * (warp / 2 ? slot_b : slot_a)));
+        return v;
+      }();
+      const int r0 = 16 * (warp % 2) + lane / 4;
+      const bool v0 = (mask >> r0) & 1, v1 = (mask >> (r0 + 8)) & 1;
+#pragma unroll
+      for (int e = 0; e < 8; ++e) s[e] = ((e / 2) % 2 ? v1 : v0) ? s[e] * scale : neg_inf();
+      float bm[4];
+#pragma unroll
+      for (int hs = 0; hs < 4; ++hs) {
+        const int e = 4 * (hs / 2) + hs % 2;
+        float x = fmaxf(s[e], s[e + 2]);
+        x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 4));
+        x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 8));
+        x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 16));
+        bm[hs] = x;
+      }
+      if (lane < 4) {
+#pragma unroll
+        for (int hs = 0; hs < 4; ++hs)
+          asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(smem + L::kRed + 4 * (kHeads * warp + head_of_slot(hs, q))),
+                       "f"(bm[hs])
+                       : "memory");
+      }
+      named_sync(kMaxReady, kConsumerThreads);
+      float corr[4], sub[4];
+#pragma unroll
+      for (int hs = 0; hs < 4; ++hs) {
+        float x = m[hs];
+#pragma unroll
+        for (int w = 0; w < 4; ++w) {
+          float y;
+          asm volatile("ld.shared.f32 %0, [%1];\n"
+                       : "=f"(y)
+                       : "r"(smem + L::kRed + 4 * (kHeads * w + head_of_slot(hs, q))));
+          x = fmaxf(x, y);
+        }
+        sub[hs] = max_or_zero(x);
+        corr[hs] = fast_exp2(m[hs] - sub[hs]);
+        m[hs] = x;
+      }
+      // P = exp2(S - max): row sums per thread, P^T (bf16) to shared memory.
+      const u32 pt = smem + L::kPT;
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        const int hs = 2 * (e / 4) + e % 2;
+        s[e] = fast_exp2(s[e] - sub[hs]);
+      }
+#pragma unroll
+      for (int hs = 0; hs < 4; ++hs) {
+        const int e = 4 * (hs / 2) + hs % 2;
+        l[hs] = l[hs] * corr[hs] + s[e] + s[e + 2];
+      }
+      const int key0 = 16 * warp + lane / 4;  // block-relative keys key0 and key0 + 8
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        const int h = head_of_slot(2 * (e / 4) + e % 2, q), key = key0 + 8 * ((e / 2) % 2);
+        const u32 addr = pt + swizzled(h, key / 8) + 2 * (key % 8);
+        asm volatile("st.shared.b16 [%0], %1;\n" ::"r"(addr), "h"(bf16_bits(s[e]))
+                     : "memory");
+      }
+      fence_async_shared();
+      // O is rescaled only when some head of the warp's threads moved its max (the factor is then
+      // exactly 1 for every other head): after the first blocks the max rarely moves.
+      const bool moved = corr[0] != 1.f || corr[1] != 1.f || corr[2] != 1.f || corr[3] != 1.f;
+      if (!Cfg::kSkipRescale || __any_sync(0xffffffffu, moved)) {
+#pragma unroll
+        for (int mt = 0; mt < 8; ++mt)
+#pragma unroll
+          for (int e = 0; e < 8; ++e) o[mt][e] *= corr[2 * (e / 4) + e % 2];
+      }
+      named_sync(kPReady, kConsumerThreads);
+
+      // O^T += V^T P^T: k-step ks reads keys 16 ks .. of the block (slot ks / 2); warp w's rows of
+      // dim tile mt are dims 64 mt + 16 w ...
+      {
+        const u64 pdesc = desc_k_major<128>(pt);
+#pragma unroll
+        for (int ks = 0; ks < 4; ++ks) {
+          wgmma_fence();
+#pragma unroll
+          for (int mt = 0; mt < 8; ++mt) Wgmma<16>::rs<0>(o[mt], va[ks % kPS][mt], desc_advance(pdesc, 32 * ks), 1);
+          wgmma_commit();
+          if (ks % 2 == 1) {  // the slot's rows are in registers: hand it back to the producers
+            __syncwarp();
+            if (lane == 0) mbar_arrive(bar.empty(ks == 1 ? slot_a : slot_b));
+          }
+          if (ks + kPS - 1 < 4) {
+            if (ks >= 1) wgmma_wait<1>();  // k-step ks - 1, the last user of the set refilled next, is done
+            load_v(ks + kPS - 1);
+          }
+        }
+      }
+      // P V completes inside the block (or, kLateDrain, once the next block's first K fragments
+      // are loading): with its groups still in flight up to the rescale of O, ptxas 13 reads that
+      // as an accumulator read inside the pipeline and serialises every wgmma of the kernel (C7514).
+      if constexpr (!Cfg::kLateDrain) wgmma_wait<0>();
+    }
+    wgmma_wait<0>();
+#pragma unroll
+    for (int mt = 0; mt < 8; ++mt) pin_registers(o[mt]);
+    __syncwarp();
+    if (lane == 0) mbar_arrive(bar.q_empty(qb));
+
+    // Row sums over the warpgroup; then out = O / (sum + sink), lse and max_logits (natural log).
+#pragma unroll
+    for (int hs = 0; hs < 4; ++hs) {
+      l[hs] += __shfl_xor_sync(0xffffffffu, l[hs], 4);
+      l[hs] += __shfl_xor_sync(0xffffffffu, l[hs], 8);
+      l[hs] += __shfl_xor_sync(0xffffffffu, l[hs], 16);
+    }
+    if (lane < 4) {
+#pragma unroll
+      for (int hs = 0; hs < 4; ++hs)
+        asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(smem + L::kSum + 4 * (kHeads * warp + head_of_slot(hs, q))),
+                     "f"(l[hs])
+                     : "memory");
+    }
+    named_sync(kSumReady, kConsumerThreads);
+    float inv[4];
+#pragma unroll
+    for (int hs = 0; hs < 4; ++hs) {
+      float sum = 0.f;
+#pragma unroll
+      for (int w = 0; w < 4; ++w) {
+        float y;
+        asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(y) : "r"(smem + L::kSum + 4 * (kHeads * w + head_of_slot(hs, q))));
+        sum += y;
+      }
+      const int head = head0 + head_of_slot(hs, q);
+      float sink = neg_inf();
+      if (p.attn_sink != nullptr && head < p.heads) sink = __ldg(p.attn_sink + head) * 1.4426950408889634f;
+      const float base = max_or_zero(m[hs]);
+      inv[hs] = sum == 0.f ? 0.f : 1.f / (sum + fast_exp2(sink - base));
+      if (warp == 0 && lane < 4 && head < p.heads) {
+        const bool empty = sum == 0.f;
+        p.max_logits[(i64)t * p.ml_row_stride + head] = empty ? neg_inf() : m[hs] * kLn2;
+        p.lse[(i64)t * p.lse_row_stride + head] = empty ? pos_inf() : (m[hs] + __log2f(sum)) * kLn2;
+      }
+    }
+    u16* out = p.out + (i64)t * p.o_row_stride;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      const int hs = 2 * (e / 4) + e % 2;
+      const int head = head0 + head_of_slot(hs, q);
+      if (head >= p.heads) continue;
+      u16* dst = out + (i64)head * p.o_head_stride + 16 * warp + lane / 4 + 8 * ((e / 2) % 2);
+#pragma unroll
+      for (int mt = 0; mt < 8; ++mt) dst[64 * mt] = bf16_bits(o[mt][e] * inv[hs]);
+    }
+    // The sums are read before the next item's epilogue overwrites them.
+    named_sync(kSumReady, kConsumerThreads);
+  }
+}
+
+template <class Cfg, class Params>
+__device__ void forward(const Params& p) {
+  const u32 smem = aligned_smem_base();
+  const Barriers<Cfg> bar{smem + Layout<Cfg>::kBars};
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < Cfg::kSlots; ++s) {
+      mbar_init(bar.full(s), kSlotRows);  // every producer lane arrives (with its row's bytes)
+      mbar_init(bar.empty(s), 4);         // every consumer warp releases
+    }
+    for (int b = 0; b < 2; ++b) {
+      mbar_init(bar.q_full(b), 32);  // the producer lanes' cp.async copies
+      mbar_init(bar.q_empty(b), 4);
+    }
+    fence_barrier_init();
+  }
+  __syncthreads();
+  const int groups = (p.heads + kHeads - 1) / kHeads;
+  const int items = p.sq * groups;
+  if (threadIdx.x >= kConsumerThreads)
+    produce<Cfg>(p, smem, bar, items, groups, (threadIdx.x - kConsumerThreads) / 32);
+  else
+    consume<Cfg>(p, smem, bar, items, groups);
+}
+
+}  // namespace mlagen::sm90::sparse_h16

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Session 11 H100 call c: Nsight Compute on the H<=16 kernel and the padded 64-head kernel (sq=1024, H=16):
+# pipes, stall reasons, per-instruction stall samples of the H<=16 kernel.
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 MLAGEN_OUT_DIR=/tmp/mlo
+T0=$(date +%s); S=$OUT/summary.txt
+el() { echo $(( $(date +%s)-T0 )); }
+D=docs/data/s11-h100-2026-11-24; P=docs/data/s10-h100-2026-11-23
+NCU=/usr/local/cuda/bin/ncu
+timeout 300 $NCU --profile-from-start off --clock-control none --set full --import-source no -o /tmp/rep python3 $D/prof11.py > /tmp/ncu.log 2>&1
+echo "ncu rc=$? $(el)s" >> $S; tail -3 /tmp/ncu.log >> $S
+$NCU -i /tmp/rep.ncu-rep --csv --page raw > $OUT/raw.csv 2>> $S
+$NCU -i /tmp/rep.ncu-rep --csv --page source --print-source sass --kernel-name regex:h16 > $OUT/source-h16.csv 2>> $S
+python3 $P/ncu9.py $OUT/raw.csv >> $S 2>&1
+python3 $P/src_stalls.py $OUT/source-h16.csv 60 > $OUT/h16-top.txt 2>&1
+cat $S; head -45 $OUT/h16-top.txt

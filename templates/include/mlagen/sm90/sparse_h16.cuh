@@ -52,7 +52,10 @@ struct Layout {
   // TMA rows are 128-byte swizzled and not padded. Bulk-copied rows are padded by Cfg::kRowPad
   // bytes: 16 puts the 8 rows of an ldmatrix in 8 bank groups but leaves the copies' destinations
   // 16-byte aligned (twice the L2 requests); 32 keeps 32-byte alignment at a 2-way conflict.
-  static constexpr int kRowBytes = Cfg::kDQk * 2 + Cfg::kRowPad;
+  // TMA rows sit 9 x 128 bytes apart whatever d_qk (a 512-value row is followed by 128 unused
+  // bytes): consecutive rows then start one swizzle phase apart; 1024 bytes apart (d_qk 512
+  // unpadded) every row would have the same phase and ldmatrix would conflict 8-way.
+  static constexpr int kRowBytes = Cfg::kTmaGather ? 9 * 128 : Cfg::kDQk * 2 + Cfg::kRowPad;
   static constexpr int kQBytes = kHeads * Cfg::kDQk * 2;  // Cfg::kDQk / 64 tiles of 16 rows x 128 B
   static constexpr int kSlotBytes = kSlotRows * kRowBytes;
   static constexpr int kQ = 0;                            // two Q buffers (items alternate)

@@ -70,6 +70,8 @@ struct Layout {
   static constexpr int kSmemBytes = kBars + kBarBytes + 1024;
   static_assert(kQBytes % 1024 == 0 && kPT % 1024 == 0, "swizzled operands start on a 1 KB atom");
   static_assert(!Cfg::kTmaGather || (Cfg::kRowPad == 0 && kRing % 1024 == 0), "TMA rows: 128-byte aligned, unpadded");
+  static_assert(!Cfg::kTmaGather || (kRowBytes / 128) % 2 == 1,
+                "TMA rows an odd number of 128-byte blocks apart: consecutive rows in distinct swizzle phases");
 };
 
 template <class Cfg>

@@ -265,6 +265,43 @@ __device__ __forceinline__ float max_or_zero(float m) { return m == neg_inf() ? 
 // m64n16 fragment belongs to head slot 2 * (e / 4) + e % 2.
 __device__ __forceinline__ int head_of_slot(int hs, int q) { return 8 * (hs / 2) + 2 * q + (hs % 2); }
 
+struct MaxOp {
+  __device__ __forceinline__ float operator()(float a, float b) const { return fmaxf(a, b); }
+};
+struct SumOp {
+  __device__ __forceinline__ float operator()(float a, float b) const { return a + b; }
+};
+
+// Reduce the thread's four per-head values over the warpgroup: over the lanes that hold the same
+// heads (shuffles), then over the four warps through `buf` ([4 warps][16 heads] floats) behind
+// named barrier `barrier`; acc[hs] starts each head's cross-warp fold.
+template <class Op>
+__device__ __forceinline__ void reduce_heads(float (&v)[4], float (&acc)[4], u32 buf, int barrier, int warp, int lane,
+                                             Op op) {
+  const int q = lane % 4;
+#pragma unroll
+  for (int hs = 0; hs < 4; ++hs) {
+    v[hs] = op(v[hs], __shfl_xor_sync(0xffffffffu, v[hs], 4));
+    v[hs] = op(v[hs], __shfl_xor_sync(0xffffffffu, v[hs], 8));
+    v[hs] = op(v[hs], __shfl_xor_sync(0xffffffffu, v[hs], 16));
+  }
+  if (lane < 4) {
+#pragma unroll
+    for (int hs = 0; hs < 4; ++hs)
+      asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(buf + 4 * (kHeads * warp + head_of_slot(hs, q))), "f"(v[hs])
+                   : "memory");
+  }
+  named_sync(barrier, kConsumerThreads);
+#pragma unroll
+  for (int hs = 0; hs < 4; ++hs)
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+      float y;
+      asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(y) : "r"(buf + 4 * (kHeads * w + head_of_slot(hs, q))));
+      acc[hs] = op(acc[hs], y);
+    }
+}
+
 template <class Cfg, class Params>
 __device__ void consume(const Params& p, u32 smem, const Barriers<Cfg>& bar, int items, int groups) {
   using L = Layout<Cfg>;
@@ -366,39 +403,20 @@ __device__ void consume(const Params& p, u32 smem, const Barriers<Cfg>& bar, int
       const bool v0 = (mask >> r0) & 1, v1 = (mask >> (r0 + 8)) & 1;
 #pragma unroll
       for (int e = 0; e < 8; ++e) s[e] = ((e / 2) % 2 ? v1 : v0) ? s[e] * scale : neg_inf();
-      float bm[4];
+      float bm[4], mx[4];
 #pragma unroll
       for (int hs = 0; hs < 4; ++hs) {
         const int e = 4 * (hs / 2) + hs % 2;
-        float x = fmaxf(s[e], s[e + 2]);
-        x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 4));
-        x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 8));
-        x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 16));
-        bm[hs] = x;
+        bm[hs] = fmaxf(s[e], s[e + 2]);
+        mx[hs] = m[hs];
       }
-      if (lane < 4) {
-#pragma unroll
-        for (int hs = 0; hs < 4; ++hs)
-          asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(smem + L::kRed + 4 * (kHeads * warp + head_of_slot(hs, q))),
-                       "f"(bm[hs])
-                       : "memory");
-      }
-      named_sync(kMaxReady, kConsumerThreads);
+      reduce_heads(bm, mx, smem + L::kRed, kMaxReady, warp, lane, MaxOp{});
       float corr[4], sub[4];
 #pragma unroll
       for (int hs = 0; hs < 4; ++hs) {
-        float x = m[hs];
-#pragma unroll
-        for (int w = 0; w < 4; ++w) {
-          float y;
-          asm volatile("ld.shared.f32 %0, [%1];\n"
-                       : "=f"(y)
-                       : "r"(smem + L::kRed + 4 * (kHeads * w + head_of_slot(hs, q))));
-          x = fmaxf(x, y);
-        }
-        sub[hs] = max_or_zero(x);
+        sub[hs] = max_or_zero(mx[hs]);
         corr[hs] = fast_exp2(m[hs] - sub[hs]);
-        m[hs] = x;
+        m[hs] = mx[hs];
       }
       // P = exp2(S - max): row sums per thread, P^T (bf16) to shared memory.
       const u32 pt = smem + L::kPT;
@@ -464,30 +482,12 @@ __device__ void consume(const Params& p, u32 smem, const Barriers<Cfg>& bar, int
     if (lane == 0) mbar_arrive(bar.q_empty(qb));
 
     // Row sums over the warpgroup; then out = O / (sum + sink), lse and max_logits (natural log).
-#pragma unroll
-    for (int hs = 0; hs < 4; ++hs) {
-      l[hs] += __shfl_xor_sync(0xffffffffu, l[hs], 4);
-      l[hs] += __shfl_xor_sync(0xffffffffu, l[hs], 8);
-      l[hs] += __shfl_xor_sync(0xffffffffu, l[hs], 16);
-    }
-    if (lane < 4) {
-#pragma unroll
-      for (int hs = 0; hs < 4; ++hs)
-        asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(smem + L::kSum + 4 * (kHeads * warp + head_of_slot(hs, q))),
-                     "f"(l[hs])
-                     : "memory");
-    }
-    named_sync(kSumReady, kConsumerThreads);
+    float total[4] = {0.f, 0.f, 0.f, 0.f};
+    reduce_heads(l, total, smem + L::kSum, kSumReady, warp, lane, SumOp{});
     float inv[4];
 #pragma unroll
     for (int hs = 0; hs < 4; ++hs) {
-      float sum = 0.f;
-#pragma unroll
-      for (int w = 0; w < 4; ++w) {
-        float y;
-        asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(y) : "r"(smem + L::kSum + 4 * (kHeads * w + head_of_slot(hs, q))));
-        sum += y;
-      }
+      const float sum = total[hs];
       const int head = head0 + head_of_slot(hs, q);
       float sink = neg_inf();
       if (p.attn_sink != nullptr && head < p.heads) sink = __ldg(p.attn_sink + head) * 1.4426950408889634f;

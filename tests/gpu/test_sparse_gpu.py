@@ -99,10 +99,11 @@ def test_running_max_with_rising_and_falling_scores(softmax_max, rising):
 
 # Schedule options of the H <= 16 kernel beside its default (the case matrix runs the default):
 # the other gather and row layouts, register-set depths, the skipped rescale, the late drain,
-# fewer producer warps and ring slots.
+# fewer producer warps and ring slots, two consumer warpgroups.
 _H16_OPTIONS = [{}, {"skip_rescale": True}, {"gather": "bulk", "row_pad": 16}, {"gather": "bulk", "row_pad": 32},
                 {"qk_sets": 2, "pv_sets": 2}, {"late_drain": True, "qk_sets": 2, "pv_sets": 2}, {"producers": 1, "slots": 3},
-                {"qk_chains": 1, "qk_group": 12, "qk_sets": 2}, {"l2_evict_last": False}]
+                {"qk_chains": 1, "qk_group": 12, "qk_sets": 2}, {"l2_evict_last": False}, {"consumers": 2},
+                {"consumers": 2, "qk_group": 9, "skip_rescale": True, "pv_sets": 2}]
 
 
 @pytest.mark.skipif(not _HOPPER, reason="the H <= 16 sparse kernel needs a Hopper GPU")

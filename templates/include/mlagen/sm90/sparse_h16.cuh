@@ -41,9 +41,11 @@ constexpr int kBlockK = 64;    // keys per block (wgmma M): two slots
 constexpr int kConsumerThreads = 128;
 
 enum NamedBarrier : int {
-  kMaxReady = 1,  // every warp published its block max per head
-  kPReady = 2,    // P^T is complete in shared memory
+  kMaxReady = 1,  // every warp (of the first consumer warpgroup) published its block max per head
+  kPReady = 2,    // P^T (and, with two consumer warpgroups, the rescale factors) in shared memory
   kSumReady = 3,  // row sums published (epilogue)
+  kExchange = 4,  // two consumer warpgroups: the second's partial S^T is in shared memory
+  kEpilogue = 5,  // two consumer warpgroups: the output factors are in shared memory
 };
 
 template <class Cfg>
@@ -63,7 +65,10 @@ struct Layout {
   static constexpr int kRing = kPT + kHeads * kBlockK * 2;
   static constexpr int kRed = kRing + Cfg::kSlots * kSlotBytes;  // [4 warps][16 heads] block maxima
   static constexpr int kSum = kRed + 4 * kHeads * 4;             // [4 warps][16 heads] row sums
-  static constexpr int kFlags = kSum + 4 * kHeads * 4;           // one valid-row mask per slot
+  static constexpr int kXs = kSum + 4 * kHeads * 4;              // the second warpgroup's partial S^T
+  static constexpr int kCorr = kXs + (Cfg::kConsumers == 2 ? kConsumerThreads * 8 * 4 : 0);  // 16 factors
+  static constexpr int kInv = kCorr + kHeads * 4;                 // 16 output factors
+  static constexpr int kFlags = kInv + kHeads * 4;               // one valid-row mask per slot
   static constexpr int kBars = kFlags + (Cfg::kSlots * 4 + 63) / 64 * 64;
   static constexpr int kBarBytes = (2 * Cfg::kSlots + 4) * 8;
   // + 1 KB: the base is aligned up to the 128-byte swizzle atom (1 KB) at run time.
@@ -302,13 +307,24 @@ __device__ __forceinline__ void reduce_heads(float (&v)[4], float (&acc)[4], u32
     }
 }
 
-template <class Cfg, class Params>
+// One consumer warpgroup (Cfg::kConsumers == 1) computes a block alone. With two, warpgroup CW takes
+// k-steps [CW * K/2, (CW + 1) * K/2) of Q K^T and output dims [256 CW, 256 CW + 256) of P V: the
+// second hands its partial S^T to the first through shared memory, the first runs the softmax and
+// publishes P^T and the rescale factors, and both multiply P V; each warpgroup's chain is about half
+// as long. The first warpgroup keeps the running max and sums and writes lse and max_logits.
+template <class Cfg, int CW, class Params>
 __device__ void consume(const Params& p, u32 smem, const Barriers<Cfg>& bar, int items, int groups) {
   using L = Layout<Cfg>;
+  constexpr int kNC = Cfg::kConsumers;
+  constexpr int kAll = kNC * kConsumerThreads;  // threads of every consumer warpgroup
   constexpr int kKSteps = Cfg::kDQk / 16;       // Q K^T k-steps (36 or 32)
+  constexpr int kKPer = kKSteps / kNC;          // this warpgroup's k-steps
+  constexpr int kK0 = CW * kKPer;
   constexpr int kG = Cfg::kQkGroup;             // k-steps per committed group
-  static_assert(kKSteps % kG == 0, "the Q K^T groups split the k-steps evenly");
-  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, q = lane % 4;
+  static_assert(kKPer % kG == 0, "the Q K^T groups split the warpgroup's k-steps evenly");
+  constexpr int kMT = 8 / kNC, kMT0 = CW * kMT;  // this warpgroup's 64-dim tiles of O^T
+  constexpr bool kSoftmax = CW == 0;
+  const int tid = threadIdx.x % kConsumerThreads, warp = tid / 32, lane = tid % 32, q = lane % 4;
   const float scale = p.scale_log2;
   u32 used = 0;  // slots consumed over all items
   for (int item = blockIdx.x, n = 0; item < items; item += gridDim.x, ++n) {
@@ -319,9 +335,9 @@ __device__ void consume(const Params& p, u32 smem, const Barriers<Cfg>& bar, int
     mbar_wait(bar.q_full(qb), (n >> 1) & 1);
     fence_async_shared();  // Q written by cp.async, read by wgmma
 
-    float o[8][8];
+    float o[kMT][8];
 #pragma unroll
-    for (int mt = 0; mt < 8; ++mt)
+    for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
       for (int e = 0; e < 8; ++e) o[mt][e] = 0.f;
     float m[4], l[4];
@@ -345,11 +361,12 @@ __device__ void consume(const Params& p, u32 smem, const Barriers<Cfg>& bar, int
         // Register sets of K fragments, loaded kS - 1 groups ahead of the group that uses them:
         // a group's wgmmas are issued, then (once the group before it is done) the set that group
         // used is refilled, so each ldmatrix has a whole group's MMAs to land.
-        constexpr int kS = Cfg::kQkSets, kGroups = kKSteps / kG;
+        constexpr int kS = Cfg::kQkSets, kGroups = kKPer / kG;
         u32 a[kS][kG][4];
         auto load = [&](int g) {
 #pragma unroll
-          for (int i = 0; i < kG; ++i) ldmatrix_x4(a[g % kS][i], chunk_addr<Cfg>(krow, 2 * (g * kG + i) + lane / 16));
+          for (int i = 0; i < kG; ++i)
+            ldmatrix_x4(a[g % kS][i], chunk_addr<Cfg>(krow, 2 * (kK0 + g * kG + i) + lane / 16));
         };
 #pragma unroll
         for (int g = 0; g < kS - 1 && g < kGroups; ++g) load(g);
@@ -360,9 +377,9 @@ __device__ void consume(const Params& p, u32 smem, const Barriers<Cfg>& bar, int
           wgmma_fence();
 #pragma unroll
           for (int i = 0; i < kG; ++i) {
-            const int kk = g * kG + i;
-            Wgmma<16>::rs<0>(acc[kk % kC], a[g % kS][i], desc_advance(qdesc, (kk / 4) * (kHeads * 128) + (kk % 4) * 32),
-                             kk >= kC);
+            const int j = g * kG + i, kk = kK0 + j;
+            Wgmma<16>::rs<0>(acc[j % kC], a[g % kS][i], desc_advance(qdesc, (kk / 4) * (kHeads * 128) + (kk % 4) * 32),
+                             j >= kC);
           }
           wgmma_commit();
           if (g + kS - 1 < kGroups) {
@@ -380,75 +397,112 @@ __device__ void consume(const Params& p, u32 smem, const Barriers<Cfg>& bar, int
           for (int c = 1; c < kC; ++c) s[e] += acc[c][e];
         }
       }
+      if constexpr (kNC == 2) {
+        // The second warpgroup's partial S^T to the first (thread for thread: same fragment layout).
+        const u32 xs = smem + L::kXs + 32 * tid;
+        if constexpr (CW == 1) {
+          asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(xs), "f"(s[0]), "f"(s[1]), "f"(s[2]),
+                       "f"(s[3])
+                       : "memory");
+          asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(xs + 16), "f"(s[4]), "f"(s[5]), "f"(s[6]),
+                       "f"(s[7])
+                       : "memory");
+        }
+        named_sync(kExchange, kAll);
+        if constexpr (CW == 0) {
+          float y[8];
+          asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n"
+                       : "=f"(y[0]), "=f"(y[1]), "=f"(y[2]), "=f"(y[3])
+                       : "r"(xs));
+          asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n"
+                       : "=f"(y[4]), "=f"(y[5]), "=f"(y[6]), "=f"(y[7])
+                       : "r"(xs + 16));
+#pragma unroll
+          for (int e = 0; e < 8; ++e) s[e] += y[e];
+        }
+      }
 
       // The first V^T fragments of P V do not depend on P: their loads overlap the softmax.
       constexpr int kPS = Cfg::kPvSets;
-      u32 va[kPS][8][4];
+      u32 va[kPS][kMT][4];
       auto load_v = [&](int ks) {
         const u32 vrow = slot_base[ks / 2] + (16 * (ks % 2) + 8 * (lane / 16) + lane % 8) * L::kRowBytes;
 #pragma unroll
-        for (int mt = 0; mt < 8; ++mt)
-          ldmatrix_x4_trans(va[ks % kPS][mt], chunk_addr<Cfg>(vrow, 8 * mt + 2 * warp + (lane / 8) % 2));
+        for (int mt = 0; mt < kMT; ++mt)
+          ldmatrix_x4_trans(va[ks % kPS][mt], chunk_addr<Cfg>(vrow, 8 * (kMT0 + mt) + 2 * warp + (lane / 8) % 2));
       };
 #pragma unroll
       for (int ks = 0; ks < kPS - 1; ++ks) load_v(ks);
 
-      // Mask, scale, block max per head across the warpgroup.
-      const u32 mask = [&] {
-        u32 v;
-        asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(v) : "r"(smem + L::kFlags + 4 * (warp / 2 ? slot_b : slot_a)));
-        return v;
-      }();
-      const int r0 = 16 * (warp % 2) + lane / 4;
-      const bool v0 = (mask >> r0) & 1, v1 = (mask >> (r0 + 8)) & 1;
-#pragma unroll
-      for (int e = 0; e < 8; ++e) s[e] = ((e / 2) % 2 ? v1 : v0) ? s[e] * scale : neg_inf();
-      float bm[4], mx[4];
-#pragma unroll
-      for (int hs = 0; hs < 4; ++hs) {
-        const int e = 4 * (hs / 2) + hs % 2;
-        bm[hs] = fmaxf(s[e], s[e + 2]);
-        mx[hs] = m[hs];
-      }
-      reduce_heads(bm, mx, smem + L::kRed, kMaxReady, warp, lane, MaxOp{});
-      float corr[4], sub[4];
-#pragma unroll
-      for (int hs = 0; hs < 4; ++hs) {
-        sub[hs] = max_or_zero(mx[hs]);
-        corr[hs] = fast_exp2(m[hs] - sub[hs]);
-        m[hs] = mx[hs];
-      }
-      // P = exp2(S - max): row sums per thread, P^T (bf16) to shared memory.
+      float corr[4];
       const u32 pt = smem + L::kPT;
+      if constexpr (kSoftmax) {
+        // Mask, scale, block max per head across the warpgroup.
+        const u32 mask = [&] {
+          u32 v;
+          asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(v) : "r"(smem + L::kFlags + 4 * (warp / 2 ? slot_b : slot_a)));
+          return v;
+        }();
+        const int r0 = 16 * (warp % 2) + lane / 4;
+        const bool v0 = (mask >> r0) & 1, v1 = (mask >> (r0 + 8)) & 1;
 #pragma unroll
-      for (int e = 0; e < 8; ++e) {
-        const int hs = 2 * (e / 4) + e % 2;
-        s[e] = fast_exp2(s[e] - sub[hs]);
-      }
+        for (int e = 0; e < 8; ++e) s[e] = ((e / 2) % 2 ? v1 : v0) ? s[e] * scale : neg_inf();
+        float bm[4], mx[4];
 #pragma unroll
-      for (int hs = 0; hs < 4; ++hs) {
-        const int e = 4 * (hs / 2) + hs % 2;
-        l[hs] = l[hs] * corr[hs] + s[e] + s[e + 2];
-      }
-      const int key0 = 16 * warp + lane / 4;  // block-relative keys key0 and key0 + 8
+        for (int hs = 0; hs < 4; ++hs) {
+          const int e = 4 * (hs / 2) + hs % 2;
+          bm[hs] = fmaxf(s[e], s[e + 2]);
+          mx[hs] = m[hs];
+        }
+        reduce_heads(bm, mx, smem + L::kRed, kMaxReady, warp, lane, MaxOp{});
+        float sub[4];
 #pragma unroll
-      for (int e = 0; e < 8; ++e) {
-        const int h = head_of_slot(2 * (e / 4) + e % 2, q), key = key0 + 8 * ((e / 2) % 2);
-        const u32 addr = pt + swizzled(h, key / 8) + 2 * (key % 8);
-        asm volatile("st.shared.b16 [%0], %1;\n" ::"r"(addr), "h"(bf16_bits(s[e]))
-                     : "memory");
+        for (int hs = 0; hs < 4; ++hs) {
+          sub[hs] = max_or_zero(mx[hs]);
+          corr[hs] = fast_exp2(m[hs] - sub[hs]);
+          m[hs] = mx[hs];
+        }
+        // P = exp2(S - max): row sums per thread, P^T (bf16) to shared memory.
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+          const int hs = 2 * (e / 4) + e % 2;
+          s[e] = fast_exp2(s[e] - sub[hs]);
+        }
+#pragma unroll
+        for (int hs = 0; hs < 4; ++hs) {
+          const int e = 4 * (hs / 2) + hs % 2;
+          l[hs] = l[hs] * corr[hs] + s[e] + s[e + 2];
+        }
+        const int key0 = 16 * warp + lane / 4;  // block-relative keys key0 and key0 + 8
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+          const int h = head_of_slot(2 * (e / 4) + e % 2, q), key = key0 + 8 * ((e / 2) % 2);
+          const u32 addr = pt + swizzled(h, key / 8) + 2 * (key % 8);
+          asm volatile("st.shared.b16 [%0], %1;\n" ::"r"(addr), "h"(bf16_bits(s[e])) : "memory");
+        }
+        if (kNC == 2 && warp == 0 && lane < 4) {  // the rescale factors of the 16 heads
+#pragma unroll
+          for (int hs = 0; hs < 4; ++hs)
+            asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(smem + L::kCorr + 4 * head_of_slot(hs, q)), "f"(corr[hs])
+                         : "memory");
+        }
+        fence_async_shared();
       }
-      fence_async_shared();
+      named_sync(kPReady, kAll);
+      if constexpr (!kSoftmax) {
+#pragma unroll
+        for (int hs = 0; hs < 4; ++hs)
+          asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(corr[hs]) : "r"(smem + L::kCorr + 4 * head_of_slot(hs, q)));
+      }
       // O is rescaled only when some head of the warp's threads moved its max (the factor is then
       // exactly 1 for every other head): after the first blocks the max rarely moves.
       const bool moved = corr[0] != 1.f || corr[1] != 1.f || corr[2] != 1.f || corr[3] != 1.f;
       if (!Cfg::kSkipRescale || __any_sync(0xffffffffu, moved)) {
 #pragma unroll
-        for (int mt = 0; mt < 8; ++mt)
+        for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
           for (int e = 0; e < 8; ++e) o[mt][e] *= corr[2 * (e / 4) + e % 2];
       }
-      named_sync(kPReady, kConsumerThreads);
 
       // O^T += V^T P^T: k-step ks reads keys 16 ks .. of the block (slot ks / 2); warp w's rows of
       // dim tile mt are dims 64 mt + 16 w ...
@@ -458,7 +512,7 @@ __device__ void consume(const Params& p, u32 smem, const Barriers<Cfg>& bar, int
         for (int ks = 0; ks < 4; ++ks) {
           wgmma_fence();
 #pragma unroll
-          for (int mt = 0; mt < 8; ++mt) Wgmma<16>::rs<0>(o[mt], va[ks % kPS][mt], desc_advance(pdesc, 32 * ks), 1);
+          for (int mt = 0; mt < kMT; ++mt) Wgmma<16>::rs<0>(o[mt], va[ks % kPS][mt], desc_advance(pdesc, 32 * ks), 1);
           wgmma_commit();
           if (ks % 2 == 1) {  // the slot's rows are in registers: hand it back to the producers
             __syncwarp();
@@ -477,26 +531,39 @@ __device__ void consume(const Params& p, u32 smem, const Barriers<Cfg>& bar, int
     }
     wgmma_wait<0>();
 #pragma unroll
-    for (int mt = 0; mt < 8; ++mt) pin_registers(o[mt]);
+    for (int mt = 0; mt < kMT; ++mt) pin_registers(o[mt]);
     __syncwarp();
     if (lane == 0) mbar_arrive(bar.q_empty(qb));
 
     // Row sums over the warpgroup; then out = O / (sum + sink), lse and max_logits (natural log).
-    float total[4] = {0.f, 0.f, 0.f, 0.f};
-    reduce_heads(l, total, smem + L::kSum, kSumReady, warp, lane, SumOp{});
     float inv[4];
+    if constexpr (kSoftmax) {
+      float total[4] = {0.f, 0.f, 0.f, 0.f};
+      reduce_heads(l, total, smem + L::kSum, kSumReady, warp, lane, SumOp{});
 #pragma unroll
-    for (int hs = 0; hs < 4; ++hs) {
-      const float sum = total[hs];
-      const int head = head0 + head_of_slot(hs, q);
-      float sink = neg_inf();
-      if (p.attn_sink != nullptr && head < p.heads) sink = __ldg(p.attn_sink + head) * 1.4426950408889634f;
-      const float base = max_or_zero(m[hs]);
-      inv[hs] = sum == 0.f ? 0.f : 1.f / (sum + fast_exp2(sink - base));
-      if (warp == 0 && lane < 4 && head < p.heads) {
-        const bool empty = sum == 0.f;
-        p.max_logits[(i64)t * p.ml_row_stride + head] = empty ? neg_inf() : m[hs] * kLn2;
-        p.lse[(i64)t * p.lse_row_stride + head] = empty ? pos_inf() : (m[hs] + __log2f(sum)) * kLn2;
+      for (int hs = 0; hs < 4; ++hs) {
+        const float sum = total[hs];
+        const int head = head0 + head_of_slot(hs, q);
+        float sink = neg_inf();
+        if (p.attn_sink != nullptr && head < p.heads) sink = __ldg(p.attn_sink + head) * 1.4426950408889634f;
+        const float base = max_or_zero(m[hs]);
+        inv[hs] = sum == 0.f ? 0.f : 1.f / (sum + fast_exp2(sink - base));
+        if (warp == 0 && lane < 4 && head < p.heads) {
+          const bool empty = sum == 0.f;
+          p.max_logits[(i64)t * p.ml_row_stride + head] = empty ? neg_inf() : m[hs] * kLn2;
+          p.lse[(i64)t * p.lse_row_stride + head] = empty ? pos_inf() : (m[hs] + __log2f(sum)) * kLn2;
+        }
+        if (kNC == 2 && warp == 0 && lane < 4)
+          asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(smem + L::kInv + 4 * head_of_slot(hs, q)), "f"(inv[hs])
+                       : "memory");
+      }
+    }
+    if constexpr (kNC == 2) {
+      named_sync(kEpilogue, kAll);
+      if constexpr (!kSoftmax) {
+#pragma unroll
+        for (int hs = 0; hs < 4; ++hs)
+          asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(inv[hs]) : "r"(smem + L::kInv + 4 * head_of_slot(hs, q)));
       }
     }
     u16* out = p.out + (i64)t * p.o_row_stride;
@@ -505,37 +572,51 @@ __device__ void consume(const Params& p, u32 smem, const Barriers<Cfg>& bar, int
       const int hs = 2 * (e / 4) + e % 2;
       const int head = head0 + head_of_slot(hs, q);
       if (head >= p.heads) continue;
-      u16* dst = out + (i64)head * p.o_head_stride + 16 * warp + lane / 4 + 8 * ((e / 2) % 2);
+      u16* dst = out + (i64)head * p.o_head_stride + 64 * kMT0 + 16 * warp + lane / 4 + 8 * ((e / 2) % 2);
 #pragma unroll
-      for (int mt = 0; mt < 8; ++mt) dst[64 * mt] = bf16_bits(o[mt][e] * inv[hs]);
+      for (int mt = 0; mt < kMT; ++mt) dst[64 * mt] = bf16_bits(o[mt][e] * inv[hs]);
     }
-    // The sums are read before the next item's epilogue overwrites them.
-    named_sync(kSumReady, kConsumerThreads);
+    // The sums (and the factors handed to the second warpgroup) are read before the next item's
+    // epilogue overwrites them.
+    if constexpr (kNC == 1)
+      named_sync(kSumReady, kConsumerThreads);
+    else
+      named_sync(kEpilogue, kAll);  // not kSumReady: the first warpgroup alone uses that one
   }
 }
 
 template <class Cfg, class Params>
 __device__ void forward(const Params& p) {
+  constexpr int kNC = Cfg::kConsumers;
   const u32 smem = aligned_smem_base();
   const Barriers<Cfg> bar{smem + Layout<Cfg>::kBars};
   if (threadIdx.x == 0) {
     for (int s = 0; s < Cfg::kSlots; ++s) {
       mbar_init(bar.full(s), kSlotRows);  // every producer lane arrives (with its row's bytes)
-      mbar_init(bar.empty(s), 4);         // every consumer warp releases
+      mbar_init(bar.empty(s), 4 * kNC);   // every consumer warp releases
     }
     for (int b = 0; b < 2; ++b) {
       mbar_init(bar.q_full(b), 32);  // the producer lanes' cp.async copies
-      mbar_init(bar.q_empty(b), 4);
+      mbar_init(bar.q_empty(b), 4 * kNC);
     }
     fence_barrier_init();
   }
   __syncthreads();
   const int groups = (p.heads + kHeads - 1) / kHeads;
   const int items = p.sq * groups;
-  if (threadIdx.x >= kConsumerThreads)
-    produce<Cfg>(p, smem, bar, items, groups, (threadIdx.x - kConsumerThreads) / 32);
-  else
-    consume<Cfg>(p, smem, bar, items, groups);
+  const int wg = threadIdx.x / kConsumerThreads;
+  if (wg >= kNC) {
+    if constexpr (kNC == 2) set_max_registers_dec<Cfg::kProducerRegs>();
+    produce<Cfg>(p, smem, bar, items, groups, (threadIdx.x - kNC * kConsumerThreads) / 32);
+  } else if (wg == 0) {
+    if constexpr (kNC == 2) set_max_registers_inc<Cfg::kConsumerRegs>();
+    consume<Cfg, 0>(p, smem, bar, items, groups);
+  } else {
+    if constexpr (kNC == 2) {
+      set_max_registers_inc<Cfg::kConsumerRegs>();
+      consume<Cfg, 1>(p, smem, bar, items, groups);
+    }
+  }
 }
 
 }  // namespace mlagen::sm90::sparse_h16

@@ -20,7 +20,7 @@ def timeit(fn, iters=20, rounds=1):
     return e0.elapsed_time(e1) / iters
 
 sp = spec.load("mla_sparse_prefill_sm90_h16")
-grid = [dict(), dict(qk_group=4)]
+grid = [dict(), dict(consumers=2), dict(consumers=2, qk_group=9), dict(consumers=2, pv_sets=2), dict(consumers=2, slots=4)]
 grid.append(dict(l2_evict_last=False))
 if len(sys.argv) > 1 and sys.argv[1] == "quick":
     grid = grid[:1]

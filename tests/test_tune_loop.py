@@ -499,7 +499,7 @@ def test_two_workers_share_a_tune_evenly_and_are_busy_together(tmp_path):
 def test_halving_retimes_go_to_every_worker_in_equal_shares():
     """Each re-timed variant is timed on every GPU with an equal share of the calls; the result is
     the mean, so a GPU that runs 10% slower shifts every variant alike and the order holds."""
-    variants = [v for v in variant_mod.sample_space(S90, 200, FIXED, seed=4) if resources.check(v, SM90A).ok][:6]
+    variants = [v for v in variant_mod.sample_space(S90, 800, FIXED, seed=4) if resources.check(v, SM90A).ok][:6]
     workers = [FakeWorker(two_basins), FakeWorker(lambda v: 1.1 * two_basins(v))]
     results = TrialRunner(workers, FakeBuild(), 10).run([Ask(v, retime=True, scale=2) for v in variants])
     for w in workers:

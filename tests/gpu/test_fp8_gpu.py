@@ -122,6 +122,11 @@ SM90_FP8_SCHEDULES = [
     {"rescale": "lazy"},
     {"consumers": 3, "order": "none", "block_n": 96, "swizzle_v": 32, "load_warps": 1, "producer_regs": 24,
      "consumer_regs": 160, "rescale": "lazy", "pv_wait": "late", "epilogue": "direct"},
+    # The first key tile on its first half only (half widths 96 and 48: P V's 32-key steps cover 64).
+    {"diagonal": "half"},
+    {"consumers": 3, "order": "none", "block_n": 96, "swizzle_v": 32, "load_warps": 1, "producer_regs": 24,
+     "consumer_regs": 160, "rescale": "lazy", "pv_wait": "late", "epilogue": "direct", "diagonal": "half"},
+    {"order": "none", "overlap": False, "block_n": 64, "swizzle_v": 64, "diagonal": "half"},
 ]
 
 

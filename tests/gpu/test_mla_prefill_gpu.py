@@ -337,6 +337,17 @@ SCHEDULES = [
      "consumer_regs": 160, "rescale": "first", "epilogue": "direct", "scheduler": "persistent"},
     {"consumers": 3, "order": "none", "block_n": 80, "producer_regs": 24, "consumer_regs": 160, "cluster": 2,
      "scheduler": "static", "epilogue": "direct"},
+    # The first key tile on its first half only where a warpgroup's rows see no further (the
+    # diagonal of 64-row slices, sequence ends): with and without overlap (the half P V in the step
+    # or after the loop), Q from registers, clusters, three warpgroups, half widths 64, 48, 80.
+    {"diagonal": "half"},
+    {"diagonal": "half", "rescale": "lazy", "epilogue": "vtma", "load_warps": 1, "consumer_regs": 208},
+    {"diagonal": "half", "overlap": False, "order": "none", "scheduler": "static", "epilogue": "direct"},
+    {"diagonal": "half", "q_operand": "regs", "epilogue": "direct", "block_n": 112, "scheduler": "static"},
+    {"diagonal": "half", "cluster": 2, "scheduler": "persistent", "block_n": 96},
+    {"diagonal": "half", "consumers": 1, "order": "none", "block_n": 160, "stages": 2},
+    {"diagonal": "half", "consumers": 3, "order": "none", "block_n": 80, "stages": 3, "load_warps": 1,
+     "producer_regs": 24, "consumer_regs": 160, "rescale": "lazy"},
 ]
 
 

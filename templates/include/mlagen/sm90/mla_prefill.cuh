@@ -288,6 +288,9 @@ __device__ void producer(const Params& p, u32 smem, const Barriers& bar) {
 template <class Cfg>
 struct ConsumerRegs {
   static constexpr int kSFrags = Cfg::kBlockN / 8;
+  // The first half of a key tile (rounded up to 16 keys), for DIAGONAL half (first_half_only).
+  static constexpr int kHalfN = (Cfg::kBlockN / 2 + 15) / 16 * 16;
+  static constexpr int kHalfFrags = kHalfN / 8;
   static constexpr int kOFrags = Cfg::kDV / 8;
   static constexpr int kMmaK = Layout<Cfg>::kMmaK;
   float s[kSFrags * 4];
@@ -331,13 +334,16 @@ __device__ __forceinline__ void load_q_fragments(ConsumerRegs<Cfg>& r, u32 smem,
   }
 }
 
-template <class Cfg>
-__device__ __forceinline__ void issue_qk(ConsumerRegs<Cfg>& r, u32 smem, int wg, int stage) {
+// S = Q K^T on the first N keys of the stage into `acc` (r.s, or with N < BLOCK_N an array of its
+// own: wgmmas of two widths on the same registers in two branches make ptxas 13.0 serialize every
+// wgmma of the kernel, C7511).
+template <class Cfg, int N = Cfg::kBlockN>
+__device__ __forceinline__ void issue_qk(float (&acc)[N / 2], ConsumerRegs<Cfg>& r, u32 smem, int wg, int stage) {
   using L = Layout<Cfg>;
   // Descriptors of the tile bases, advanced by constant offsets per MMA (one add each).
   const u64 q_desc = opaque(desc_k_major<Cfg::kSwQ>(smem + L::kQ + wg * 64 * Cfg::kSwQ));
   const u64 k_desc = opaque(desc_k_major<Cfg::kSwK>(smem + L::kK + stage * L::kKBytes));
-  pin_registers(r.s);
+  pin_registers(acc);
   if constexpr (Cfg::kQInRegs) pin_registers(r.q);
   wgmma_fence();
 #pragma unroll
@@ -345,16 +351,17 @@ __device__ __forceinline__ void issue_qk(ConsumerRegs<Cfg>& r, u32 smem, int wg,
     const int col = kk * L::kMmaK;
     const u64 b = desc_advance(k_desc, (col / L::kCbK) * L::kKCbBytes + (col % L::kCbK) * L::kE);
     if constexpr (Cfg::kQInRegs) {
-      Mma<Cfg, Cfg::kBlockN>::template rs<0>(r.s, r.q[kk], b, kk > 0);
+      Mma<Cfg, N>::template rs<0>(acc, r.q[kk], b, kk > 0);
     } else {
       const u64 a = desc_advance(q_desc, (col / L::kCbQ) * L::kQCbBytes + (col % L::kCbQ) * L::kE);
-      Mma<Cfg, Cfg::kBlockN>::ss(r.s, a, b, kk > 0);
+      Mma<Cfg, N>::ss(acc, a, b, kk > 0);
     }
   }
   wgmma_commit();
 }
 
-template <class Cfg>
+// O += P V over the stage's first KEYS keys (BLOCK_N, or the half tile whose other P columns are 0).
+template <class Cfg, int KEYS = Cfg::kBlockN>
 __device__ __forceinline__ void issue_pv(ConsumerRegs<Cfg>& r, u32 smem, int stage) {
   using L = Layout<Cfg>;
   pin_registers(r.o);
@@ -364,7 +371,7 @@ __device__ __forceinline__ void issue_pv(ConsumerRegs<Cfg>& r, u32 smem, int sta
     const u64 v_desc = opaque(desc_k_major<Cfg::kSwV>(smem + L::kV + stage * L::kVBytes));
     wgmma_fence();
 #pragma unroll
-    for (int kt = 0; kt < Cfg::kBlockN / L::kMmaK; ++kt) {
+    for (int kt = 0; kt < (KEYS + L::kMmaK - 1) / L::kMmaK; ++kt) {
       const int col = kt * L::kMmaK;
       WgmmaE4m3<Cfg::kDV>::rs(r.o, r.p[kt], desc_advance(v_desc, (col / L::kCbV) * L::kVCbBytes + col % L::kCbV), 1);
     }
@@ -372,7 +379,7 @@ __device__ __forceinline__ void issue_pv(ConsumerRegs<Cfg>& r, u32 smem, int sta
     const u64 v_desc = opaque(desc_mn_major<Cfg::kSwV>(smem + L::kV + stage * L::kVBytes, L::kVCbBytes));
     wgmma_fence();
 #pragma unroll
-    for (int kt = 0; kt < Cfg::kBlockN / 16; ++kt)
+    for (int kt = 0; kt < KEYS / 16; ++kt)
       Wgmma<Cfg::kDV>::template rs<1>(r.o, r.p[kt], desc_advance(v_desc, kt * 16 * Cfg::kSwV), 1);
   }
   wgmma_commit();
@@ -381,8 +388,8 @@ __device__ __forceinline__ void issue_pv(ConsumerRegs<Cfg>& r, u32 smem, int sta
 // Scores of keys past the sequence or right of the causal diagonal become -inf. Each row gets one
 // limit (the first invisible column, relative to this thread's first column), so every score
 // costs one compare with an immediate and one select.
-template <class Cfg>
-__device__ __forceinline__ void apply_mask(ConsumerRegs<Cfg>& r, const QueryTile& qt, int n, int row_base) {
+template <class Cfg, int FRAGS>
+__device__ __forceinline__ void apply_mask(float (&s)[FRAGS * 4], const QueryTile& qt, int n, int row_base) {
   const int lane = threadIdx.x % 32;
   const int col0 = n * Cfg::kBlockN + 2 * (lane % 4);
 #pragma unroll
@@ -392,10 +399,10 @@ __device__ __forceinline__ void apply_mask(ConsumerRegs<Cfg>& r, const QueryTile
     if constexpr (Cfg::kCausal) limit = min(limit, row + (qt.seq.len_k - qt.seq.len_q) + 1);
     limit -= col0;
 #pragma unroll
-    for (int j = 0; j < ConsumerRegs<Cfg>::kSFrags; ++j) {
+    for (int j = 0; j < FRAGS; ++j) {
 #pragma unroll
       for (int e = 0; e < 2; ++e)
-        if (j * 8 + e >= limit) r.s[4 * j + 2 * h + e] = neg_inf();
+        if (j * 8 + e >= limit) s[4 * j + 2 * h + e] = neg_inf();
     }
   }
 }
@@ -404,8 +411,35 @@ template <class Cfg>
 __device__ __forceinline__ void scores_to_probabilities(ConsumerRegs<Cfg>& r, const QueryTile& qt, int n,
                                                         int row_base, float scale_log2, float (&corr)[2]) {
   pin_registers(r.s);
-  if (n >= qt.first_masked_block) apply_mask(r, qt, n, row_base);
+  if (n >= qt.first_masked_block) apply_mask<Cfg, ConsumerRegs<Cfg>::kSFrags>(r.s, qt, n, row_base);
   softmax_update<ConsumerRegs<Cfg>::kSFrags, Cfg::kLazyRescale>(r.s, r.stats, scale_log2, corr);
+}
+
+// Whether no row of warpgroup `wg` sees a key of tile n past its first half (kHalfN keys): the
+// causal diagonal tile of a 64-row slice in the first half of a BLOCK_N >= 128 tile, or a
+// sequence's last tile ending in its first half. Rows past the tile's end see nothing.
+template <class Cfg>
+__device__ __forceinline__ bool first_half_only(const QueryTile& qt, int n, int wg) {
+  const int last_row = min(qt.rows, wg * 64 + 64) - 1;
+  int limit = qt.seq.len_k;
+  if constexpr (Cfg::kCausal) limit = min(limit, qt.row0 + last_row + (qt.seq.len_k - qt.seq.len_q) + 1);
+  return limit - n * Cfg::kBlockN <= ConsumerRegs<Cfg>::kHalfN;
+}
+
+// The softmax of a half tile's scores `s` (issue_qk<kHalfN>): mask and softmax on its columns, then
+// S's registers hold the probabilities and 0 for the other columns, so a full-width P V adds
+// nothing for them.
+template <class Cfg>
+__device__ __forceinline__ void half_scores_to_probabilities(ConsumerRegs<Cfg>& r,
+                                                             float (&s)[ConsumerRegs<Cfg>::kHalfFrags * 4],
+                                                             const QueryTile& qt, int n, int row_base,
+                                                             float scale_log2, float (&corr)[2]) {
+  using R = ConsumerRegs<Cfg>;
+  pin_registers(s);
+  apply_mask<Cfg, R::kHalfFrags>(s, qt, n, row_base);
+  softmax_update<R::kHalfFrags, Cfg::kLazyRescale>(s, r.stats, scale_log2, corr);
+#pragma unroll
+  for (int i = 0; i < R::kSFrags * 4; ++i) r.s[i] = i < R::kHalfFrags * 4 ? s[i] : 0.f;
 }
 
 // O *= the softmax correction of its rows (the running max moved). With the lazy maximum most
@@ -604,22 +638,27 @@ __device__ __forceinline__ void epilogue(const Params& p, ConsumerRegs<Cfg>& r, 
 
 // One key step without overlap: S = Q K^T, softmax, and (without overlap) P V. With overlap this
 // is step 0 only: it stops after the softmax, and the next step issues its P V.
-template <class Cfg, class Params>
+template <class Cfg, bool HALF = false, class Params>
 __device__ __forceinline__ void serial_step(const Params& p, ConsumerRegs<Cfg>& r, const QueryTile& qt,
                                             const Barriers& bar, u32 smem, int wg, int row_base, int n, int s,
                                             u32 phase, float scale_log2, float (&corr)[2]) {
+  constexpr int kHalfN = ConsumerRegs<Cfg>::kHalfN;
   turn_wait<Cfg>(wg);
-  issue_qk<Cfg>(r, smem, wg, s);
+  float s_half[kHalfN / 2];  // HALF: the half tile's scores (issue_qk)
+  if constexpr (HALF) issue_qk<Cfg, kHalfN>(s_half, r, smem, wg, s);
+  else issue_qk<Cfg>(r.s, r, smem, wg, s);
   turn_pass<Cfg>(wg);
   wgmma_wait<0>();
   release_kv<Cfg>(bar.k_empty(s));
   if (!Cfg::kTmaEpilogue && !Cfg::kQInRegs && n == 0) mbar_arrive(bar.q_empty());  // last Q K^T done
-  scores_to_probabilities<Cfg>(r, qt, n, row_base, scale_log2, corr);
+  if constexpr (HALF) half_scores_to_probabilities<Cfg>(r, s_half, qt, n, row_base, scale_log2, corr);
+  else scores_to_probabilities<Cfg>(r, qt, n, row_base, scale_log2, corr);
   finish_step<Cfg>(r, corr);
   if constexpr (!Cfg::kOverlap) {
     mbar_wait(bar.v_full(s), phase);
     turn_wait<Cfg>(wg);
-    issue_pv<Cfg>(r, smem, s);
+    if constexpr (HALF) issue_pv<Cfg, kHalfN>(r, smem, s);
+    else issue_pv<Cfg>(r, smem, s);
     turn_pass<Cfg>(wg);
     wgmma_wait<0>();
     release_kv<Cfg>(bar.v_empty(s));
@@ -671,7 +710,10 @@ __device__ void consumer(const Params& p, u32 smem, const Barriers& bar, int wg)
       int s = kv_iter % Cfg::kStages;
       u32 phase = (kv_iter / Cfg::kStages) & 1;
       mbar_wait(bar.k_full(s), phase);
-      serial_step<Cfg>(p, r, qt, bar, smem, wg, row_base, qt.n_blocks - 1, s, phase, scale_log2, corr);
+      // DIAGONAL half: a warpgroup whose rows see only the first half of this tile computes that half.
+      const bool half = Cfg::kHalfDiagonal && first_half_only<Cfg>(qt, qt.n_blocks - 1, wg);
+      if (half) serial_step<Cfg, true>(p, r, qt, bar, smem, wg, row_base, qt.n_blocks - 1, s, phase, scale_log2, corr);
+      else serial_step<Cfg>(p, r, qt, bar, smem, wg, row_base, qt.n_blocks - 1, s, phase, scale_log2, corr);
       for (int i = 1; i < qt.n_blocks; ++i) {
         const int prev_stage = s;
         const u32 prev_phase = phase;
@@ -683,7 +725,7 @@ __device__ void consumer(const Params& p, u32 smem, const Barriers& bar, int wg)
         if constexpr (Cfg::kOverlap) {
           mbar_wait(bar.v_full(prev_stage), prev_phase);
           turn_wait<Cfg>(wg);
-          issue_qk<Cfg>(r, smem, wg, s);
+          issue_qk<Cfg>(r.s, r, smem, wg, s);
           if constexpr (Cfg::kRescaleUnderQk) rescale_o(r, corr);
           issue_pv<Cfg>(r, smem, prev_stage);
           turn_pass<Cfg>(wg);
@@ -704,7 +746,8 @@ __device__ void consumer(const Params& p, u32 smem, const Barriers& bar, int wg)
         mbar_wait(bar.v_full(s), phase);
         turn_wait<Cfg>(wg);
         if constexpr (Cfg::kRescaleUnderQk) rescale_o(r, corr);
-        issue_pv<Cfg>(r, smem, s);
+        if (half && qt.n_blocks == 1) issue_pv<Cfg, ConsumerRegs<Cfg>::kHalfN>(r, smem, s);  // the tile's only P V
+        else issue_pv<Cfg>(r, smem, s);
         turn_pass<Cfg>(wg);
         wgmma_wait<0>();
         if constexpr (!Cfg::kVtmaEpilogue) release_kv<Cfg>(bar.v_empty(s));  // else after the store

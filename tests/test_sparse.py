@@ -96,6 +96,46 @@ def test_max_heads_limits_what_dispatch_may_choose_unasked():
     assert fam.preferred(sm90, SimpleNamespace(heads=128))
 
 
+def test_preferred_kv_formats_limit_what_dispatch_may_choose_unasked():
+    """The H <= 16 kernel reads FP8 caches (asked by name) but dispatch keeps the 64-head kernel for
+    them (the in-place dequantization is slower so far); bf16 caches of <= 16 heads go to it."""
+    from types import SimpleNamespace
+
+    h16 = spec.load("mla_sparse_prefill_sm90_h16")
+    sm90 = spec.load("mla_sparse_prefill_sm90")
+    assert "fp8_v32" in dict(h16.specialize)["kv_format"] and dict(h16.problem)["preferred_kv_formats"] == "bf16"
+    assert fam.preferred(h16, SimpleNamespace(heads=16, kv_format="bf16"))
+    assert not fam.preferred(h16, SimpleNamespace(heads=16, kv_format="fp8_v32"))
+    assert fam.preferred(sm90, SimpleNamespace(heads=16, kv_format="fp8_v32"))
+
+
+@pytest.mark.parametrize("value", ["\"\"", "fp8_v31", "bf16,fp8_v31", "[bf16]"])
+def test_preferred_kv_formats_must_name_the_specs_formats(tmp_path, value):
+    text = (paths.specs_dir() / "mla_sparse_prefill_sm90_h16.yaml").read_text().replace(
+        "preferred_kv_formats: bf16", f"preferred_kv_formats: {value}")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(text)
+    (tmp_path / "mla_sparse_prefill_sm90_h16.cu.j2").write_text("")
+    with pytest.raises(SpecError, match="problem.preferred_kv_formats"):
+        spec.load(bad)
+
+
+@pytest.mark.parametrize("kv_format", ["fp8_v32", "fp8_b64", "fp8_b32", "fp8_b0"])
+def test_h16_fp8_variants_compile_without_spills(kv_format):
+    """The H <= 16 kernel's FP8 producer (raw rows dequantized in the ring) for every quantized
+    format, paged and flat: the dispatched default (the spec's constraint keeps one consumer
+    warpgroup and five slots) compiles for sm_90a with no spills."""
+    from mlagen import arch
+    from mlagen.compiler import for_target
+
+    sp = spec.load("mla_sparse_prefill_sm90_h16")
+    for paged in (False, True):
+        v = variant.feasible_default(sp, arch.TARGETS["sm_90a"], {"d_qk": 576, "paged": paged, "kv_format": kv_format})
+        assert v["consumers"] == 1 and v["slots"] == 5
+        b = for_target("sm_90a").compile(render.render(v), "sm_90a")
+        assert b.resources.spill_stores == 0, b.log
+
+
 def test_gather_tma_abi_adds_one_aligned_tensor_map():
     plain, tma = fam.params_for("bf16"), fam.params_tma_for("bf16")
     assert tma.fields[:-1] == plain.fields and tma.fields[-1].name == "kv_map"

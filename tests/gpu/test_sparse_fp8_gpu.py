@@ -24,9 +24,15 @@ from mlagen.families import mla_sparse_prefill as fam  # noqa: E402
 CASES = bench_sparse.fp8_cases()
 
 
+H16 = "mla_sparse_prefill_sm90_h16"
+
+
+@pytest.mark.parametrize("kernel", [None, H16], ids=["dispatched", "h16"])
 @pytest.mark.parametrize("i", range(len(CASES)))
-def test_fp8_cache_matches_reference_and_bf16_kernel(i):
-    ok, msg = bench_sparse.check_fp8_case(torch, CASES[i], seed=2000 + i)
+def test_fp8_cache_matches_reference_and_bf16_kernel(i, kernel):
+    """Dispatch's kernel, and the H <= 16 kernel asked by name (it dequantizes the raw rows in its
+    ring; every H, in groups of 16), each bit for bit against itself on the bf16 copy."""
+    ok, msg = bench_sparse.check_fp8_case(torch, CASES[i], seed=2000 + i, kernel=kernel)
     assert ok, f"{CASES[i]}: {msg}"
 
 
@@ -97,8 +103,9 @@ EDGE_SCALES = [2.0 ** -120, 2.0 ** -121, 2.0 ** 7, 2.0 ** 8, 1.5, 1.1, -2.0, 0.0
                2.0 ** -7]
 
 
+@pytest.mark.parametrize("kernel", [None, H16], ids=["dispatched", "h16"])
 @pytest.mark.parametrize("name", ["fp8_v32", "fp8_b64", "fp8_b0"])
-def test_every_e4m3_byte_and_edge_scale_dequantizes_exactly(name):
+def test_every_e4m3_byte_and_edge_scale_dequantizes_exactly(name, kernel):
     # One key per token, so out is that key's V row: every finite e4m3 byte times every edge scale
     # must equal the host's bf16_rn(fp32(value) * scale) bit for bit.
     fmt = operands.get(name)
@@ -117,7 +124,7 @@ def test_every_e4m3_byte_and_edge_scale_dequantizes_exactly(name):
     cache = raw.view(n, 1, fmt.row_bytes)
     q = torch.randn((n, 4, 576), generator=g, device="cuda").to(torch.bfloat16)
     idx = torch.arange(n, dtype=torch.int32, device="cuda").view(n, 1)
-    out, _, _ = mlagen.mla_sparse_prefill(q, cache, idx, softmax_scale=0.01, kv_format=name)
+    out, _, _ = mlagen.mla_sparse_prefill(q, cache, idx, softmax_scale=0.01, kv_format=name, kernel=kernel)
     want = operands.dequantize(raw, fmt, round_bf16=True)[:, :512]
     torch.cuda.synchronize()
     bad = (out != want[:, None, :]) & ~(torch.isnan(out) & torch.isnan(want[:, None, :]))

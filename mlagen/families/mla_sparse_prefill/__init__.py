@@ -406,6 +406,9 @@ _kv_maps: dict[tuple, bytes] = {}  # oldest first; read without the lock (dict r
 _kv_maps_lock = threading.Lock()
 
 
+_NO_MAP = bytes(128)
+
+
 def kv_tensor_map(call: Call) -> bytes:
     """TMA descriptor of a call's bf16 KV rows as a 4-D tensor (64 values, d_qk / 64 chunks, rows
     of a page, pages; a flat table is one page of N rows), 128-byte swizzled, box one row."""
@@ -444,7 +447,8 @@ def pack(call: Call, abi_name: str = "gather"):
         "page_size": call.page_size, "scale_log2": call.scale * math.log2(math.e),
     }
     if abi_name == "gather_tma":
-        values["kv_map"] = kv_tensor_map(call)
+        # A quantized cache is bulk-copied row by row (no tensor map; the field is zeros).
+        values["kv_map"] = kv_tensor_map(call) if call.kv_format == "bf16" else _NO_MAP
     return _ABIS[abi_name](call.kv_format).pack(values)
 
 
@@ -480,8 +484,13 @@ def accepts(spec, call: Call) -> bool:
 
 def preferred(spec, call) -> bool:
     """Whether dispatch may choose ``spec`` for ``call`` unasked: a spec with ``problem.max_heads``
-    (a kernel for few heads, correct for any count) is chosen only up to that many heads."""
-    return call.heads <= dict(spec.problem).get("max_heads", call.heads)
+    (a kernel for few heads, correct for any count) is chosen only up to that many heads, and one
+    with ``problem.preferred_kv_formats`` (comma-separated names) only for caches of those formats
+    (it reads the others when asked by name)."""
+    problem = dict(spec.problem)
+    fmt = getattr(call, "kv_format", "bf16")
+    formats = problem.get("preferred_kv_formats")
+    return call.heads <= problem.get("max_heads", call.heads) and (formats is None or fmt in formats.split(","))
 
 
 def kv_format_targets(kv_format: str) -> list[str]:
@@ -508,6 +517,11 @@ class MlaSparsePrefillFamily(Family):
             if key in problem and not (isinstance(problem[key], int) and not isinstance(problem[key], bool)
                                        and problem[key] >= 1):
                 raise SpecError(spec.path, f"problem.{key}", f"{problem[key]!r}: expected a positive integer")
+        formats = problem.get("preferred_kv_formats")
+        allowed = list(dict(spec.specialize).get("kv_format", ()))
+        if formats is not None and (not isinstance(formats, str) or not set(formats.split(",")) <= set(allowed)):
+            raise SpecError(spec.path, "problem.preferred_kv_formats", f"{formats!r}: expected comma-separated "
+                            f"names of the spec's kv_format values {allowed}")
         if "persistent" in problem and not isinstance(problem["persistent"], bool):
             raise SpecError(spec.path, "problem.persistent", f"{problem['persistent']!r}: expected true or false")
         if spec.abi not in _ABIS:

@@ -27,6 +27,7 @@
 #include "mlagen/common/types.cuh"
 #include "mlagen/sm80/mma.cuh"
 #include "mlagen/sm90/barrier.cuh"
+#include "mlagen/sm90/e4m3.cuh"
 #include "mlagen/sm90/sparse_gather.cuh"
 #include "mlagen/sm90/wgmma.cuh"
 
@@ -70,7 +71,8 @@ struct Layout {
   static constexpr int kInv = kCorr + kHeads * 4;                 // 16 output factors
   static constexpr int kFlags = kInv + kHeads * 4;               // one valid-row mask per slot
   static constexpr int kBars = kFlags + (Cfg::kSlots * 4 + 63) / 64 * 64;
-  static constexpr int kBarBytes = (2 * Cfg::kSlots + 4) * 8;
+  // + a quantized cache's landed barriers: one per slot and producer warp.
+  static constexpr int kBarBytes = (2 * Cfg::kSlots + 4 + (Cfg::kKvQuantized ? 4 * Cfg::kSlots : 0)) * 8;
   // + 1 KB: the base is aligned up to the 128-byte swizzle atom (1 KB) at run time.
   static constexpr int kSmemBytes = kBars + kBarBytes + 1024;
   static_assert(kQBytes % 1024 == 0 && kPT % 1024 == 0, "swizzled operands start on a 1 KB atom");
@@ -86,6 +88,8 @@ struct Barriers {
   __device__ __forceinline__ u32 empty(int slot) const { return base + 8 * (Cfg::kSlots + slot); }
   __device__ __forceinline__ u32 q_full(int b) const { return base + 8 * (2 * Cfg::kSlots + b); }
   __device__ __forceinline__ u32 q_empty(int b) const { return base + 8 * (2 * Cfg::kSlots + 2 + b); }
+  // A quantized cache: producer warp w's raw rows of the slot have landed (bulk copies).
+  __device__ __forceinline__ u32 landed(int slot, int w) const { return base + 8 * (2 * Cfg::kSlots + 4 + 4 * slot + w); }
 };
 
 __device__ __forceinline__ u32 aligned_smem_base() {
@@ -209,6 +213,26 @@ __device__ __forceinline__ void fill_slot(const Params& p, u32 smem, const Barri
   }
 }
 
+// Item n's Q (token t, heads head0 ...) into buffer n % 2 by one warp: 16 rows x d_qk / 8 chunks,
+// 128-byte swizzled tiles of 64 columns; heads past H are zeros.
+template <class Cfg, class Params>
+__device__ __forceinline__ void load_q(const Params& p, u32 smem, const Barriers<Cfg>& bar, int t, int head0, int n,
+                                       int lane) {
+  using L = Layout<Cfg>;
+  const int qb = n & 1;
+  if (n >= 2) mbar_wait(bar.q_empty(qb), ((n >> 1) - 1) & 1);
+  const u32 q = smem + L::kQ + qb * L::kQBytes;
+  constexpr int kChunks = Cfg::kDQk / 8;
+#pragma unroll 4
+  for (int i = lane; i < kHeads * kChunks; i += 32) {
+    const int row = i / kChunks, c = i % kChunks;
+    const bool ok = head0 + row < p.heads;
+    const u16* src = p.q + (i64)t * p.q_row_stride + (i64)(ok ? head0 + row : 0) * p.q_head_stride + 8 * c;
+    cp_async_16<false>(q + (c / 8) * (kHeads * 128) + swizzled(row, c % 8), src, ok, 0);
+  }
+  cp_async_arrive_noinc(bar.q_full(qb));
+}
+
 // Producer warp `pw` of Cfg::kProducers fills the ring slots whose number (over all items) is pw
 // modulo the warp count. One warp issues its 32 bulk copies one after another (the copy takes
 // uniform operands, so the lanes' rows are issued in a loop), so several warps on different
@@ -223,21 +247,7 @@ __device__ void produce(const Params& p, u32 smem, const Barriers<Cfg>& bar, int
   u32 filled = 0;  // slots filled over all items (by every producer warp): ring position and phase
   for (int item = blockIdx.x, n = 0; item < items; item += gridDim.x, ++n) {
     const int t = item / groups, head0 = (item % groups) * kHeads;
-    if (pw == 0) {
-      const int qb = n & 1;
-      if (n >= 2) mbar_wait(bar.q_empty(qb), ((n >> 1) - 1) & 1);
-      // Q: 16 rows x d_qk / 8 chunks, 128-byte swizzled tiles of 64 columns; heads past H are zeros.
-      const u32 q = smem + L::kQ + qb * L::kQBytes;
-      constexpr int kChunks = Cfg::kDQk / 8;
-#pragma unroll 4
-      for (int i = lane; i < kHeads * kChunks; i += 32) {
-        const int row = i / kChunks, c = i % kChunks;
-        const bool ok = head0 + row < p.heads;
-        const u16* src = p.q + (i64)t * p.q_row_stride + (i64)(ok ? head0 + row : 0) * p.q_head_stride + 8 * c;
-        cp_async_16<false>(q + (c / 8) * (kHeads * 128) + swizzled(row, c % 8), src, ok, 0);
-      }
-      cp_async_arrive_noinc(bar.q_full(qb));
-    }
+    if (pw == 0) load_q<Cfg>(p, smem, bar, t, head0, n, lane);
     const int len = valid_length(p, t);
     const int slots = 2 * num_blocks(len);
     const int* idx = p.indices + (i64)t * p.idx_row_stride;
@@ -255,6 +265,161 @@ __device__ void produce(const Params& p, u32 smem, const Barriers<Cfg>& bar, int
         const int id = ahead[j];
         ahead[j] = load_index(idx, kSlotRows * (s + kP * kAhead) + lane, len);
         fill_slot<Cfg>(p, smem, bar, filled + s, id, lane, policy);
+      }
+    }
+    filled += slots;
+  }
+}
+
+
+// ------------------------------------------------------------------------------------------------
+// Producer of a quantized cache (Cfg::kKvQuantized; four warps).
+//
+// The raw rows are bulk-copied into the ring slot that will hold them dequantized (a 656-byte raw
+// row fits in a 1152-byte ring row), kQuantAhead slots ahead, so every free ring slot is staging
+// and the ring's depth is the gather's as with a bf16 cache. Warp w owns rows 8w .. 8w + 7 of
+// every slot: its lanes 0-7 copy them (raw row r at 16 (r % 8) bytes into its ring row, so a
+// quarter-warp reading one 16-byte column of eight rows hits eight bank groups), then all its
+// lanes read them into registers (lane l: row 8w + l % 8, 16-value chunks l / 8 + 4j, rope chunks
+// l / 8 + 4j'), wait for each other, and write them back dequantized in the ring's TMA row layout,
+// so the consumers read what they read from a bf16 cache. A value becomes the fp32 product of the
+// e4m3 value and its block's scale, rounded to bf16, exactly as operands.dequantize(round_bf16=True)
+// and the 64-head kernel compute it; the e4m3 bits are widened to fp32 by integer operations (the
+// conversion pipe, a quarter of the others' rate, then only packs the bf16 pairs). The rope is
+// copied; invalid rows are written as zeros.
+
+template <class Cfg, class Params>
+__device__ __forceinline__ const u8* kv_row_bytes(const Params& p, int row) {
+  const u8* kv = reinterpret_cast<const u8*>(p.kv);
+  if constexpr (Cfg::kPaged)
+    return kv + (i64)(row / p.page_size) * p.kv_page_stride + (i64)(row % p.page_size) * p.kv_row_stride;
+  return kv + (i64)row * p.kv_row_stride;
+}
+
+__device__ __forceinline__ uint4 ld_shared_16(u32 addr) {
+  uint4 v;
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
+  return v;
+}
+
+// e4m3 byte i of w as an fp32 equal to its value times 2^-120 (exact, subnormals too): the sign to
+// bit 31, exponent and mantissa to bits 26-20 (an fp32 of the same exponent field).
+template <int I>
+__device__ __forceinline__ float e4m3_times_2m120(u32 w) {
+  const int top = static_cast<int>(w << (24 - 8 * I));  // byte i in bits 24-31
+  return __int_as_float((top >> 4) & static_cast<int>(0x87f00000u));
+}
+
+// Four e4m3 values times `scale_2p60` (the scale times 2^60), as two bf16 pairs: each value is
+// widened (times 2^-120), multiplied by 2^60 (exact) and by scale_2p60 (one rounding: the fp32
+// product of value and scale), then rounded to bf16.
+__device__ __forceinline__ uint2 dequant_e4m3x4_int(u32 w, float scale_2p60) {
+  constexpr float k2p60 = 1152921504606846976.f;
+  const float f0 = e4m3_times_2m120<0>(w) * k2p60 * scale_2p60, f1 = e4m3_times_2m120<1>(w) * k2p60 * scale_2p60;
+  const float f2 = e4m3_times_2m120<2>(w) * k2p60 * scale_2p60, f3 = e4m3_times_2m120<3>(w) * k2p60 * scale_2p60;
+  return make_uint2(pack_bf16x2(f0, f1), pack_bf16x2(f2, f3));
+}
+
+constexpr int kQuantAhead = 3;  // slots whose raw rows are copied before the current one is dequantized
+
+// Warp w: copy its raw rows of slot k into the ring (lanes 0-7; ids past the valid ones skipped).
+template <class Cfg, class Params>
+__device__ __forceinline__ void copy_raw_rows(const Params& p, u32 smem, const Barriers<Cfg>& bar, u32 k, int id,
+                                              int w, int lane) {
+  using L = Layout<Cfg>;
+  const int slot = k % Cfg::kSlots;
+  if (k >= Cfg::kSlots) mbar_wait(bar.empty(slot), (k / Cfg::kSlots - 1) & 1);
+  const bool ok = lane < 8 && id >= 0 && id < p.num_kv;
+  const u32 valid = __ballot_sync(0xffffffffu, ok);
+  if (lane == 0) asm volatile("st.shared.u8 [%0], %1;\n" ::"r"(smem + L::kFlags + 4 * slot + w), "r"(valid) : "memory");
+  // This warp's ordinary writes of these rows (the slot's last round) before the async-proxy copies.
+  fence_async_shared();
+  if (lane < 8) {
+    if (ok) {
+      mbar_arrive_expect_tx(bar.landed(slot, w), Cfg::kKvRowBytes);
+      const u32 dst = smem + L::kRing + slot * L::kSlotBytes + (8 * w + lane) * L::kRowBytes + 16 * lane;
+      bulk_copy(dst, kv_row_bytes<Cfg>(p, id), Cfg::kKvRowBytes, bar.landed(slot, w));
+    } else {
+      mbar_arrive(bar.landed(slot, w));
+    }
+  }
+}
+
+// Warp w (all lanes): dequantize its rows of slot k in place.
+template <class Cfg>
+__device__ __forceinline__ void dequantize_rows(u32 smem, const Barriers<Cfg>& bar, u32 k, int w, int lane) {
+  using L = Layout<Cfg>;
+  constexpr float k2p60 = 1152921504606846976.f;
+  const int slot = k % Cfg::kSlots;
+  const int r = 8 * w + lane % 8;
+  mbar_wait(bar.landed(slot, w), (k / Cfg::kSlots) & 1);
+  __syncwarp();
+  u32 mask;
+  asm volatile("ld.shared.u8 %0, [%1];\n" : "=r"(mask) : "r"(smem + L::kFlags + 4 * slot + w));
+  const u32 row = smem + L::kRing + slot * L::kSlotBytes + r * L::kRowBytes;
+  const u32 raw = row + 16 * (lane % 8);
+  if ((mask >> (lane % 8)) & 1) {
+    uint4 v[8], rope[2];
+    float scale[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const int c = lane / 8 + 4 * j;  // 16-value chunk of the row
+      v[j] = ld_shared_16(raw + 16 * c);
+      scale[j] = 1.f;
+      if constexpr (Cfg::kKvScaleBlock > 0)
+        asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(scale[j]) : "r"(raw + Cfg::kKvScaleOffset + 4 * (16 * c / Cfg::kKvScaleBlock)));
+    }
+#pragma unroll
+    for (int j = 0; j < 2; ++j) rope[j] = ld_shared_16(raw + Cfg::kKvRopeOffset + 16 * (lane / 8 + 4 * j));
+    __syncwarp();  // the row's four lanes have read all of it: now it may be overwritten
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const int c = lane / 8 + 4 * j;
+      const float s60 = scale[j] * k2p60;
+      st_shared_16(chunk_addr<Cfg>(row, 2 * c), dequant_e4m3x4_int(v[j].x, s60), dequant_e4m3x4_int(v[j].y, s60));
+      st_shared_16(chunk_addr<Cfg>(row, 2 * c + 1), dequant_e4m3x4_int(v[j].z, s60), dequant_e4m3x4_int(v[j].w, s60));
+    }
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+      asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(chunk_addr<Cfg>(row, Cfg::kKvValues / 8 + lane / 8 + 4 * j)),
+                   "r"(rope[j].x), "r"(rope[j].y), "r"(rope[j].z), "r"(rope[j].w)
+                   : "memory");
+  } else {
+    __syncwarp();
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const int c = lane / 8 + 4 * j;
+      st_shared_zero16(chunk_addr<Cfg>(row, 2 * c));
+      st_shared_zero16(chunk_addr<Cfg>(row, 2 * c + 1));
+    }
+#pragma unroll
+    for (int j = 0; j < 2; ++j) st_shared_zero16(chunk_addr<Cfg>(row, Cfg::kKvValues / 8 + lane / 8 + 4 * j));
+  }
+  mbar_arrive(bar.full(slot));
+}
+
+template <class Cfg, class Params>
+__device__ void produce_quantized(const Params& p, u32 smem, const Barriers<Cfg>& bar, int items, int groups, int w) {
+  static_assert(Cfg::kProducers == 4 && Cfg::kKvValues == 512, "four warps of 8 rows; 512 values of 32 chunks");
+  static_assert(kQuantAhead <= Cfg::kSlots - 2, "the consumers hold two slots; the rest take copies ahead");
+  static_assert(Layout<Cfg>::kRowBytes >= Cfg::kKvRowBytes + 16 * 7, "a raw row fits its ring row at any offset");
+  const int lane = threadIdx.x % 32;
+  u32 filled = 0;  // slots over all items: ring positions and phases
+  for (int item = blockIdx.x, n = 0; item < items; item += gridDim.x, ++n) {
+    const int t = item / groups, head0 = (item % groups) * kHeads;
+    if (w == 0) load_q<Cfg>(p, smem, bar, t, head0, n, lane);
+    const int len = valid_length(p, t);
+    const int slots = 2 * num_blocks(len);
+    const int* idx = p.indices + (i64)t * p.idx_row_stride;
+    // Lane l < 8 of warp w: the id of row 8w + l of a slot.
+    auto id_of = [&](int s) { return lane < 8 ? load_index(idx, kSlotRows * s + 8 * w + lane, len) : -1; };
+    for (int a = 0; a < kQuantAhead && a < slots; ++a) copy_raw_rows<Cfg>(p, smem, bar, filled + a, id_of(a), w, lane);
+    int next = id_of(kQuantAhead);
+    for (int s = 0; s < slots; ++s) {
+      dequantize_rows<Cfg>(smem, bar, filled + s, w, lane);
+      if (s + kQuantAhead < slots) {
+        copy_raw_rows<Cfg>(p, smem, bar, filled + s + kQuantAhead, next, w, lane);
+        next = id_of(s + kQuantAhead + 1);
       }
     }
     filled += slots;
@@ -592,13 +757,17 @@ __device__ void forward(const Params& p) {
   const Barriers<Cfg> bar{smem + Layout<Cfg>::kBars};
   if (threadIdx.x == 0) {
     for (int s = 0; s < Cfg::kSlots; ++s) {
-      mbar_init(bar.full(s), kSlotRows);  // every producer lane arrives (with its row's bytes)
+      // Every producer lane arrives (with its row's bytes); a quantized cache: every producer
+      // thread, after its dequantized rows are stored.
+      mbar_init(bar.full(s), Cfg::kKvQuantized ? 32 * Cfg::kProducers : kSlotRows);
       mbar_init(bar.empty(s), 4 * kNC);   // every consumer warp releases
     }
     for (int b = 0; b < 2; ++b) {
       mbar_init(bar.q_full(b), 32);  // the producer lanes' cp.async copies
       mbar_init(bar.q_empty(b), 4 * kNC);
     }
+    if constexpr (Cfg::kKvQuantized)
+      for (int i = 0; i < 4 * Cfg::kSlots; ++i) mbar_init(bar.landed(i / 4, i % 4), 8);  // a producer warp's lanes 0-7
     fence_barrier_init();
   }
   __syncthreads();
@@ -607,7 +776,8 @@ __device__ void forward(const Params& p) {
   const int wg = threadIdx.x / kConsumerThreads;
   if (wg >= kNC) {
     if constexpr (kNC == 2) set_max_registers_dec<Cfg::kProducerRegs>();
-    produce<Cfg>(p, smem, bar, items, groups, (threadIdx.x - kNC * kConsumerThreads) / 32);
+    if constexpr (Cfg::kKvQuantized) produce_quantized<Cfg>(p, smem, bar, items, groups, (threadIdx.x - kNC * kConsumerThreads) / 32);
+    else produce<Cfg>(p, smem, bar, items, groups, (threadIdx.x - kNC * kConsumerThreads) / 32);
   } else if (wg == 0) {
     if constexpr (kNC == 2) set_max_registers_inc<Cfg::kConsumerRegs>();
     consume<Cfg, 0>(p, smem, bar, items, groups);

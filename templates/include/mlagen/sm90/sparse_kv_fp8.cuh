@@ -15,6 +15,7 @@
 // (columns 256 h ... 256 h + 255) it loads, per row, the 16 values at bytes 256 h + 128 k + 16 c
 // (k = 0, 1): bf16 tile 4 h + 2 k + c / 4, 16-byte chunks 2 (c % 4) and 2 (c % 4) + 1 there.
 #pragma once
+#include "mlagen/sm90/e4m3.cuh"
 #include "mlagen/sm90/sparse_gather.cuh"
 #include "mlagen/sm90/sparse_prefill.cuh"
 
@@ -36,25 +37,6 @@ __device__ __forceinline__ float ld_scale(const u8* src) {
   float s;
   asm volatile("ld.global.nc.f32 %0, [%1];\n" : "=f"(s) : "l"(src));
   return s;
-}
-
-__device__ __forceinline__ uint2 dequant_e4m3x4(u32 w, float scale) {
-  u32 h01, h23;
-  asm("{\n .reg .b16 lo, hi;\n mov.b32 {lo, hi}, %2;\n cvt.rn.f16x2.e4m3x2 %0, lo;\n cvt.rn.f16x2.e4m3x2 %1, hi;\n}\n"
-      : "=r"(h01), "=r"(h23)
-      : "r"(w));
-  float f0, f1, f2, f3;
-  asm("{\n .reg .f16 a, b, c, d;\n mov.b32 {a, b}, %4;\n mov.b32 {c, d}, %5;\n cvt.f32.f16 %0, a;\n"
-      " cvt.f32.f16 %1, b;\n cvt.f32.f16 %2, c;\n cvt.f32.f16 %3, d;\n}\n"
-      : "=f"(f0), "=f"(f1), "=f"(f2), "=f"(f3)
-      : "r"(h01), "r"(h23));
-  return make_uint2(pack_bf16x2(__fmul_rn(f0, scale), __fmul_rn(f1, scale)),
-                    pack_bf16x2(__fmul_rn(f2, scale), __fmul_rn(f3, scale)));
-}
-
-__device__ __forceinline__ void st_shared_16(u32 addr, uint2 lo, uint2 hi) {
-  asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(lo.x), "r"(lo.y), "r"(hi.x), "r"(hi.y)
-               : "memory");
 }
 
 template <class Cfg>

@@ -70,9 +70,11 @@ struct Layout {
   static constexpr int kCorr = kXs + (Cfg::kConsumers == 2 ? kConsumerThreads * 8 * 4 : 0);  // 16 factors
   static constexpr int kInv = kCorr + kHeads * 4;                 // 16 output factors
   static constexpr int kFlags = kInv + kHeads * 4;               // one valid-row mask per slot
-  static constexpr int kBars = kFlags + (Cfg::kSlots * 4 + 63) / 64 * 64;
+  // A quantized cache: each producer warp's copy of every slot's valid-row mask.
+  static constexpr int kWarpFlags = kFlags + (Cfg::kSlots * 4 + 63) / 64 * 64;
+  static constexpr int kBars = kWarpFlags + (Cfg::kKvQuantized ? (Cfg::kSlots * Cfg::kProducers * 4 + 63) / 64 * 64 : 0);
   // + a quantized cache's landed barriers: one per slot and producer warp.
-  static constexpr int kBarBytes = (2 * Cfg::kSlots + 4 + (Cfg::kKvQuantized ? 4 * Cfg::kSlots : 0)) * 8;
+  static constexpr int kBarBytes = (2 * Cfg::kSlots + 4 + (Cfg::kKvQuantized ? Cfg::kProducers * Cfg::kSlots : 0)) * 8;
   // + 1 KB: the base is aligned up to the 128-byte swizzle atom (1 KB) at run time.
   static constexpr int kSmemBytes = kBars + kBarBytes + 1024;
   static_assert(kQBytes % 1024 == 0 && kPT % 1024 == 0, "swizzled operands start on a 1 KB atom");
@@ -89,7 +91,9 @@ struct Barriers {
   __device__ __forceinline__ u32 q_full(int b) const { return base + 8 * (2 * Cfg::kSlots + b); }
   __device__ __forceinline__ u32 q_empty(int b) const { return base + 8 * (2 * Cfg::kSlots + 2 + b); }
   // A quantized cache: producer warp w's raw rows of the slot have landed (bulk copies).
-  __device__ __forceinline__ u32 landed(int slot, int w) const { return base + 8 * (2 * Cfg::kSlots + 4 + 4 * slot + w); }
+  __device__ __forceinline__ u32 landed(int slot, int w) const {
+    return base + 8 * (2 * Cfg::kSlots + 4 + Cfg::kProducers * slot + w);
+  }
 };
 
 __device__ __forceinline__ u32 aligned_smem_base() {
@@ -322,22 +326,48 @@ __device__ __forceinline__ uint2 dequant_e4m3x4_int(u32 w, float scale_2p60) {
 
 constexpr int kQuantAhead = 3;  // slots whose raw rows are copied before the current one is dequantized
 
-// Warp w: copy its raw rows of slot k into the ring (lanes 0-7; ids past the valid ones skipped).
+// How the producer warps share a slot's 32 rows: Cfg::kProducers warps of kRows rows each; lane l
+// holds row kRows w + l % kRows and kChunks of its 16-value chunks (chunk(l, j)), and kRopeChunks
+// of its 8 rope chunks. In each quarter-warp the (row, chunk) pairs fall in eight bank groups
+// (rows sit 16 (r % 8) bytes into their 1152-byte ring rows).
+template <class Cfg>
+struct QuantLanes {
+  static constexpr int kRows = kSlotRows / Cfg::kProducers;  // 8 (four warps) or 4 (eight)
+  static constexpr int kChunks = Cfg::kKvValues / 16 / (32 / kRows);
+  static constexpr int kRopeChunks = 8 / (32 / kRows);
+  static __device__ __forceinline__ int chunk(int lane, int j) {
+    if constexpr (kRows == 8) return lane / 8 + 4 * j;
+    return lane / 8 + 4 * ((lane / 4) % 2) + 8 * j;
+  }
+  static __device__ __forceinline__ int rope_chunk(int lane, int j) {
+    if constexpr (kRows == 8) return lane / 8 + 4 * j;
+    return lane / 4;
+  }
+};
+
+// Warp w: copy its raw rows of slot k into the ring (lanes < kRows), after recording the slot's
+// valid-row mask (`ids`: lane l holds the id of row l) for itself and, warp 0, for the consumers.
 template <class Cfg, class Params>
-__device__ __forceinline__ void copy_raw_rows(const Params& p, u32 smem, const Barriers<Cfg>& bar, u32 k, int id,
+__device__ __forceinline__ void copy_raw_rows(const Params& p, u32 smem, const Barriers<Cfg>& bar, u32 k, int ids,
                                               int w, int lane) {
   using L = Layout<Cfg>;
+  using Q = QuantLanes<Cfg>;
   const int slot = k % Cfg::kSlots;
   if (k >= Cfg::kSlots) mbar_wait(bar.empty(slot), (k / Cfg::kSlots - 1) & 1);
-  const bool ok = lane < 8 && id >= 0 && id < p.num_kv;
-  const u32 valid = __ballot_sync(0xffffffffu, ok);
-  if (lane == 0) asm volatile("st.shared.u8 [%0], %1;\n" ::"r"(smem + L::kFlags + 4 * slot + w), "r"(valid) : "memory");
+  const u32 valid = __ballot_sync(0xffffffffu, ids >= 0 && ids < p.num_kv);
+  const int id = __shfl_sync(0xffffffffu, ids, Q::kRows * w + lane % Q::kRows);
+  if (lane == 0) {
+    asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(smem + L::kWarpFlags + 4 * (Cfg::kProducers * slot + w)), "r"(valid)
+                 : "memory");
+    if (w == 0) asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(smem + L::kFlags + 4 * slot), "r"(valid) : "memory");
+  }
   // This warp's ordinary writes of these rows (the slot's last round) before the async-proxy copies.
   fence_async_shared();
-  if (lane < 8) {
-    if (ok) {
+  if (lane < Q::kRows) {
+    if ((valid >> (Q::kRows * w + lane)) & 1) {
       mbar_arrive_expect_tx(bar.landed(slot, w), Cfg::kKvRowBytes);
-      const u32 dst = smem + L::kRing + slot * L::kSlotBytes + (8 * w + lane) * L::kRowBytes + 16 * lane;
+      const u32 dst = smem + L::kRing + slot * L::kSlotBytes + (Q::kRows * w + lane) * L::kRowBytes +
+                      16 * ((Q::kRows * w + lane) % 8);
       bulk_copy(dst, kv_row_bytes<Cfg>(p, id), Cfg::kKvRowBytes, bar.landed(slot, w));
     } else {
       mbar_arrive(bar.landed(slot, w));
@@ -349,58 +379,60 @@ __device__ __forceinline__ void copy_raw_rows(const Params& p, u32 smem, const B
 template <class Cfg>
 __device__ __forceinline__ void dequantize_rows(u32 smem, const Barriers<Cfg>& bar, u32 k, int w, int lane) {
   using L = Layout<Cfg>;
+  using Q = QuantLanes<Cfg>;
   constexpr float k2p60 = 1152921504606846976.f;
   const int slot = k % Cfg::kSlots;
-  const int r = 8 * w + lane % 8;
+  const int r = Q::kRows * w + lane % Q::kRows;
   mbar_wait(bar.landed(slot, w), (k / Cfg::kSlots) & 1);
   __syncwarp();
   u32 mask;
-  asm volatile("ld.shared.u8 %0, [%1];\n" : "=r"(mask) : "r"(smem + L::kFlags + 4 * slot + w));
+  asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(mask) : "r"(smem + L::kWarpFlags + 4 * (Cfg::kProducers * slot + w)));
   const u32 row = smem + L::kRing + slot * L::kSlotBytes + r * L::kRowBytes;
-  const u32 raw = row + 16 * (lane % 8);
-  if ((mask >> (lane % 8)) & 1) {
-    uint4 v[8], rope[2];
-    float scale[8];
+  const u32 raw = row + 16 * (r % 8);
+  if ((mask >> r) & 1) {
+    uint4 v[Q::kChunks], rope[Q::kRopeChunks];
+    float scale[Q::kChunks];
 #pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      const int c = lane / 8 + 4 * j;  // 16-value chunk of the row
+    for (int j = 0; j < Q::kChunks; ++j) {
+      const int c = Q::chunk(lane, j);  // 16-value chunk of the row
       v[j] = ld_shared_16(raw + 16 * c);
       scale[j] = 1.f;
       if constexpr (Cfg::kKvScaleBlock > 0)
         asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(scale[j]) : "r"(raw + Cfg::kKvScaleOffset + 4 * (16 * c / Cfg::kKvScaleBlock)));
     }
 #pragma unroll
-    for (int j = 0; j < 2; ++j) rope[j] = ld_shared_16(raw + Cfg::kKvRopeOffset + 16 * (lane / 8 + 4 * j));
-    __syncwarp();  // the row's four lanes have read all of it: now it may be overwritten
+    for (int j = 0; j < Q::kRopeChunks; ++j) rope[j] = ld_shared_16(raw + Cfg::kKvRopeOffset + 16 * Q::rope_chunk(lane, j));
+    __syncwarp();  // the row's lanes have read all of it: now it may be overwritten
 #pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      const int c = lane / 8 + 4 * j;
+    for (int j = 0; j < Q::kChunks; ++j) {
+      const int c = Q::chunk(lane, j);
       const float s60 = scale[j] * k2p60;
       st_shared_16(chunk_addr<Cfg>(row, 2 * c), dequant_e4m3x4_int(v[j].x, s60), dequant_e4m3x4_int(v[j].y, s60));
       st_shared_16(chunk_addr<Cfg>(row, 2 * c + 1), dequant_e4m3x4_int(v[j].z, s60), dequant_e4m3x4_int(v[j].w, s60));
     }
 #pragma unroll
-    for (int j = 0; j < 2; ++j)
-      asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(chunk_addr<Cfg>(row, Cfg::kKvValues / 8 + lane / 8 + 4 * j)),
+    for (int j = 0; j < Q::kRopeChunks; ++j)
+      asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(chunk_addr<Cfg>(row, Cfg::kKvValues / 8 + Q::rope_chunk(lane, j))),
                    "r"(rope[j].x), "r"(rope[j].y), "r"(rope[j].z), "r"(rope[j].w)
                    : "memory");
   } else {
     __syncwarp();
 #pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      const int c = lane / 8 + 4 * j;
+    for (int j = 0; j < Q::kChunks; ++j) {
+      const int c = Q::chunk(lane, j);
       st_shared_zero16(chunk_addr<Cfg>(row, 2 * c));
       st_shared_zero16(chunk_addr<Cfg>(row, 2 * c + 1));
     }
 #pragma unroll
-    for (int j = 0; j < 2; ++j) st_shared_zero16(chunk_addr<Cfg>(row, Cfg::kKvValues / 8 + lane / 8 + 4 * j));
+    for (int j = 0; j < Q::kRopeChunks; ++j) st_shared_zero16(chunk_addr<Cfg>(row, Cfg::kKvValues / 8 + Q::rope_chunk(lane, j)));
   }
   mbar_arrive(bar.full(slot));
 }
 
 template <class Cfg, class Params>
 __device__ void produce_quantized(const Params& p, u32 smem, const Barriers<Cfg>& bar, int items, int groups, int w) {
-  static_assert(Cfg::kProducers == 4 && Cfg::kKvValues == 512, "four warps of 8 rows; 512 values of 32 chunks");
+  static_assert((Cfg::kProducers == 4 || Cfg::kProducers == 8) && Cfg::kKvValues == 512,
+                "four or eight warps of 8 or 4 rows; 512 values of 32 chunks");
   static_assert(kQuantAhead <= Cfg::kSlots - 2, "the consumers hold two slots; the rest take copies ahead");
   static_assert(Layout<Cfg>::kRowBytes >= Cfg::kKvRowBytes + 16 * 7, "a raw row fits its ring row at any offset");
   const int lane = threadIdx.x % 32;
@@ -411,15 +443,15 @@ __device__ void produce_quantized(const Params& p, u32 smem, const Barriers<Cfg>
     const int len = valid_length(p, t);
     const int slots = 2 * num_blocks(len);
     const int* idx = p.indices + (i64)t * p.idx_row_stride;
-    // Lane l < 8 of warp w: the id of row 8w + l of a slot.
-    auto id_of = [&](int s) { return lane < 8 ? load_index(idx, kSlotRows * s + 8 * w + lane, len) : -1; };
-    for (int a = 0; a < kQuantAhead && a < slots; ++a) copy_raw_rows<Cfg>(p, smem, bar, filled + a, id_of(a), w, lane);
-    int next = id_of(kQuantAhead);
+    // Lane l: the id of row l of a slot (every warp reads the slot's 32: the mask is its ballot).
+    auto ids_of = [&](int s) { return load_index(idx, kSlotRows * s + lane, len); };
+    for (int a = 0; a < kQuantAhead && a < slots; ++a) copy_raw_rows<Cfg>(p, smem, bar, filled + a, ids_of(a), w, lane);
+    int next = ids_of(kQuantAhead);
     for (int s = 0; s < slots; ++s) {
       dequantize_rows<Cfg>(smem, bar, filled + s, w, lane);
       if (s + kQuantAhead < slots) {
         copy_raw_rows<Cfg>(p, smem, bar, filled + s + kQuantAhead, next, w, lane);
-        next = id_of(s + kQuantAhead + 1);
+        next = ids_of(s + kQuantAhead + 1);
       }
     }
     filled += slots;
@@ -767,7 +799,8 @@ __device__ void forward(const Params& p) {
       mbar_init(bar.q_empty(b), 4 * kNC);
     }
     if constexpr (Cfg::kKvQuantized)
-      for (int i = 0; i < 4 * Cfg::kSlots; ++i) mbar_init(bar.landed(i / 4, i % 4), 8);  // a producer warp's lanes 0-7
+      for (int i = 0; i < Cfg::kProducers * Cfg::kSlots; ++i)  // a producer warp's copying lanes
+        mbar_init(bar.landed(i / Cfg::kProducers, i % Cfg::kProducers), QuantLanes<Cfg>::kRows);
     fence_barrier_init();
   }
   __syncthreads();
@@ -775,11 +808,11 @@ __device__ void forward(const Params& p) {
   const int items = p.sq * groups;
   const int wg = threadIdx.x / kConsumerThreads;
   if (wg >= kNC) {
-    if constexpr (kNC == 2) set_max_registers_dec<Cfg::kProducerRegs>();
+    if constexpr (Cfg::kThreads > 256) set_max_registers_dec<Cfg::kProducerRegs>();
     if constexpr (Cfg::kKvQuantized) produce_quantized<Cfg>(p, smem, bar, items, groups, (threadIdx.x - kNC * kConsumerThreads) / 32);
     else produce<Cfg>(p, smem, bar, items, groups, (threadIdx.x - kNC * kConsumerThreads) / 32);
   } else if (wg == 0) {
-    if constexpr (kNC == 2) set_max_registers_inc<Cfg::kConsumerRegs>();
+    if constexpr (Cfg::kThreads > 256) set_max_registers_inc<Cfg::kConsumerRegs>();
     consume<Cfg, 0>(p, smem, bar, items, groups);
   } else {
     if constexpr (kNC == 2) {

@@ -324,6 +324,27 @@ __device__ __forceinline__ uint2 dequant_e4m3x4_int(u32 w, float scale_2p60) {
   return make_uint2(pack_bf16x2(f0, f1), pack_bf16x2(f2, f3));
 }
 
+// Four e4m3 values times a power-of-two scale given as the bf16 pair (scale x 2^120, scale x 2^120):
+// each pair of bytes becomes a bf16 pair equal to the values times 2^-120 by integer operations
+// (sign, then exponent and mantissa into the low bits of the bf16 exponent and mantissa; exact,
+// subnormals too), and one bf16 multiply makes it value x scale, exact (a 4-bit significand times a
+// power of two): no fp32 and no conversion instruction. The caller checks that scale x 2^120 is a
+// normal bf16 (scale a power of two in [2^-126, 2^7]; UE8M0 scales, what V3.2's quantizer writes).
+__device__ __forceinline__ u32 widen_e4m3_pair(u32 t) {  // the two e4m3 bytes in bits 8-15 and 24-31
+  return (t & 0x80008000u) | ((t & 0x7f007f00u) >> 4);
+}
+
+__device__ __forceinline__ uint2 dequant_e4m3x4_pow2(u32 w, u32 scale_bf16x2) {
+  u32 lo, hi;
+  asm("prmt.b32 %0, %1, 0, 0x1404;\n" : "=r"(lo) : "r"(w));  // bytes 0, 1 to bits 8-15, 24-31
+  asm("prmt.b32 %0, %1, 0, 0x3424;\n" : "=r"(hi) : "r"(w));  // bytes 2, 3
+  lo = widen_e4m3_pair(lo);
+  hi = widen_e4m3_pair(hi);
+  asm("mul.rn.bf16x2 %0, %1, %2;\n" : "=r"(lo) : "r"(lo), "r"(scale_bf16x2));
+  asm("mul.rn.bf16x2 %0, %1, %2;\n" : "=r"(hi) : "r"(hi), "r"(scale_bf16x2));
+  return make_uint2(lo, hi);
+}
+
 constexpr int kQuantAhead = 3;  // slots whose raw rows are copied before the current one is dequantized
 
 // How the producer warps share a slot's 32 rows: Cfg::kProducers warps of kRows rows each; lane l
@@ -406,9 +427,17 @@ __device__ __forceinline__ void dequantize_rows(u32 smem, const Barriers<Cfg>& b
 #pragma unroll
     for (int j = 0; j < Q::kChunks; ++j) {
       const int c = Q::chunk(lane, j);
-      const float s60 = scale[j] * k2p60;
-      st_shared_16(chunk_addr<Cfg>(row, 2 * c), dequant_e4m3x4_int(v[j].x, s60), dequant_e4m3x4_int(v[j].y, s60));
-      st_shared_16(chunk_addr<Cfg>(row, 2 * c + 1), dequant_e4m3x4_int(v[j].z, s60), dequant_e4m3x4_int(v[j].w, s60));
+      const u32 sbits = __float_as_uint(scale[j]), e = (sbits >> 23) & 0xffu;
+      if ((sbits & 0x7fffffu) == 0 && e - 1 < 134) {  // a power of two in [2^-126, 2^7]
+        const u32 b = ((sbits >> 16) & 0x8000u) | ((e + 120) << 7), sb = b | (b << 16);
+        st_shared_16(chunk_addr<Cfg>(row, 2 * c), dequant_e4m3x4_pow2(v[j].x, sb), dequant_e4m3x4_pow2(v[j].y, sb));
+        st_shared_16(chunk_addr<Cfg>(row, 2 * c + 1), dequant_e4m3x4_pow2(v[j].z, sb), dequant_e4m3x4_pow2(v[j].w, sb));
+      } else {
+        const float s60 = scale[j] * k2p60;
+        st_shared_16(chunk_addr<Cfg>(row, 2 * c), dequant_e4m3x4_int(v[j].x, s60), dequant_e4m3x4_int(v[j].y, s60));
+        st_shared_16(chunk_addr<Cfg>(row, 2 * c + 1), dequant_e4m3x4_int(v[j].z, s60),
+                     dequant_e4m3x4_int(v[j].w, s60));
+      }
     }
 #pragma unroll
     for (int j = 0; j < Q::kRopeChunks; ++j)

@@ -1102,6 +1102,10 @@ def tune(config: TuneConfig, progress: Callable[[str], None] = print, bar=None,
     classes = shape_classes(config.shapes, family_of(spec))
     if not classes:
         raise TuningError("no shape to tune; give --shape or --workload")
+    for c in classes:
+        why = family_of(spec).refuses(spec, c.shape)
+        if why:
+            raise TuningError(f"{spec.name} cannot tune {c.problem} ({family_of(spec).describe_shape(c.shape)}): {why}")
     # Starting a worker takes seconds (a process, torch, a CUDA context, the shape's inputs and
     # reference): with the GPUs named, the first class's workers start before this process
     # looks at the GPUs itself (CUDA's start-up here takes time too), and are stopped if what

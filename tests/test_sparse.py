@@ -82,8 +82,10 @@ def test_sm90_is_preferred_on_hopper():
     from mlagen.dispatch import family_specs
 
     names = [s.name for s in family_specs("mla_sparse_prefill")]
-    # The H <= 16 kernel first: dispatch takes it only up to its max_heads (16).
-    assert names == ["mla_sparse_prefill_sm90_h16", "mla_sparse_prefill_sm90", "mla_sparse_prefill_sm80"]
+    # The H <= 16 kernel first: dispatch takes it only up to its max_heads (16). The fp8-mode spec
+    # serves only compute="fp8" calls (fam.accepts), so its rank among the bf16 specs changes nothing.
+    assert names == ["mla_sparse_prefill_sm90_h16", "mla_sparse_prefill_sm90", "mla_sparse_prefill_sm90_fp8",
+                     "mla_sparse_prefill_sm80"]
 
 
 def test_max_heads_limits_what_dispatch_may_choose_unasked():

@@ -48,7 +48,8 @@ def test_packaged_specs_are_available():
                                                   "mla_prefill_gfx950_fp8.yaml", "mla_prefill_sm80.yaml",
                                                   "mla_prefill_sm90.yaml", "mla_prefill_sm90_fp8.yaml",
                                                   "mla_sparse_prefill_sm80.yaml",
-                                                  "mla_sparse_prefill_sm90.yaml", "mla_sparse_prefill_sm90_h16.yaml"]
+                                                  "mla_sparse_prefill_sm90.yaml", "mla_sparse_prefill_sm90_fp8.yaml",
+                                                  "mla_sparse_prefill_sm90_h16.yaml"]
 
 
 def test_sm80_spec_loads():

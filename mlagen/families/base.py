@@ -139,6 +139,12 @@ class Family(ABC):
         reads these ids too. None by default."""
         return {}
 
+    def refuses(self, spec, shape) -> str | None:
+        """Why ``spec`` cannot compute ``shape`` whatever its variant (a sentence naming what
+        the shape asks and what the spec serves), None when it can; ``mlagen tune`` asks before
+        any GPU work. None by default (a spec's specialisation axes are checked when a variant is made)."""
+        return None
+
     def check_shapes(self, problem: str) -> list:
         """The shapes ``mlagen check --gpu`` times a shipped record of shape class ``problem`` on:
         by default the named shapes of that class."""

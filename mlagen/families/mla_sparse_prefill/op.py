@@ -3,8 +3,12 @@
 graphs capture it.
 
 * ``mlagen::mla_sparse_prefill(q, kv, indices, softmax_scale, topk_length?, attn_sink?, kernel?,
-  kv_format) -> (out, max_logits, lse)``: allocates its outputs;
-* ``mlagen::mla_sparse_prefill_out(..., out!, max_logits!, lse!) -> ()``: writes preallocated outputs.
+  kv_format, compute="bf16") -> (out, max_logits, lse)``: allocates its outputs;
+* ``mlagen::mla_sparse_prefill_out(..., kv_format, out!, max_logits!, lse!, compute="bf16") -> ()``:
+  writes preallocated outputs.
+
+``compute`` is last, with its default, in both schemas, so calls written before it existed
+(positional arguments up to ``kv_format`` / ``lse``) mean what they meant.
 
 Importing this module imports torch and registers the ops.
 """
@@ -16,9 +20,15 @@ from typing import Optional
 import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode as _current_dispatch_mode
 
-from . import D_V, ArgumentError, run
+from . import D_V, ArgumentError, check_compute, compute_kv_formats, run
 
 Tensor = torch.Tensor
+
+
+@torch.compiler.assume_constant_result
+def _compute_kv_formats(compute: str) -> tuple:
+    """:func:`compute_kv_formats` as a constant to torch.compile (it reads the spec files once)."""
+    return compute_kv_formats(compute)
 
 
 def _shapes(q, kv, indices):
@@ -31,13 +41,14 @@ def _shapes(q, kv, indices):
 
 @torch.library.custom_op("mlagen::mla_sparse_prefill", mutates_args=())
 def _op(q: Tensor, kv: Tensor, indices: Tensor, softmax_scale: float, topk_length: Optional[Tensor],
-        attn_sink: Optional[Tensor], kernel: Optional[str], kv_format: str) -> tuple[Tensor, Tensor, Tensor]:
+        attn_sink: Optional[Tensor], kernel: Optional[str], kv_format: str,
+        compute: str = "bf16") -> tuple[Tensor, Tensor, Tensor]:
     return run(q, kv, indices, softmax_scale=softmax_scale, topk_length=topk_length, attn_sink=attn_sink,
-               kernel=kernel, kv_format=kv_format)
+               kernel=kernel, kv_format=kv_format, compute=compute)
 
 
 @_op.register_fake
-def _op_fake(q, kv, indices, softmax_scale, topk_length, attn_sink, kernel, kv_format):
+def _op_fake(q, kv, indices, softmax_scale, topk_length, attn_sink, kernel, kv_format, compute="bf16"):
     o, s = _shapes(q, kv, indices)
     return q.new_empty(o), q.new_empty(s, dtype=torch.float32), q.new_empty(s, dtype=torch.float32)
 
@@ -45,13 +56,14 @@ def _op_fake(q, kv, indices, softmax_scale, topk_length, attn_sink, kernel, kv_f
 @torch.library.custom_op("mlagen::mla_sparse_prefill_out", mutates_args=("out", "max_logits", "lse"))
 def _op_out(q: Tensor, kv: Tensor, indices: Tensor, softmax_scale: float, topk_length: Optional[Tensor],
             attn_sink: Optional[Tensor], kernel: Optional[str], kv_format: str, out: Tensor, max_logits: Tensor,
-            lse: Tensor) -> None:
+            lse: Tensor, compute: str = "bf16") -> None:
     run(q, kv, indices, softmax_scale=softmax_scale, topk_length=topk_length, attn_sink=attn_sink, out=out,
-        max_logits=max_logits, lse=lse, kernel=kernel, kv_format=kv_format)
+        max_logits=max_logits, lse=lse, kernel=kernel, kv_format=kv_format, compute=compute)
 
 
 @_op_out.register_fake
-def _op_out_fake(q, kv, indices, softmax_scale, topk_length, attn_sink, kernel, kv_format, out, max_logits, lse):
+def _op_out_fake(q, kv, indices, softmax_scale, topk_length, attn_sink, kernel, kv_format, out, max_logits, lse,
+                 compute="bf16"):
     _shapes(q, kv, indices)
 
 
@@ -62,7 +74,7 @@ def _tracing(q) -> bool:
 
 
 def mla_sparse_prefill(q, kv, indices, *, softmax_scale, topk_length=None, attn_sink=None, d_v=D_V, out=None,
-                       max_logits=None, lse=None, kernel=None, kv_format="bf16"):
+                       max_logits=None, lse=None, kernel=None, kv_format="bf16", compute="bf16"):
     """Sparse MLA prefill (DeepSeek-V3.2 DSA, absorbed "MQA mode"), as in MLA.md section 2.
 
     Args:
@@ -87,9 +99,15 @@ def mla_sparse_prefill(q, kv, indices, *, softmax_scale, topk_length=None, attn_
         kv_format: how kv rows are stored (``mlagen.operands``): ``"bf16"`` (default), or
             ``"fp8_v32"`` (DeepSeek-V3.2: 512 e4m3 values, 4 fp32 scales one per 128 values,
             64 bf16 rope values; 656 bytes), ``"fp8_b64"`` / ``"fp8_b32"`` (a scale per 64 / 32
-            values), ``"fp8_b0"`` (no scales). Quantized rows are dequantized in the kernel
-            (fp32 product of value and scale, rounded to bf16) and need d_qk 576; the result
-            is the bf16 kernel's on those dequantized rows. sm_90a only.
+            values), ``"fp8_b0"`` (no scales). Quantized rows need d_qk 576. sm_90a only.
+        compute: how a quantized cache is computed with: ``"bf16"`` (default) dequantizes the
+            rows in the kernel (fp32 product of value and scale, rounded to bf16) and runs the
+            bf16 tensor cores, so the result is the bf16 kernel's on those dequantized rows;
+            ``"fp8"`` runs FP8 tensor cores on the cache's e4m3 values (Q and P rounded to e4m3
+            in the kernel; faster, with a larger error against float32: see
+            ``FP8_REL_TOL`` / ``FP8_STAT_TOL`` in :mod:`mlagen.families.mla_sparse_prefill`).
+            ``"fp8"`` needs an FP8 cache whose format an fp8-mode kernel reads (``fp8_v32`` or
+            ``fp8_b0``); other combinations raise ValueError naming compute.
 
     Returns:
         (out, max_logits, lse): out [Sq, H, 512] bf16; max_logits and lse [Sq, H] fp32, natural
@@ -103,21 +121,22 @@ def mla_sparse_prefill(q, kv, indices, *, softmax_scale, topk_length=None, attn_
     """
     if kernel is not None and not isinstance(kernel, str) or not _tracing(q):
         return run(q, kv, indices, softmax_scale=softmax_scale, topk_length=topk_length, attn_sink=attn_sink, d_v=d_v,
-                   out=out, max_logits=max_logits, lse=lse, kernel=kernel, kv_format=kv_format)
+                   out=out, max_logits=max_logits, lse=lse, kernel=kernel, kv_format=kv_format, compute=compute)
     if d_v != D_V:
         raise ArgumentError(f"mla_sparse_prefill: d_v: must be {D_V}, got {d_v!r}")
     if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float)):
         raise TypeError(f"mla_sparse_prefill: softmax_scale: expected a float, got {softmax_scale!r}")
     if not isinstance(kv_format, str):
         raise TypeError(f"mla_sparse_prefill: kv_format: expected a string, got {kv_format!r}")
+    check_compute(compute, kv_format, _compute_kv_formats)   # at trace time, with the eager call's messages
     args = (q, kv, indices, float(softmax_scale), topk_length, attn_sink, kernel, kv_format)
     if out is None and max_logits is None and lse is None:
-        return torch.ops.mlagen.mla_sparse_prefill(*args)
+        return torch.ops.mlagen.mla_sparse_prefill(*args, compute)
     o, s = _shapes(q, kv, indices)
     out = q.new_empty(o) if out is None else out
     max_logits = q.new_empty(s, dtype=torch.float32) if max_logits is None else max_logits
     lse = q.new_empty(s, dtype=torch.float32) if lse is None else lse
-    torch.ops.mlagen.mla_sparse_prefill_out(*args, out, max_logits, lse)
+    torch.ops.mlagen.mla_sparse_prefill_out(*args, out, max_logits, lse, compute)
     return out, max_logits, lse
 
 

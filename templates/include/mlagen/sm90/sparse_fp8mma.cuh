@@ -1,0 +1,866 @@
+// Sparse MLA prefill for Hopper (sm_90a) from an FP8 latent cache on FP8 tensor cores: the "fp8"
+// compute mode (docs/notes-sparse.md, "The fp8 compute mode"; MLA.md section 2 for what is
+// computed). The block structure is the bf16 kernel's (sparse_prefill.cuh): one CTA per (query
+// token, 64 heads), a producer warpgroup and two consumer warpgroups, consumer 0 scoring even key
+// blocks and consumer 1 odd ones, consumer c owning output columns [256 c, 256 c + 256).
+//
+// Cache rows (mlagen/operands.py): 512 e4m3 values v, a fp32 scale per 128 values (Cfg::kScaled;
+// fp8_v32) or none (fp8_b0), 64 bf16 rope values. A key's latent values are k = v * ks_b.
+//
+// * Q (consumers, once per CTA): each head row h gets a power-of-two scale qs_h >= amax / 448;
+//   its 512 latent values become e4m3(q / qs_h) (exact scaling, one rounding) and its rope values
+//   bf16(q_rope / qs_h) (exact). The row's logits are qs_h * S with
+//   S = sum_b ks_b[key] * (Q8_b . V8_b) + Q_rope' . K_rope:
+//   one bf16 wgmma chain for the rope, one e4m3 chain per scale block into a second accumulator
+//   folded into S with each key's scale (a single e4m3 chain when unscaled); qs_h goes into the
+//   row's softmax scale.
+// * The producer gathers a block's raw rows with cp.async (values into four 128-byte-swizzled
+//   e4m3 tiles, rope into a bf16 tile, scales into a [scale block][key] table, invalid rows
+//   zero-filled and never read) and transposes the values into V^T: 512 rows (dims) of 64 keys,
+//   K-major with a 64-byte swizzle, the 16 keys of each group in the order perm16 (the order in
+//   which a thread's four scores per 16 keys are its e4m3 A-fragment bytes: no shuffles).
+// * V's scales: output column block b (128 columns) accumulates P'_b V8_b with
+//   P'_b = P * ks_b[key] / C_b, where C_b is a power of two >= every scale of block b seen so far
+//   (running over key-block pairs, computed by the producer: f_b[key] = ks_b[key] / C_b, and the
+//   factor C_old / C_new that rescales O_b when C_b grows); O_b is multiplied by C_b at the end.
+//   P = 2^6 exp2(s - m) (the 2^6 folded into the exponent, so the row sums carry it and O / l is
+//   unchanged); P' <= 2^8 (the lazy max lets exp2(s - m) reach 2^2), inside e4m3's range; P's
+//   row sums are taken in fp32.
+#pragma once
+#include "mlagen/cuda/online_softmax.cuh"
+#include "mlagen/common/types.cuh"
+#include "mlagen/sm90/barrier.cuh"
+#include "mlagen/sm90/sparse_gather.cuh"
+#include "mlagen/sm90/sparse_prefill.cuh"
+#include "mlagen/sm90/wgmma.cuh"
+
+namespace mlagen::sm90::sparse_fp8 {
+
+using sparse::kBlockK;
+using sparse::kRows;
+using sparse::swizzled;
+
+constexpr int kTileBytes = 64 * 128;  // 64 rows x 128 bytes (e4m3: 128 values; bf16: 64)
+constexpr int kVtBytes = 512 * 64;    // V^T: 512 dims x 64 keys
+constexpr int kPxBytes = 64 * 64;     // an exchanged P' tile: 64 heads x 64 keys (e4m3)
+// The lazy running max moves when a block's row max exceeds it by more than 2^kLazyMargin, so
+// P / 2^6 <= 2^kLazyMargin; P' is P * f <= 2^(2 + 6) = 256 < 448 (e4m3's largest), and the
+// 2^6 keeps small products out of e4m3's subnormals (2^-9 .. 2^-6) six binades longer.
+constexpr float kLazyMargin = 2.f;
+constexpr float kLog2PScale = 6.f;  // P is computed as 2^6 exp2(x - m): the row sums carry it too
+
+struct Layout {
+  static constexpr int kQ8 = 0;                        // Q latent, e4m3, 4 tiles
+  static constexpr int kQR = kQ8 + 4 * kTileBytes;     // Q rope / qs, bf16, 1 tile
+  static constexpr int kBuf = 5 * kTileBytes;          // a gathered block: 4 e4m3 tiles + the rope tile
+  static constexpr int kK0 = kQR + kTileBytes;
+  static constexpr int kVt0 = kK0 + 2 * kBuf;
+  static constexpr int kPx0 = kVt0 + 2 * kVtBytes;     // consumer c's P' for the other: 2 tiles
+  static constexpr int kSmall = kPx0 + 2 * 2 * kPxBytes;
+  static constexpr int kKs = kSmall;                   // float [buffer][scale block][key]: key scales
+  static constexpr int kFv = kKs + 2 * 4 * 64 * 4;     // float [buffer][block][key]: ks / C
+  static constexpr int kValid = kFv + 2 * 4 * 64 * 4;  // u8 [buffer][key]
+  static constexpr int kQs = kValid + 128;             // float [64]: Q row scales
+  static constexpr int kMax = kQs + 256;               // float [64]: running max, exchanged
+  static constexpr int kSum = kMax + 256;              // float [2][64]: row sums, exchanged at the end
+  static constexpr int kVnorm = kSum + 512;            // float [parity][2][4]: O_b rescale of the pair, C_b
+  static constexpr int kRed = kVnorm + 64;             // float [parity][4 warps][4]: producer's maxima
+  static constexpr int kBarriers = kRed + 128;          // kready[2], vready[2], kfree[2], vfree[2]
+  static constexpr int kEnd = kBarriers + 8 * 8;
+  static constexpr int kReserved = 6144;
+  static constexpr int kSmemBytes = kSmall + kReserved + 1024;  // + slack to align the base to 1024
+  static_assert(kEnd - kSmall <= kReserved, "small area overflows its reservation");
+  static_assert(kVt0 % 1024 == 0 && kPx0 % 1024 == 0 && kK0 % 1024 == 0, "swizzle atoms");
+  static __device__ __forceinline__ u32 k8(u32 smem, int buf) { return smem + kK0 + buf * kBuf; }
+  static __device__ __forceinline__ u32 kr(u32 smem, int buf) { return smem + kK0 + buf * kBuf + 4 * kTileBytes; }
+  static __device__ __forceinline__ u32 vt(u32 smem, int buf) { return smem + kVt0 + buf * kVtBytes; }
+  // The tile in which consumer `from` leaves P' of column block `b` (0, 1 of the other's two).
+  static __device__ __forceinline__ u32 px(u32 smem, int from, int b) { return smem + kPx0 + (2 * from + b) * kPxBytes; }
+};
+
+struct Barriers {
+  u32 base;
+  __device__ __forceinline__ u32 kready(int buf) const { return base + 8 * buf; }
+  __device__ __forceinline__ u32 vready(int buf) const { return base + 8 * (2 + buf); }
+  __device__ __forceinline__ u32 kfree(int buf) const { return base + 8 * (4 + buf); }
+  __device__ __forceinline__ u32 vfree(int buf) const { return base + 8 * (6 + buf); }
+};
+
+enum NamedBarrier : int {
+  kMax0Ready = sparse::kMax0Ready,
+  kMax1Ready = sparse::kMax1Ready,
+  kP0Ready = sparse::kP0Ready,
+  kP1Ready = sparse::kP1Ready,
+  kSumReady = sparse::kSumReady,
+  kEpilogue0 = sparse::kEpilogue0,  // + consumer
+  kQReady = 8,                      // both consumers quantized their part of Q
+  kScalesSeen = 9,                  // (+ parity) the producer's per-warp scale maxima are in shared memory
+};
+
+// The running max after folding in a block's row max b (sparse::fold_max with this kernel's margin).
+template <bool LAZY>
+__device__ __forceinline__ float fold_max(float kept, float b) {
+  if constexpr (LAZY) return b > kept + kLazyMargin ? b : kept;
+  return fmaxf(kept, b);
+}
+
+// A power of two >= x (x >= 0 finite; 2^-126 for 0 and subnormals).
+__device__ __forceinline__ float pow2_ceil(float x) {
+  const u32 bits = __float_as_uint(x);
+  u32 e = bits >> 23;
+  if ((bits & 0x7fffffu) != 0 || e == 0) e += 1;
+  return __uint_as_float(e << 23);
+}
+
+// 4 bytes from global to shared memory (zero-filled and not read when invalid).
+__device__ __forceinline__ void cp_async_4(u32 dst, const void* src, bool valid) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 4 : 0) : "memory");
+}
+
+// Four floats as e4m3 (round to nearest even, saturating), x0 in the low byte.
+__device__ __forceinline__ u32 pack_e4m3x4(float x0, float x1, float x2, float x3) {
+  u32 out;
+  asm("{\n .reg .b16 lo, hi;\n cvt.rn.satfinite.e4m3x2.f32 lo, %2, %1;\n cvt.rn.satfinite.e4m3x2.f32 hi, %4, %3;\n"
+      " mov.b32 %0, {lo, hi};\n}\n"
+      : "=r"(out)
+      : "f"(x0), "f"(x1), "f"(x2), "f"(x3));
+  return out;
+}
+
+__device__ __forceinline__ u32 opaque32(u32 x) {
+  asm volatile("" : "+r"(x));
+  return x;
+}
+
+__device__ __forceinline__ u32 prmt(u32 a, u32 b, u32 sel) {
+  u32 d;
+  asm("prmt.b32 %0, %1, %2, %3;\n" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
+  return d;
+}
+
+__device__ __forceinline__ float ld_shared_f32(u32 addr) {
+  float v;
+  asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(v) : "r"(addr) : "memory");
+  return v;
+}
+
+__device__ __forceinline__ float2 ld_shared_f32x2(u32 addr) {
+  float2 v;
+  asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(v.x), "=f"(v.y) : "r"(addr) : "memory");
+  return v;
+}
+
+__device__ __forceinline__ void st_shared_f32(u32 addr, float v) {
+  asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(addr), "f"(v) : "memory");
+}
+
+__device__ __forceinline__ void st_shared_u32(u32 addr, u32 v) {
+  asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
+}
+
+// Byte offset of (row, 16-byte chunk) in a K-major tile of 64-byte rows with the 64-byte swizzle.
+__device__ __forceinline__ u32 swizzled64(int row, int chunk) { return row * 64 + ((chunk ^ ((row >> 1) & 3)) << 4); }
+
+// ------------------------------------------------------------------------------------------------
+// Producer.
+
+template <class Cfg>
+struct Producer {
+  template <class Params>
+  static __device__ __forceinline__ const u8* row_ptr(const Params& p, int row) {
+    i64 off;
+    if constexpr (Cfg::kPaged) off = (i64)(row / p.page_size) * p.kv_page_stride + (i64)(row % p.page_size) * p.kv_row_stride;
+    else off = (i64)row * p.kv_row_stride;
+    return p.kv + off;
+  }
+
+  // Block n's row ids for this thread's rows g + 16 r (-1: invalid entry).
+  template <class Params>
+  static __device__ __forceinline__ void load_rows(const Params& p, const int* idx_row, int len, int n, int g,
+                                                   int (&rows)[4]) {
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const int pos = n * kBlockK + g + 16 * r;
+      int row = -1;
+      if (pos < len) row = __ldg(idx_row + pos);
+      rows[r] = row >= 0 && row < p.num_kv ? row : -1;
+    }
+  }
+
+  template <class Params>
+  static __device__ __forceinline__ void gather(const Params& p, u32 smem, const Barriers& bar, int buf,
+                                                const int (&rows)[4], int g, int c) {
+    // Formed here (one instruction) rather than held across the loop by the 56-register producer.
+    const u64 policy = Cfg::kEvictLast ? l2_policy_evict_last() : 0;
+    const u32 k8 = Layout::k8(smem, buf), kr = Layout::kr(smem, buf);
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const int key = g + 16 * r;
+      const bool ok = rows[r] >= 0;
+      const u8* src = row_ptr(p, ok ? rows[r] : 0);
+#pragma unroll
+      for (int tile = 0; tile < 4; ++tile)
+        cp_async_16<Cfg::kEvictLast>(k8 + tile * kTileBytes + swizzled(key, c), src + 128 * tile + 16 * c, ok, policy);
+      cp_async_16<Cfg::kEvictLast>(kr + swizzled(key, c), src + Cfg::kKvRopeOffset + 16 * c, ok, policy);
+      if constexpr (Cfg::kScaled) {
+        if (c < 4) cp_async_4(smem + Layout::kKs + 4 * ((buf * 4 + c) * 64 + key), src + Cfg::kKvScaleOffset + 4 * c, ok);
+      }
+    }
+    cp_async_arrive_noinc(bar.kready(buf));
+    if (c == 0) {
+#pragma unroll
+      for (int r = 0; r < 4; ++r)
+        asm volatile("st.shared.u8 [%0], %1;\n" ::"r"(smem + Layout::kValid + buf * 64 + g + 16 * r),
+                     "h"((u16)(rows[r] >= 0))
+                     : "memory");
+      mbar_arrive(bar.kready(buf));
+    }
+  }
+
+  // V^T of buffer `buf` from its e4m3 tiles. Warp w transposes keys 16 w ... 16 w + 15; lane l
+  // takes dims 4 l ... 4 l + 3 of each tile. Every load instruction reads one key's 128 bytes of a
+  // tile (conflict-free); stores write 16 keys of one dim row, and the lane's dims are rotated by
+  // (l / 2) % 4 so that the 8 lanes of each 16-byte store phase write 8 rows in distinct bank
+  // groups under the 64-byte swizzle.
+  static __device__ __forceinline__ void transpose(u32 smem, int buf) {
+    const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
+    const u32 rot = (lane >> 1) & 3;
+    // Stage 1 selectors: bytes (a.r, b.r, a.r+1, b.r+1) and (a.r+2, b.r+2, a.r+3, b.r+3).
+    const u32 r0 = rot, r1 = (rot + 1) & 3, r2 = (rot + 2) & 3, r3 = (rot + 3) & 3;
+    const u32 sel_a = r0 | ((4 + r0) << 4) | (r1 << 8) | ((4 + r1) << 12);
+    const u32 sel_b = r2 | ((4 + r2) << 4) | (r3 << 8) | ((4 + r3) << 12);
+    // Bits 4-6 of src hold the lane's chunk (lane / 4), so key k's swizzle is an XOR with k % 8.
+    const u32 src = Layout::k8(smem, buf) + (16 * warp) * 128 + 16 * (lane >> 2) + 4 * (lane & 3);
+    const u32 dst = Layout::vt(smem, buf);
+#pragma unroll 1
+    for (int tile = 0; tile < 4; ++tile) {
+      // Opaque per tile: addresses are formed at their use (an XOR each) instead of being hoisted
+      // as 16 + 4 live registers, which the 56-register producer does not have.
+      const u32 from = opaque32(src + tile * kTileBytes);
+      const u32 to = opaque32(dst + tile * (128 * 64));
+      u32 a[16];
+#pragma unroll
+      for (int k = 0; k < 16; ++k)
+        asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(a[k]) : "r"((from ^ ((k & 7) << 4)) + k * 128) : "memory");
+      u32 out[4][4];  // [s][i]: dim 4 l + (s + rot) % 4, key word i of the group
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const u32 x0 = a[2 * i], x1 = a[2 * i + 1], x2 = a[8 + 2 * i], x3 = a[9 + 2 * i];
+        const u32 t01a = prmt(x0, x1, sel_a), t01b = prmt(x0, x1, sel_b);
+        const u32 t23a = prmt(x2, x3, sel_a), t23b = prmt(x2, x3, sel_b);
+        out[0][i] = prmt(t01a, t23a, 0x5410);
+        out[1][i] = prmt(t01a, t23a, 0x7632);
+        out[2][i] = prmt(t01b, t23b, 0x5410);
+        out[3][i] = prmt(t01b, t23b, 0x7632);
+      }
+      // The row offsets from an opaque lane id, so they are formed here each tile (a few ALU
+      // instructions) instead of being held as four registers.
+      const int ln = (int)opaque32(lane);
+#pragma unroll
+      for (int s = 0; s < 4; ++s) {
+        const int d = 4 * ln + ((s + ((ln >> 1) & 3)) & 3);
+        asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(to + swizzled64(d, warp)), "r"(out[s][0]),
+                     "r"(out[s][1]), "r"(out[s][2]), "r"(out[s][3])
+                     : "memory");
+      }
+    }
+  }
+
+  template <class Params>
+  static __device__ void run(const Params& p, u32 smem, const Barriers& bar, int t) {
+    const int tid = threadIdx.x % 128;
+    const int g = tid / 8, c = tid % 8;
+    const int len = sparse::valid_length(p, t);
+    const int pairs = sparse::num_pairs(len);
+    const int* idx_row = p.indices + (i64)t * p.idx_row_stride;
+#pragma unroll 1
+    for (int buf = 0; buf < (pairs > 0 ? 2 : 0); ++buf) {  // the first pair's rows
+      int rows[4];
+      load_rows(p, idx_row, len, buf, g, rows);
+      gather(p, smem, bar, buf, rows, g, c);
+    }
+    for (int pair = 0; pair < pairs; ++pair) {
+      const u32 phase = pair & 1;
+      mbar_wait(bar.kready(0), phase);
+      mbar_wait(bar.kready(1), phase);
+      // This thread's key (tid % 64) of buffer tid / 64 and its four scales, and the pair's new
+      // normalisers (the factors go out per buffer below, once its previous P V are done).
+      const int mine = tid / 64, key = tid % 64;
+      float inv[4];  // 1 / C_b of this pair
+      if constexpr (Cfg::kScaled) {
+        const int warp = tid / 32, lane = tid % 32;
+        float mx[4];
+#pragma unroll
+        for (int b = 0; b < 4; ++b) {
+          mx[b] = fabsf(ld_shared_f32(smem + Layout::kKs + 4 * ((mine * 4 + b) * 64 + key)));
+#pragma unroll
+          for (int o = 16; o > 0; o /= 2) mx[b] = fmaxf(mx[b], __shfl_xor_sync(0xffffffffu, mx[b], o));
+        }
+        const u32 red = smem + Layout::kRed + 64 * phase;
+        if (lane == 0)
+          asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(red + 16 * warp), "f"(mx[0]), "f"(mx[1]),
+                       "f"(mx[2]), "f"(mx[3])
+                       : "memory");
+        named_sync(kScalesSeen, 128);
+#pragma unroll
+        for (int b = 0; b < 4; ++b) {
+          float m = 0.f;
+#pragma unroll
+          for (int w = 0; w < 4; ++w) m = fmaxf(m, ld_shared_f32(red + 4 * (w * 4 + b)));
+          // C_b so far: the previous pair's (0 before the first nonzero scale), read back from
+          // shared memory rather than held in registers across the loop.
+          const float prev = pair > 0 ? ld_shared_f32(smem + Layout::kVnorm + 32 * (phase ^ 1) + 16 + 4 * b) : 0.f;
+          const float next = m > prev ? pow2_ceil(m) : prev;
+          const float grow = prev > 0.f ? prev / next : 1.f;  // powers of two: exact
+          inv[b] = next > 0.f ? 1.f / next : 0.f;
+          // The pair's factors, double-buffered by parity: the previous pair's readers may still
+          // be before their P V (they read them first); the pair before has passed vfree.
+          if (tid == 0) {
+            st_shared_f32(smem + Layout::kVnorm + 32 * phase + 4 * b, grow);
+            st_shared_f32(smem + Layout::kVnorm + 32 * phase + 16 + 4 * b, next);
+          }
+        }
+      }
+#pragma unroll 1
+      for (int buf = 0; buf < 2; ++buf) {
+        mbar_wait(bar.vfree(buf), phase ^ 1);  // the previous pair's P V are done with V^T and the factors
+        if constexpr (Cfg::kScaled) {
+          if (mine == buf) {
+#pragma unroll
+            for (int b = 0; b < 4; ++b) {
+              const u32 at = 4 * ((buf * 4 + b) * 64 + key);
+              st_shared_f32(smem + Layout::kFv + at, ld_shared_f32(smem + Layout::kKs + at) * inv[b]);
+            }
+          }
+        }
+        transpose(smem, buf);
+        fence_async_shared();  // V^T written by st.shared, read by wgmma
+        mbar_arrive(bar.vready(buf));
+      }
+      // The next pair's rows, once each buffer's Q K^T is done: after both transposes, which the
+      // consumers wait for sooner (each V^T is needed right after its block's softmax).
+      if (pair + 1 < pairs) {
+#pragma unroll 1
+        for (int buf = 0; buf < 2; ++buf) {
+          int rows[4];
+          load_rows(p, idx_row, len, 2 * (pair + 1) + buf, g, rows);
+          mbar_wait(bar.kfree(buf), phase);  // its Q K^T and flags were read; the transposes above are ours
+          gather(p, smem, bar, buf, rows, g, c);
+        }
+      }
+    }
+  }
+};
+
+// ------------------------------------------------------------------------------------------------
+// Consumers.
+
+struct Regs {
+  float o[128];   // 64 rows x 256 output columns (O_b in units of C_b)
+  float s[32];    // scores, then probabilities
+  float sb[32];   // one scale block's e4m3 chain
+  u32 pa[2][2][4];  // own P' as e4m3 A fragments: [column block][k32 step]
+  float m[2], l[2], mx[2];
+  float sl[2];    // the row's softmax scale (log2 domain) times qs
+};
+
+// Quantize Q: consumer thread (0..255) = (row tid / 4, part tid % 4): latent values
+// [128 part, 128 part + 128) (tile `part`) and rope values [16 part, 16 part + 16).
+template <class Cfg, class Params>
+__device__ __forceinline__ void quantize_q(const Params& p, u32 smem, int t, int head0) {
+  const int tid = threadIdx.x;  // 0..255
+  const int row = tid / 4, part = tid % 4;
+  const bool ok = head0 + row < p.heads;
+  const u16* src = p.q + (i64)t * p.q_row_stride + (i64)(ok ? head0 + row : 0) * p.q_head_stride;
+  uint4 v[16];
+#pragma unroll
+  for (int i = 0; i < 16; ++i)
+    v[i] = ok ? __ldg(reinterpret_cast<const uint4*>(src + 128 * part) + i) : make_uint4(0, 0, 0, 0);
+  float amax = 0.f;
+#pragma unroll
+  for (int i = 0; i < 16; ++i) {
+    const u32 w[4] = {v[i].x, v[i].y, v[i].z, v[i].w};
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+      amax = fmaxf(amax, fmaxf(fabsf(__uint_as_float(w[j] << 16)), fabsf(__uint_as_float(w[j] & 0xffff0000u))));
+  }
+  amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+  amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+  const float qs = amax > 0.f ? pow2_ceil(amax * (1.f / 448.f)) : 1.f;
+  const float inv = 1.f / qs;  // a power of two: exact
+  const u32 tile = smem + Layout::kQ8 + part * kTileBytes;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {  // 16-byte chunk i: values 16 i ... 16 i + 15 of the part
+    u32 out[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const u32 w0 = (j < 2 ? (j == 0 ? v[2 * i].x : v[2 * i].z) : (j == 2 ? v[2 * i + 1].x : v[2 * i + 1].z));
+      const u32 w1 = (j < 2 ? (j == 0 ? v[2 * i].y : v[2 * i].w) : (j == 2 ? v[2 * i + 1].y : v[2 * i + 1].w));
+      out[j] = pack_e4m3x4(__uint_as_float(w0 << 16) * inv, __uint_as_float(w0 & 0xffff0000u) * inv,
+                                __uint_as_float(w1 << 16) * inv, __uint_as_float(w1 & 0xffff0000u) * inv);
+    }
+    asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(tile + swizzled(row, i)), "r"(out[0]), "r"(out[1]),
+                 "r"(out[2]), "r"(out[3])
+                 : "memory");
+  }
+  // Rope: 16 bf16 values (two 16-byte chunks of the rope tile), divided by qs.
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    uint4 r = ok ? __ldg(reinterpret_cast<const uint4*>(src + 512 + 16 * part) + h) : make_uint4(0, 0, 0, 0);
+    const u32 w[4] = {r.x, r.y, r.z, r.w};
+    u32 out[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+      out[j] = pack_bf16x2(__uint_as_float(w[j] << 16) * inv, __uint_as_float(w[j] & 0xffff0000u) * inv);
+    asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(smem + Layout::kQR + swizzled(row, 2 * part + h)),
+                 "r"(out[0]), "r"(out[1]), "r"(out[2]), "r"(out[3])
+                 : "memory");
+  }
+  if (part == 0) st_shared_f32(smem + Layout::kQs + 4 * row, qs);
+  fence_async_shared();  // Q written by st.shared, read by wgmma
+  named_sync(kQReady, 256);
+}
+
+// S of buffer `buf` (64 heads x 64 keys): the rope chain, then the latent chains. `after_first_wait`
+// runs once the first chain (and every earlier wgmma of this warpgroup) has completed.
+template <class Cfg, class F>
+__device__ __forceinline__ void scores(Regs& r, u32 smem, int buf, F after_first_wait) {
+  const int lane = threadIdx.x % 32;
+  const u64 qr = opaque(desc_k_major<128>(smem + Layout::kQR));
+  const u64 kr = opaque(desc_k_major<128>(Layout::kr(smem, buf)));
+  const u64 q8 = opaque(desc_k_major<128>(smem + Layout::kQ8));
+  const u64 k8 = opaque(desc_k_major<128>(Layout::k8(smem, buf)));
+  pin_registers(r.s);
+  wgmma_fence();
+#pragma unroll
+  for (int ks = 0; ks < 4; ++ks) Wgmma<64>::ss(r.s, qr + desc_offset(ks * 32), kr + desc_offset(ks * 32), ks > 0);
+  if constexpr (!Cfg::kScaled) {
+#pragma unroll
+    for (int tile = 0; tile < 4; ++tile)
+#pragma unroll
+      for (int ks = 0; ks < 4; ++ks) {
+        const u64 off = desc_offset(tile * kTileBytes + ks * 32);
+        WgmmaE4m3<64>::ss(r.s, q8 + off, k8 + off, 1);
+      }
+    wgmma_commit();
+    wgmma_wait<0>();
+    pin_registers(r.s);
+    after_first_wait();
+  } else {
+    wgmma_commit();
+#pragma unroll 1
+    for (int b = 0; b < 4; ++b) {
+      pin_registers(r.sb);
+      wgmma_fence();
+#pragma unroll
+      for (int ks = 0; ks < 4; ++ks) {
+        const u64 off = desc_offset(b * kTileBytes + ks * 32);
+        WgmmaE4m3<64>::ss(r.sb, q8 + off, k8 + off, ks > 0);
+      }
+      wgmma_commit();
+      wgmma_wait<0>();
+      pin_registers(r.sb);
+      pin_registers(r.s);
+      if (b == 0) after_first_wait();
+      const u32 ks_row = smem + Layout::kKs + 4 * ((buf * 4 + b) * 64 + 2 * (lane % 4));
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const float2 k = ld_shared_f32x2(ks_row + 4 * 8 * j);
+        r.s[4 * j + 0] = fmaf(k.x, r.sb[4 * j + 0], r.s[4 * j + 0]);
+        r.s[4 * j + 1] = fmaf(k.y, r.sb[4 * j + 1], r.s[4 * j + 1]);
+        r.s[4 * j + 2] = fmaf(k.x, r.sb[4 * j + 2], r.s[4 * j + 2]);
+        r.s[4 * j + 3] = fmaf(k.y, r.sb[4 * j + 3], r.s[4 * j + 3]);
+      }
+    }
+  }
+}
+
+__device__ __forceinline__ void mask(Regs& r, u32 smem, int buf) {
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    u16 pair;
+    asm volatile("ld.shared.u16 %0, [%1];\n" : "=h"(pair) : "r"(smem + Layout::kValid + buf * 64 + 8 * j + 2 * (lane % 4)));
+    if (!(pair & 0xff)) r.s[4 * j + 0] = r.s[4 * j + 2] = neg_inf();
+    if (!(pair >> 8)) r.s[4 * j + 1] = r.s[4 * j + 3] = neg_inf();
+  }
+}
+
+__device__ __forceinline__ void block_max(const Regs& r, float (&mx)[2]) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float m = neg_inf();
+#pragma unroll
+    for (int j = 0; j < 8; ++j) m = fmaxf(m, fmaxf(r.s[4 * j + 2 * h], r.s[4 * j + 2 * h + 1]));
+    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+    mx[h] = m * r.sl[h];
+  }
+}
+
+// Rescale O (by the max correction and, per column block, the pair's V normaliser growth) and
+// turn the scores into probabilities relative to m_new.
+template <bool LAZY>
+__device__ __forceinline__ void exponentiate(Regs& r, const float (&m_new)[2], const float (&grow)[2]) {
+  float corr[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h)
+    corr[h] = LAZY ? sparse::max_correction(r.m[h], m_new[h]) : fast_exp2(r.m[h] - sparse::max_or_zero(m_new[h]));
+  if (!LAZY || any_row_moved(corr) || grow[0] != 1.f || grow[1] != 1.f) {
+#pragma unroll
+    for (int j = 0; j < 32; ++j) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const float f = corr[h] * grow[j / 16];
+        r.o[4 * j + 2 * h] *= f;
+        r.o[4 * j + 2 * h + 1] *= f;
+      }
+    }
+  }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const float sub = sparse::max_or_zero(m_new[h]) - kLog2PScale;
+    float sum = 0.f;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      r.s[4 * j + 2 * h] = fast_exp2(fmaf(r.s[4 * j + 2 * h], r.sl[h], -sub));
+      r.s[4 * j + 2 * h + 1] = fast_exp2(fmaf(r.s[4 * j + 2 * h + 1], r.sl[h], -sub));
+      sum += r.s[4 * j + 2 * h] + r.s[4 * j + 2 * h + 1];
+    }
+    r.l[h] = r.l[h] * corr[h] + sum;
+    r.m[h] = m_new[h];
+  }
+}
+
+// P' of column block `b` (global 0..3) from the probabilities of buffer `buf`, times `row` per
+// row half, as e4m3 A fragments (two k32 steps).
+template <class Cfg>
+__device__ __forceinline__ void pack_pv(const Regs& r, u32 smem, int buf, int b, const float (&row_in)[2],
+                                        u32 (&pa)[2][4]) {
+  const int lane = threadIdx.x % 32;
+  float2 f[8];
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    if constexpr (Cfg::kScaled) f[j] = ld_shared_f32x2(smem + Layout::kFv + 4 * ((buf * 4 + b) * 64 + 8 * j + 2 * (lane % 4)));
+    else f[j] = make_float2(1.f, 1.f);
+  }
+  const float row[2] = {row_in[0], row_in[1]};
+#pragma unroll
+  for (int kt = 0; kt < 2; ++kt) {
+    const float* s = r.s + 16 * kt;
+    const float2* fk = f + 4 * kt;
+    pa[kt][0] = pack_e4m3x4(s[0] * fk[0].x * row[0], s[1] * fk[0].y * row[0], s[4] * fk[1].x * row[0],
+                                 s[5] * fk[1].y * row[0]);
+    pa[kt][1] = pack_e4m3x4(s[2] * fk[0].x * row[1], s[3] * fk[0].y * row[1], s[6] * fk[1].x * row[1],
+                                 s[7] * fk[1].y * row[1]);
+    pa[kt][2] = pack_e4m3x4(s[8] * fk[2].x * row[0], s[9] * fk[2].y * row[0], s[12] * fk[3].x * row[0],
+                                 s[13] * fk[3].y * row[0]);
+    pa[kt][3] = pack_e4m3x4(s[10] * fk[2].x * row[1], s[11] * fk[2].y * row[1], s[14] * fk[3].x * row[1],
+                                 s[15] * fk[3].y * row[1]);
+  }
+}
+
+// The A fragments into a 64 x 64 e4m3 tile (K-major, 64-byte swizzle) for the other consumer.
+__device__ __forceinline__ void store_pa(const u32 (&pa)[2][4], u32 tile) {
+  const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
+  const int row = warp * 16 + lane / 4, t = lane % 4;
+#pragma unroll
+  for (int kt = 0; kt < 2; ++kt) {
+    st_shared_u32(tile + swizzled64(row, 2 * kt) + 4 * t, pa[kt][0]);
+    st_shared_u32(tile + swizzled64(row + 8, 2 * kt) + 4 * t, pa[kt][1]);
+    st_shared_u32(tile + swizzled64(row, 2 * kt + 1) + 4 * t, pa[kt][2]);
+    st_shared_u32(tile + swizzled64(row + 8, 2 * kt + 1) + 4 * t, pa[kt][3]);
+  }
+}
+
+// O[:, 128 bl ...] += P'_b V_b for this consumer's column blocks bl = 0, 1 (global 2 wg + bl).
+// Without scales P'_b is P for every block: one fragment set and one exchanged tile serve both.
+template <bool kScaledPa>
+__device__ __forceinline__ void issue_pv_local(Regs& r, u32 smem, int buf, int wg) {
+#pragma unroll
+  for (int bl = 0; bl < 2; ++bl) {
+    const u64 v = opaque(desc_k_major<64>(Layout::vt(smem, buf) + (256 * wg + 128 * bl) * 64));
+#pragma unroll
+    for (int kt = 0; kt < 2; ++kt) WgmmaE4m3<128>::rs(r.o + 64 * bl, r.pa[kScaledPa ? bl : 0][kt], v + desc_offset(32 * kt), 1);
+  }
+}
+
+template <bool kScaledPa>
+__device__ __forceinline__ void issue_pv_remote(Regs& r, u32 smem, int buf, int wg) {
+#pragma unroll
+  for (int bl = 0; bl < 2; ++bl) {
+    const u64 v = opaque(desc_k_major<64>(Layout::vt(smem, buf) + (256 * wg + 128 * bl) * 64));
+    const u64 a = opaque(desc_k_major<64>(Layout::px(smem, wg ^ 1, kScaledPa ? bl : 0)));
+#pragma unroll
+    for (int kt = 0; kt < 2; ++kt) WgmmaE4m3<128>::ss(r.o + 64 * bl, a + desc_offset(32 * kt), v + desc_offset(32 * kt), 1);
+  }
+}
+
+template <class Cfg>
+__device__ __forceinline__ void read_grow(u32 smem, int wg, u32 phase, float (&grow)[2]) {
+  if constexpr (Cfg::kScaled) {
+    grow[0] = ld_shared_f32(smem + Layout::kVnorm + 32 * phase + 4 * (2 * wg));
+    grow[1] = ld_shared_f32(smem + Layout::kVnorm + 32 * phase + 4 * (2 * wg + 1));
+  } else {
+    grow[0] = grow[1] = 1.f;
+  }
+}
+
+template <class Cfg>
+__device__ __forceinline__ void init_regs(Regs& r, u32 smem, float scale_log2) {
+  const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
+#pragma unroll
+  for (int i = 0; i < 128; ++i) r.o[i] = 0.f;
+  r.m[0] = r.m[1] = neg_inf();
+  r.mx[0] = r.mx[1] = neg_inf();
+  r.l[0] = r.l[1] = 0.f;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) r.sl[h] = scale_log2 * ld_shared_f32(smem + Layout::kQs + 4 * (warp * 16 + lane / 4 + 8 * h));
+}
+
+template <class Cfg, class Params>
+__device__ void epilogue(const Params& p, Regs& r, u32 smem, int wg, int t, int head0, int pairs) {
+  const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    r.l[h] += __shfl_xor_sync(0xffffffffu, r.l[h], 1);
+    r.l[h] += __shfl_xor_sync(0xffffffffu, r.l[h], 2);
+  }
+  if (lane % 4 == 0) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) st_shared_f32(smem + Layout::kSum + 4 * (wg * 64 + warp * 16 + lane / 4 + 8 * h), r.l[h]);
+  }
+  if constexpr (Cfg::kLazyMax) {
+    if (wg == 0) sparse::store_max(smem + Layout::kMax, r.mx);
+  }
+  named_sync(kSumReady, 256);
+  if constexpr (Cfg::kLazyMax) {
+    if (wg == 1) {
+      float other[2];
+      sparse::load_max(smem + Layout::kMax, other);
+      r.mx[0] = fmaxf(r.mx[0], other[0]);
+      r.mx[1] = fmaxf(r.mx[1], other[1]);
+    }
+  }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) r.l[h] += ld_shared_f32(smem + Layout::kSum + 4 * ((wg ^ 1) * 64 + warp * 16 + lane / 4 + 8 * h));
+  float norm[2] = {1.f, 1.f};
+  if constexpr (Cfg::kScaled) {
+    if (pairs > 0) {  // the last pair's normalisers
+      const u32 last = smem + Layout::kVnorm + 32 * ((pairs - 1) & 1) + 16;
+      norm[0] = ld_shared_f32(last + 4 * (2 * wg));
+      norm[1] = ld_shared_f32(last + 4 * (2 * wg + 1));
+    }
+  }
+  float inv[2];
+  int heads[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    heads[h] = head0 + warp * 16 + lane / 4 + 8 * h;
+    float sink = neg_inf();
+    if (p.attn_sink != nullptr && heads[h] < p.heads) sink = __ldg(p.attn_sink + heads[h]) * 1.4426950408889634f;
+    const float denom = r.l[h] + fast_exp2(sink + kLog2PScale - sparse::max_or_zero(r.m[h]));
+    inv[h] = r.l[h] == 0.f ? 0.f : 1.f / denom;
+  }
+  // Through shared memory (Q and buffer 0, idle now), then 16-byte stores of 512-byte row halves.
+  constexpr int kStride = 2 * Cfg::kDV + 16;
+  const u32 stage = smem + wg * 512;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const u32 row = stage + (warp * 16 + lane / 4 + 8 * h) * kStride + 4 * (lane % 4);
+#pragma unroll
+    for (int j = 0; j < 32; ++j) {
+      const float f = inv[h] * norm[j / 16];
+      st_shared_u32(row + 16 * j, pack_bf16x2(r.o[4 * j + 2 * h] * f, r.o[4 * j + 2 * h + 1] * f));
+    }
+  }
+  named_sync(kEpilogue0 + wg, 128);
+#pragma unroll 4
+  for (int i = tid; i < 64 * 32; i += 128) {
+    const int row = i / 32, chunk = i % 32;
+    if (head0 + row < p.heads) {
+      uint4 v;
+      asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                   : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                   : "r"(stage + row * kStride + 16 * chunk));
+      *reinterpret_cast<uint4*>(p.out + (i64)t * p.o_row_stride + (i64)(head0 + row) * p.o_head_stride + wg * 256 +
+                                8 * chunk) = v;
+    }
+  }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    if (heads[h] < p.heads && wg == 1 && lane % 4 == 0) {
+      const bool empty = r.l[h] == 0.f;
+      p.max_logits[(i64)t * p.ml_row_stride + heads[h]] = empty ? neg_inf() : (Cfg::kLazyMax ? r.mx[h] : r.m[h]) * kLn2;
+      p.lse[(i64)t * p.lse_row_stride + heads[h]] = empty ? pos_inf() : (r.m[h] + __log2f(r.l[h]) - kLog2PScale) * kLn2;
+    }
+  }
+}
+
+template <class Cfg, class Params>
+__device__ void consumer0(const Params& p, u32 smem, const Barriers& bar, int t, int head0) {
+  Regs r;
+  quantize_q<Cfg>(p, smem, t, head0);
+  init_regs<Cfg>(r, smem, p.scale_log2);
+  const int pairs = sparse::num_pairs(sparse::valid_length(p, t));
+  for (int pair = 0; pair < pairs; ++pair) {
+    const u32 phase = pair & 1;
+    if (pair == 0) {
+      mbar_wait(bar.kready(0), phase);
+      scores<Cfg>(r, smem, 0, [] {});
+    }
+    mask(r, smem, 0);
+    mbar_arrive(bar.kfree(0));
+    float m0[2];
+    block_max(r, m0);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      if constexpr (Cfg::kLazyMax) r.mx[h] = fmaxf(r.mx[h], m0[h]);
+      m0[h] = fold_max<Cfg::kLazyMax>(r.m[h], m0[h]);
+    }
+    sparse::store_max(smem + Layout::kMax, m0);
+    named_arrive(kMax0Ready, 256);
+    mbar_wait(bar.vready(0), phase);
+    float grow[2];
+    read_grow<Cfg>(smem, 0, phase, grow);
+    exponentiate<Cfg::kLazyMax>(r, m0, grow);
+    const float one[2] = {1.f, 1.f};
+    pack_pv<Cfg>(r, smem, 0, 0, one, r.pa[0]);
+    if constexpr (Cfg::kScaled) pack_pv<Cfg>(r, smem, 0, 1, one, r.pa[1]);
+    pin_registers(r.o);
+    wgmma_fence();
+    issue_pv_local<Cfg::kScaled>(r, smem, 0, 0);
+    wgmma_commit();
+    // The pair's max from consumer 1; P' of its column blocks, rescaled to it, goes to consumer 1.
+    named_sync(kMax1Ready, 256);
+    float m1[2], f[2];
+    sparse::load_max(smem + Layout::kMax, m1);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      f[h] = Cfg::kLazyMax ? sparse::max_correction(r.m[h], m1[h]) : fast_exp2(r.m[h] - sparse::max_or_zero(m1[h]));
+      r.m[h] = m1[h];
+    }
+    const bool rescale = !Cfg::kLazyMax || any_row_moved(f);
+#pragma unroll 1
+    for (int bl = 0; bl < (Cfg::kScaled ? 2 : 1); ++bl) {
+      u32 pb[2][4];
+      pack_pv<Cfg>(r, smem, 0, 2 + bl, f, pb);
+      store_pa(pb, Layout::px(smem, 0, bl));
+    }
+    fence_async_shared();
+    named_arrive(kP0Ready, 256);
+    wgmma_wait<0>();
+    pin_registers(r.o);
+    mbar_arrive(bar.vfree(0));
+    if (rescale) {
+#pragma unroll
+      for (int i = 0; i < 64; ++i) {
+        r.o[2 * i] *= f[i % 2];
+        r.o[2 * i + 1] *= f[i % 2];
+      }
+      r.l[0] *= f[0];
+      r.l[1] *= f[1];
+    }
+    named_sync(kP1Ready, 256);
+    mbar_wait(bar.vready(1), phase);
+    pin_registers(r.o);
+    wgmma_fence();
+    issue_pv_remote<Cfg::kScaled>(r, smem, 1, 0);
+    wgmma_commit();
+    if (pair + 1 < pairs) {
+      mbar_wait(bar.kready(0), phase ^ 1);
+      scores<Cfg>(r, smem, 0, [&] { mbar_arrive(bar.vfree(1)); });
+      pin_registers(r.o);
+    } else {
+      wgmma_wait<0>();
+      pin_registers(r.o);
+      mbar_arrive(bar.vfree(1));
+    }
+  }
+  epilogue<Cfg>(p, r, smem, 0, t, head0, pairs);
+}
+
+template <class Cfg, class Params>
+__device__ void consumer1(const Params& p, u32 smem, const Barriers& bar, int t, int head0) {
+  Regs r;
+  quantize_q<Cfg>(p, smem, t, head0);
+  init_regs<Cfg>(r, smem, p.scale_log2);
+  const int pairs = sparse::num_pairs(sparse::valid_length(p, t));
+  for (int pair = 0; pair < pairs; ++pair) {
+    const u32 phase = pair & 1;
+    if (pair == 0) {
+      mbar_wait(bar.kready(1), phase);
+      scores<Cfg>(r, smem, 1, [] {});
+    }
+    mask(r, smem, 1);
+    mbar_arrive(bar.kfree(1));
+    float m1[2];
+    block_max(r, m1);
+    named_sync(kMax0Ready, 256);
+    {
+      float prior[2];
+      sparse::load_max(smem + Layout::kMax, prior);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        if constexpr (Cfg::kLazyMax) r.mx[h] = fmaxf(r.mx[h], m1[h]);
+        m1[h] = fold_max<Cfg::kLazyMax>(prior[h], m1[h]);
+      }
+    }
+    sparse::store_max(smem + Layout::kMax, m1);
+    named_arrive(kMax1Ready, 256);
+    mbar_wait(bar.vready(1), phase);
+    float grow[2];
+    read_grow<Cfg>(smem, 1, phase, grow);
+    exponentiate<Cfg::kLazyMax>(r, m1, grow);
+    const float one[2] = {1.f, 1.f};
+    pack_pv<Cfg>(r, smem, 1, 2, one, r.pa[0]);
+    if constexpr (Cfg::kScaled) pack_pv<Cfg>(r, smem, 1, 3, one, r.pa[1]);
+    pin_registers(r.o);
+    wgmma_fence();
+    issue_pv_local<Cfg::kScaled>(r, smem, 1, 1);
+    wgmma_commit();
+#pragma unroll 1
+    for (int bl = 0; bl < (Cfg::kScaled ? 2 : 1); ++bl) {
+      u32 pb[2][4];
+      pack_pv<Cfg>(r, smem, 1, bl, one, pb);
+      store_pa(pb, Layout::px(smem, 1, bl));
+    }
+    named_sync(kP0Ready, 256);
+    mbar_wait(bar.vready(0), phase);
+    wgmma_fence();
+    issue_pv_remote<Cfg::kScaled>(r, smem, 0, 1);
+    wgmma_commit();
+    fence_async_shared();  // this consumer's P' stores, read by consumer 0's wgmma
+    named_arrive(kP1Ready, 256);
+    wgmma_wait<1>();  // the local P V: its P' registers are free, buffer 1's V^T too
+    mbar_arrive(bar.vfree(1));
+    if (pair + 1 < pairs) {
+      // The next block's scores while the exchanged P V runs (it reads P' from shared memory,
+      // not S); the first wait of the scores covers it, and buffer 0's V^T is released there.
+      mbar_wait(bar.kready(1), phase ^ 1);
+      scores<Cfg>(r, smem, 1, [&] { mbar_arrive(bar.vfree(0)); });
+      pin_registers(r.o);
+    } else {
+      wgmma_wait<0>();
+      pin_registers(r.o);
+      mbar_arrive(bar.vfree(0));
+    }
+  }
+  epilogue<Cfg>(p, r, smem, 1, t, head0, pairs);
+}
+
+__device__ __forceinline__ Barriers init_barriers(u32 smem) {
+  Barriers bar{smem + Layout::kBarriers};
+  if (threadIdx.x == 0) {
+    for (int b = 0; b < 2; ++b) {
+      mbar_init(bar.kready(b), 128 + 16);  // the copying threads (cp.async noinc) + 16 flag publishers
+      mbar_init(bar.vready(b), 128);       // the transposing threads
+      mbar_init(bar.kfree(b), 128);        // the scoring consumer
+      mbar_init(bar.vfree(b), 256);        // both consumers' P V
+    }
+    fence_barrier_init();
+  }
+  return bar;
+}
+
+}  // namespace mlagen::sm90::sparse_fp8

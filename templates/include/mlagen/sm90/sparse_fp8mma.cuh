@@ -57,7 +57,7 @@ struct Layout {
   static constexpr int kVt0 = kK0 + 2 * kBuf;
   static constexpr int kPx0 = kVt0 + 2 * kVtBytes;     // consumer c's P' for the other: 2 tiles
   static constexpr int kSmall = kPx0 + 2 * 2 * kPxBytes;
-  static constexpr int kKs = kSmall;                   // float [buffer][scale block][key]: key scales
+  static constexpr int kKs = kSmall;                   // float [buffer][key][scale block]: key scales
   static constexpr int kFv = kKs + 2 * 4 * 64 * 4;     // float [buffer][block][key]: ks / C
   static constexpr int kValid = kFv + 2 * 4 * 64 * 4;  // u8 [buffer][key]
   static constexpr int kQs = kValid + 128;             // float [64]: Q row scales
@@ -110,11 +110,6 @@ __device__ __forceinline__ float pow2_ceil(float x) {
   u32 e = bits >> 23;
   if ((bits & 0x7fffffu) != 0 || e == 0) e += 1;
   return __uint_as_float(e << 23);
-}
-
-// 4 bytes from global to shared memory (zero-filled and not read when invalid).
-__device__ __forceinline__ void cp_async_4(u32 dst, const void* src, bool valid) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 4 : 0) : "memory");
 }
 
 // Four floats as e4m3 (round to nearest even, saturating), x0 in the low byte.
@@ -174,16 +169,15 @@ struct Producer {
     return p.kv + off;
   }
 
-  // Block n's row ids for this thread's rows g + 16 r (-1: invalid entry).
+  // Block n's entries for this thread's rows g + 16 r (-1 past the valid length). Not checked
+  // here: the check would wait for the loads, which are issued a pair ahead of their use.
   template <class Params>
   static __device__ __forceinline__ void load_rows(const Params& p, const int* idx_row, int len, int n, int g,
                                                    int (&rows)[4]) {
 #pragma unroll
     for (int r = 0; r < 4; ++r) {
       const int pos = n * kBlockK + g + 16 * r;
-      int row = -1;
-      if (pos < len) row = __ldg(idx_row + pos);
-      rows[r] = row >= 0 && row < p.num_kv ? row : -1;
+      rows[r] = pos < len ? __ldg(idx_row + pos) : -1;
     }
   }
 
@@ -196,14 +190,15 @@ struct Producer {
 #pragma unroll
     for (int r = 0; r < 4; ++r) {
       const int key = g + 16 * r;
-      const bool ok = rows[r] >= 0;
+      const bool ok = rows[r] >= 0 && rows[r] < p.num_kv;
       const u8* src = row_ptr(p, ok ? rows[r] : 0);
 #pragma unroll
       for (int tile = 0; tile < 4; ++tile)
         cp_async_16<Cfg::kEvictLast>(k8 + tile * kTileBytes + swizzled(key, c), src + 128 * tile + 16 * c, ok, policy);
       cp_async_16<Cfg::kEvictLast>(kr + swizzled(key, c), src + Cfg::kKvRopeOffset + 16 * c, ok, policy);
+      // The row's four scales as one 16-byte copy into [buffer][key][block], by thread c = r.
       if constexpr (Cfg::kScaled) {
-        if (c < 4) cp_async_4(smem + Layout::kKs + 4 * ((buf * 4 + c) * 64 + key), src + Cfg::kKvScaleOffset + 4 * c, ok);
+        if (c == r) cp_async_16<false>(smem + Layout::kKs + 16 * (buf * 64 + key), src + Cfg::kKvScaleOffset, ok, 0);
       }
     }
     cp_async_arrive_noinc(bar.kready(buf));
@@ -211,7 +206,7 @@ struct Producer {
 #pragma unroll
       for (int r = 0; r < 4; ++r)
         asm volatile("st.shared.u8 [%0], %1;\n" ::"r"(smem + Layout::kValid + buf * 64 + g + 16 * r),
-                     "h"((u16)(rows[r] >= 0))
+                     "h"((u16)(rows[r] >= 0 && rows[r] < p.num_kv))
                      : "memory");
       mbar_arrive(bar.kready(buf));
     }
@@ -281,18 +276,33 @@ struct Producer {
     }
     for (int pair = 0; pair < pairs; ++pair) {
       const u32 phase = pair & 1;
+      // The next pair's row ids, loaded now so that their latency hides behind this pair's
+      // transposes (loaded just before its gathers, it was on the producer's path: ~1.6 K cycles
+      // per pair of 10 K, measured with clock64 counters in call n).
+      int next_rows[2][4];
+#pragma unroll
+      for (int buf = 0; buf < 2; ++buf) load_rows(p, idx_row, len, 2 * (pair + 1) + buf, g, next_rows[buf]);
       mbar_wait(bar.kready(0), phase);
       mbar_wait(bar.kready(1), phase);
       // This thread's key (tid % 64) of buffer tid / 64 and its four scales, and the pair's new
       // normalisers (the factors go out per buffer below, once its previous P V are done).
-      const int mine = tid / 64, key = tid % 64;
+      // From an opaque thread id: the addresses below are formed here each pair instead of being
+      // hoisted out of the loop into registers the producer does not have.
+      const int me = (int)opaque32(tid);
+      const int mine = me / 64, key = me % 64;
       float inv[4];  // 1 / C_b of this pair
       if constexpr (Cfg::kScaled) {
         const int warp = tid / 32, lane = tid % 32;
         float mx[4];
 #pragma unroll
+        float4 ks4;
+        asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n"
+                     : "=f"(ks4.x), "=f"(ks4.y), "=f"(ks4.z), "=f"(ks4.w)
+                     : "r"(smem + Layout::kKs + 16 * (mine * 64 + key))
+                     : "memory");
+        const float ks[4] = {ks4.x, ks4.y, ks4.z, ks4.w};
         for (int b = 0; b < 4; ++b) {
-          mx[b] = fabsf(ld_shared_f32(smem + Layout::kKs + 4 * ((mine * 4 + b) * 64 + key)));
+          mx[b] = fabsf(ks[b]);
 #pragma unroll
           for (int o = 16; o > 0; o /= 2) mx[b] = fmaxf(mx[b], __shfl_xor_sync(0xffffffffu, mx[b], o));
         }
@@ -328,8 +338,8 @@ struct Producer {
           if (mine == buf) {
 #pragma unroll
             for (int b = 0; b < 4; ++b) {
-              const u32 at = 4 * ((buf * 4 + b) * 64 + key);
-              st_shared_f32(smem + Layout::kFv + at, ld_shared_f32(smem + Layout::kKs + at) * inv[b]);
+              st_shared_f32(smem + Layout::kFv + 4 * ((buf * 4 + b) * 64 + key),
+                            ld_shared_f32(smem + Layout::kKs + 4 * ((buf * 64 + key) * 4 + b)) * inv[b]);
             }
           }
         }
@@ -340,12 +350,10 @@ struct Producer {
       // The next pair's rows, once each buffer's Q K^T is done: after both transposes, which the
       // consumers wait for sooner (each V^T is needed right after its block's softmax).
       if (pair + 1 < pairs) {
-#pragma unroll 1
+#pragma unroll
         for (int buf = 0; buf < 2; ++buf) {
-          int rows[4];
-          load_rows(p, idx_row, len, 2 * (pair + 1) + buf, g, rows);
           mbar_wait(bar.kfree(buf), phase);  // its Q K^T and flags were read; the transposes above are ours
-          gather(p, smem, bar, buf, rows, g, c);
+          gather(p, smem, bar, buf, next_rows[buf], g, c);
         }
       }
     }
@@ -462,10 +470,10 @@ __device__ __forceinline__ void scores(Regs& r, u32 smem, int buf, F after_first
       pin_registers(r.sb);
       pin_registers(r.s);
       if (b == 0) after_first_wait();
-      const u32 ks_row = smem + Layout::kKs + 4 * ((buf * 4 + b) * 64 + 2 * (lane % 4));
+      const u32 ks_row = smem + Layout::kKs + 4 * ((buf * 64 + 2 * (lane % 4)) * 4 + b);
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
-        const float2 k = ld_shared_f32x2(ks_row + 4 * 8 * j);
+        const float2 k = make_float2(ld_shared_f32(ks_row + 16 * 8 * j), ld_shared_f32(ks_row + 16 * (8 * j + 1)));
         r.s[4 * j + 0] = fmaf(k.x, r.sb[4 * j + 0], r.s[4 * j + 0]);
         r.s[4 * j + 1] = fmaf(k.y, r.sb[4 * j + 1], r.s[4 * j + 1]);
         r.s[4 * j + 2] = fmaf(k.x, r.sb[4 * j + 2], r.s[4 * j + 2]);

@@ -212,52 +212,55 @@ struct Producer {
     }
   }
 
-  // V^T of buffer `buf` from its e4m3 tiles. Warp w transposes keys 16 w ... 16 w + 15; lane l
-  // takes dims 4 l ... 4 l + 3 of each tile. Every load instruction reads one key's 128 bytes of a
-  // tile (conflict-free); stores write 16 keys of one dim row, and the lane's dims are rotated by
-  // (l / 2) % 4 so that the 8 lanes of each 16-byte store phase write 8 rows in distinct bank
-  // groups under the 64-byte swizzle.
+  // V^T of buffer `buf` from its e4m3 tiles with ldmatrix.trans / stmatrix. The tiles read as
+  // b16 matrices (rows: keys; columns: dim pairs). Warp w takes the key group q = w (keys
+  // 16 q ... 16 q + 15) and, per step k, dims 32 k ... 32 k + 31 (16-dim chunks 2 k, 2 k + 1): one
+  // ldmatrix.x4.trans loads the 8 x 8 b16 matrices (keys 0-7 | 8-15 of the group) x (chunk 2k |
+  // 2k + 1), so lane T = 4 g + t holds, per matrix, dims 2 g and 2 g + 1 of keys 2 t and 2 t + 1
+  // (or 8 + 2 t, 9 + 2 t); two byte permutes per chunk give dim 2 g's and dim 2 g + 1's word t of
+  // the group, keys (2t, 2t+1, 8+2t, 9+2t): the perm16 order, in which a thread's scores are its
+  // e4m3 A fragment. One stmatrix.x4 writes them as four 8 x 16-byte matrices of V^T rows
+  // (dims); a matrix takes dims 0, 2, 4, 6, 9, 11, 13, 15 (or the others) of a chunk, so its eight
+  // rows land in eight distinct 16-byte bank groups under the 64-byte swizzle. 16 steps per warp,
+  // about 8 instructions each (the byte-wise version: about 260).
   static __device__ __forceinline__ void transpose(u32 smem, int buf) {
-    const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
-    const u32 rot = (lane >> 1) & 3;
-    // Stage 1 selectors: bytes (a.r, b.r, a.r+1, b.r+1) and (a.r+2, b.r+2, a.r+3, b.r+3).
-    const u32 r0 = rot, r1 = (rot + 1) & 3, r2 = (rot + 2) & 3, r3 = (rot + 3) & 3;
-    const u32 sel_a = r0 | ((4 + r0) << 4) | (r1 << 8) | ((4 + r1) << 12);
-    const u32 sel_b = r2 | ((4 + r2) << 4) | (r3 << 8) | ((4 + r3) << 12);
-    // Bits 4-6 of src hold the lane's chunk (lane / 4), so key k's swizzle is an XOR with k % 8.
-    const u32 src = Layout::k8(smem, buf) + (16 * warp) * 128 + 16 * (lane >> 2) + 4 * (lane & 3);
-    const u32 dst = Layout::vt(smem, buf);
+    // From an opaque thread id: the lane constants below are formed per call (a few ALU
+    // instructions) instead of being hoisted out of the pair loop into registers.
+    const int tid = (int)opaque32(threadIdx.x % 128), warp = tid / 32, lane = tid % 32;
+    const int m = lane / 8, r = lane % 8;  // the matrix and row this lane addresses
+    // ldmatrix: matrix m = (keys 8 (m % 2) + r of the group) x (chunk 2 k + m / 2).
+    const int key = 16 * warp + 8 * (m % 2) + r;
+    const u32 ld_base = Layout::k8(smem, buf) + key * 128;
+    const u32 sw = (u32)((m / 2) ^ r) << 4;  // chunk (2k % 8 + m / 2) XOR key % 8 = (2k % 8) XOR ((m / 2) ^ r)
+    // stmatrix: matrix m = chunk 2 k + m / 2, dims (m % 2 == 0: 0 2 4 6 9 11 13 15; else the others).
+    const int dd = (m % 2 == 0) == (r < 4) ? 2 * r : 2 * r + 1;
+    const u32 st_addr = Layout::vt(smem, buf) + (16 * (m / 2) + dd) * 64 + ((warp ^ ((dd >> 1) & 3)) << 4);
+    // This lane's words: the even dim goes to matrix 0 / 2 for lanes g < 4, to matrix 1 / 3 otherwise.
+    const bool low = lane < 16;
+    const u32 sel0 = low ? 0x6420u : 0x7531u, sel1 = low ? 0x7531u : 0x6420u;
+    // Software-pipelined: step k + 1's ldmatrix is issued before step k's permutes and stmatrix.
+    auto load = [&](int k, u32 (&x)[4]) {
+      const u32 src = ld_base + (k / 4) * kTileBytes + (((u32)(2 * k % 8) << 4) ^ sw);
+      asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                   : "=r"(x[0]), "=r"(x[1]), "=r"(x[2]), "=r"(x[3])
+                   : "r"(src)
+                   : "memory");
+    };
+    auto store = [&](int k, const u32 (&x)[4]) {
+      const u32 y0 = prmt(x[0], x[1], sel0), y1 = prmt(x[0], x[1], sel1);
+      const u32 y2 = prmt(x[2], x[3], sel0), y3 = prmt(x[2], x[3], sel1);
+      asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(st_addr + k * 32 * 64),
+                   "r"(y0), "r"(y1), "r"(y2), "r"(y3)
+                   : "memory");
+    };
+    u32 xa[4], xb[4];
+    load(0, xa);
 #pragma unroll 1
-    for (int tile = 0; tile < 4; ++tile) {
-      // Opaque per tile: addresses are formed at their use (an XOR each) instead of being hoisted
-      // as 16 + 4 live registers, which the 56-register producer does not have.
-      const u32 from = opaque32(src + tile * kTileBytes);
-      const u32 to = opaque32(dst + tile * (128 * 64));
-      u32 a[16];
-#pragma unroll
-      for (int k = 0; k < 16; ++k)
-        asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(a[k]) : "r"((from ^ ((k & 7) << 4)) + k * 128) : "memory");
-      u32 out[4][4];  // [s][i]: dim 4 l + (s + rot) % 4, key word i of the group
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const u32 x0 = a[2 * i], x1 = a[2 * i + 1], x2 = a[8 + 2 * i], x3 = a[9 + 2 * i];
-        const u32 t01a = prmt(x0, x1, sel_a), t01b = prmt(x0, x1, sel_b);
-        const u32 t23a = prmt(x2, x3, sel_a), t23b = prmt(x2, x3, sel_b);
-        out[0][i] = prmt(t01a, t23a, 0x5410);
-        out[1][i] = prmt(t01a, t23a, 0x7632);
-        out[2][i] = prmt(t01b, t23b, 0x5410);
-        out[3][i] = prmt(t01b, t23b, 0x7632);
-      }
-      // The row offsets from an opaque lane id, so they are formed here each tile (a few ALU
-      // instructions) instead of being held as four registers.
-      const int ln = (int)opaque32(lane);
-#pragma unroll
-      for (int s = 0; s < 4; ++s) {
-        const int d = 4 * ln + ((s + ((ln >> 1) & 3)) & 3);
-        asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(to + swizzled64(d, warp)), "r"(out[s][0]),
-                     "r"(out[s][1]), "r"(out[s][2]), "r"(out[s][3])
-                     : "memory");
-      }
+    for (int k = 0; k < 16; k += 2) {
+      load(k + 1, xb);
+      store(k, xa);
+      if (k + 2 < 16) load(k + 2, xa);
+      store(k + 1, xb);
     }
   }
 

@@ -11,7 +11,7 @@ q = torch.randn(sq, h, 576, device="cuda", dtype=torch.bfloat16, generator=g)
 idx = torch.rand((sq, skv), generator=g, device="cuda").argsort(-1)[:, :topk].int()
 names = {0: ["kready wait", "Q K^T (scores)", "vready own", "Max1Ready", "P1Ready", "vready other", "loop", "-"],
          1: ["kready wait", "Q K^T (scores)", "Max0Ready", "vready own", "P0Ready", "vready other", "loop", "-"],
-         2: ["kready waits", "index prefetch", "vfree waits", "transposes", "kfree waits", "gathers", "total", "fences"]}
+         2: ["kready waits", "scale-stage barrier", "vfree waits", "transposes", "kfree waits", "gathers", "total", "fences"]}
 for name in ("fp8_v32", "fp8_b0"):
     fmt = operands.get(name)
     cache = bs.make_fp8_kv(torch, "p64", skv, fmt, g, torch.device("cuda"), spread=0.5, scale_fmt="ue8m0")

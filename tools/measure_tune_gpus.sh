@@ -2,7 +2,9 @@
 # One GPU against two: `mlagen tune mla_prefill_sm90 --shape D1` with --devices 0 and --devices 0,1,
 # each with a fresh database, output directory and (cold) compile cache, at --max-trials 80 and at
 # the default trial budget. Logs, per-GPU time lines and a summary with the ratios go to $OUT.
-#   OUT=/some/dir [SKIP80=1] bash tools/measure_tune_gpus.sh [SEED]   (SKIP80=1: only the default budget)
+#   OUT=/some/dir [SKIP80=1] [WARM=1] bash tools/measure_tune_gpus.sh [SEED]   (SKIP80=1: only the default budget)
+# WARM=1: one compile cache for every run, filled first by an untimed tune of the same shape and seed,
+# so that the timed runs compare the GPUs' work with the compile wait gone (the same state for both).
 set -u
 : "${OUT:?set OUT to the directory for the logs}"
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
@@ -13,7 +15,9 @@ T=$(mktemp -d)
 run() { # name devices trials-option...
   local name=$1 devices=$2; shift 2
   local t0=$EPOCHREALTIME rc
-  MLAGEN_OUT_DIR=$T/$name MLAGEN_CACHE_DIR=$T/cache-$name timeout 400 python3 -m mlagen.cli tune mla_prefill_sm90 \
+  local cache=$T/cache-$name
+  [ "${WARM:-0}" = 1 ] && cache=$T/cache-shared
+  MLAGEN_OUT_DIR=$T/$name MLAGEN_CACHE_DIR=$cache timeout 400 python3 -m mlagen.cli tune mla_prefill_sm90 \
     --shape D1 --seed "$SEED" --no-progress --devices "$devices" --db "$T/$name.sqlite" "$@" > "$OUT/$name.log" 2>&1
   rc=$?
   local w; w=$(awk "BEGIN{printf \"%.1f\", $EPOCHREALTIME-$t0}")
@@ -21,6 +25,7 @@ run() { # name devices trials-option...
     | tee -a "$OUT/summary.txt"
   grep -E '^(  search [0-9.]+ s|  compiles: |  compile queue: |  measured ahead |  GPU worker |D1: .* ready after)' "$OUT/$name.log" | sed "s/^/  $name:/" | tee -a "$OUT/summary.txt"
 }
+[ "${WARM:-0}" = 1 ] && run warmup 0,1
 [ "${SKIP80:-0}" = 1 ] || run t80_1gpu 0 --max-trials 80
 [ "${SKIP80:-0}" = 1 ] || run t80_2gpu 0,1 --max-trials 80
 run default_1gpu 0

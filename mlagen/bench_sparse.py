@@ -325,13 +325,9 @@ def logit_bound(torch, q, rows32, idx, length, scale: float):
     return scale * 2.0 ** -9 * dots.amax(-1)
 
 
-def check_fp8_case(torch, case: dict, seed: int, kernel=None) -> tuple[bool, str]:
-    """One FP8-cache case, outputs poisoned with NaN first: the kernel against the float32
-    reference on the values it computes with (dequantized, rounded to bf16) at the bf16
-    tolerances; against the reference on fp32-dequantized rows (kv_format, no rounding) within
-    the bf16 rounding bound (``logit_bound``); and bit for bit against the bf16 kernel on the bf16 copy."""
-    import mlagen
-
+def fp8_case_inputs(torch, case: dict, seed: int):
+    """An FP8-cache case's inputs, drawn from ``seed`` on the GPU: (fmt, q (a strided view of a
+    wider tensor), cache, indices, topk_length, sink, softmax_scale)."""
     from . import operands
 
     device = torch.device("cuda")
@@ -345,7 +341,21 @@ def check_fp8_case(torch, case: dict, seed: int, kernel=None) -> tuple[bool, str
                         scale_fmt=case.get("scales", "fp32"))
     n_rows = cache.shape[0] * cache.shape[1]
     idx, length, sink = case_indices(torch, case, n_rows, gen, device)
-    scale = 576 ** -0.5
+    return fmt, q, cache, idx, length, sink, 576 ** -0.5
+
+
+def check_fp8_case(torch, case: dict, seed: int, kernel=None) -> tuple[bool, str]:
+    """One FP8-cache case, outputs poisoned with NaN first: the kernel against the float32
+    reference on the values it computes with (dequantized, rounded to bf16) at the bf16
+    tolerances; against the reference on fp32-dequantized rows (kv_format, no rounding) within
+    the bf16 rounding bound (``logit_bound``); and bit for bit against the bf16 kernel on the bf16 copy."""
+    import mlagen
+
+    from . import operands
+
+    sq, heads = case["sq"], case["heads"]
+    fmt, q, cache, idx, length, sink, scale = fp8_case_inputs(torch, case, seed)
+    device = q.device
 
     def poisoned():
         return (torch.full((sq, heads, 512), math.nan, dtype=torch.bfloat16, device=device),
@@ -451,18 +461,9 @@ def check_fp8_compute_case(torch, case: dict, seed: int, kernel=None) -> tuple[b
 
     from . import operands
 
-    device = torch.device("cuda")
-    gen = torch.Generator(device=device)
-    gen.manual_seed(seed)
-    sq, heads, n = case["sq"], case["heads"], case["n"]
-    fmt = operands.get(case.get("kv_format", "fp8_v32"))
-    q_big = torch.randn((sq, heads + 3, 640), generator=gen, device=device).to(torch.bfloat16)
-    q = q_big[:, 1:heads + 1, :576]
-    cache = make_fp8_kv(torch, case.get("kv", "p64"), n, fmt, gen, device, spread=case.get("spread", 2.0),
-                        scale_fmt=case.get("scales", "fp32"))
-    n_rows = cache.shape[0] * cache.shape[1]
-    idx, length, sink = case_indices(torch, case, n_rows, gen, device)
-    scale = 576 ** -0.5
+    sq, heads = case["sq"], case["heads"]
+    fmt, q, cache, idx, length, sink, scale = fp8_case_inputs(torch, case, seed)
+    device = q.device
     out = torch.full((sq, heads, 512), math.nan, dtype=torch.bfloat16, device=device)
     ml = torch.full((sq, heads), math.nan, device=device)
     lse = torch.full((sq, heads), math.nan, device=device)

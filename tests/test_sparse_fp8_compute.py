@@ -496,3 +496,18 @@ def test_torch_compile_traces_compute_fp8_without_a_graph_break():
     proc = subprocess.run([sys.executable, "-c", COMPILE_SCRIPT], capture_output=True, text=True, cwd=ROOT,
                           timeout=600)
     assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stdout[-3000:] + proc.stderr[-5000:]
+
+
+def test_the_bench_legend_quotes_each_shapes_tolerance():
+    from types import SimpleNamespace
+
+    from mlagen import bench
+
+    f = fam.FAMILY
+    bf16 = f.parse_shape("sq=3,h=2,topk=5,skv=70,kv=fp8_v32")
+    fp8 = f.parse_shape("sq=3,h=2,topk=5,skv=70,kv=fp8_v32,compute=fp8")
+    assert f.tolerance_for(bf16) == fam.REL_TOL and f.tolerance_for(fp8) == fam.FP8_REL_TOL
+    one = [SimpleNamespace(shape=bf16, family=f)]
+    assert bench._tolerances(one) == f"{fam.REL_TOL:g}"
+    both = one + [SimpleNamespace(shape=fp8, family=f)]
+    assert bench._tolerances(both) == f"{fam.REL_TOL:g} ({bf16.id}), {fam.FP8_REL_TOL:g} ({fp8.id})"

@@ -202,6 +202,11 @@ class Family(ABC):
     #: The relative L2 error of the output :meth:`compare` allows (reports quote it).
     tolerance: float = 0.0
 
+    def tolerance_for(self, shape) -> float:
+        """The relative L2 error :meth:`compare` allows for ``shape`` (default :attr:`tolerance`;
+        a family whose shapes differ in precision, e.g. a compute mode, says so per shape)."""
+        return self.tolerance
+
     # --- bench --------------------------------------------------------------------------------
 
     def summary(self, shape) -> str:

@@ -778,6 +778,9 @@ class MlaSparsePrefillFamily(Family):
     def tolerance(self) -> float:
         return REL_TOL
 
+    def tolerance_for(self, shape) -> float:
+        return TOLERANCES[getattr(shape, "compute", "bf16")][0]
+
 
 def _validate_schedule(spec) -> None:
     from ... import expr

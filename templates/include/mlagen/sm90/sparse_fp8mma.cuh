@@ -10,15 +10,17 @@
 // * Q (consumers, once per CTA): each head row h gets a power-of-two scale qs_h >= amax / 448;
 //   its 512 latent values become e4m3(q / qs_h) (exact scaling, one rounding) and its rope values
 //   bf16(q_rope / qs_h) (exact). The row's logits are qs_h * S with
-//   S = sum_b ks_b[key] * (Q8_b . V8_b) + Q_rope' . K_rope:
+//   S = sum_b ks_b[key] * (Q8_b . K8_b) + Q_rope' . K_rope:
 //   one bf16 wgmma chain for the rope, one e4m3 chain per scale block into a second accumulator
 //   folded into S with each key's scale (a single e4m3 chain when unscaled); qs_h goes into the
 //   row's softmax scale.
 // * The producer gathers a block's raw rows with cp.async (values into four 128-byte-swizzled
-//   e4m3 tiles, rope into a bf16 tile, scales into a [scale block][key] table, invalid rows
-//   zero-filled and never read) and transposes the values into V^T: 512 rows (dims) of 64 keys,
-//   K-major with a 64-byte swizzle, the 16 keys of each group in the order perm16 (the order in
-//   which a thread's four scores per 16 keys are its e4m3 A-fragment bytes: no shuffles).
+//   e4m3 tiles, rope into a bf16 tile, each row's scales by one 16-byte copy into a
+//   [key][scale block] table, invalid rows zero-filled and never read; the row ids are loaded a
+//   pair of blocks ahead) and transposes the values into V^T with ldmatrix.trans / stmatrix: 512
+//   rows (dims) of 64 keys, K-major with a 64-byte swizzle, the 16 keys of each group in the order
+//   perm16 (the order in which a thread's four scores per 16 keys are its e4m3 A-fragment bytes:
+//   no shuffles).
 // * V's scales: output column block b (128 columns) accumulates P'_b V8_b with
 //   P'_b = P * ks_b[key] / C_b, where C_b is a power of two >= every scale of block b seen so far
 //   (running over key-block pairs, computed by the producer: f_b[key] = ks_b[key] / C_b, and the

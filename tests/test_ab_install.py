@@ -1,0 +1,79 @@
+"""tools/ab_install.py: a spec as of a git revision installed beside the working tree's as
+``<spec>_base`` (base copies of the headers that changed and of the headers that include them),
+compiled from the revision's sources, and removed again without leftovers."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SPEC = "mla_sparse_prefill_sm90_fp8"
+CHANGED = "templates/include/mlagen/sm90/sparse_prefill.cuh"   # included by sparse_fp8mma.cuh
+
+pytestmark = pytest.mark.skipif(shutil.which("git") is None or not (ROOT / ".git").exists(),
+                                reason="needs git and a git checkout of mlagen (the tool reads old revisions)")
+
+
+def load_tool():
+    spec = importlib.util.spec_from_file_location("ab_install", ROOT / "tools" / "ab_install.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture
+def clone(tmp_path):
+    """A clone of this checkout's HEAD whose sparse_prefill.cuh then differs from HEAD's."""
+    dst = tmp_path / "clone"
+    subprocess.run(["git", "clone", "-q", str(ROOT), str(dst)], check=True)
+    with open(dst / CHANGED, "a") as f:
+        f.write("// changed after HEAD: must not reach the base kernel\n")
+    return dst
+
+
+def status(root: Path) -> list[str]:
+    return subprocess.run(["git", "-C", str(root), "status", "--porcelain"], capture_output=True, text=True,
+                          check=True).stdout.splitlines()
+
+
+def test_plan_copies_the_changed_header_and_its_includers_only(clone):
+    tool = load_tool()
+    files = tool.plan(SPEC, "HEAD", clone)
+    headers = {p for p in files if p.startswith("templates/include/")}
+    assert headers == {"templates/include/mlagen/sm90/sparse_prefill_base.cuh",
+                       "templates/include/mlagen/sm90/sparse_fp8mma_base.cuh"}
+    assert '#include "mlagen/sm90/sparse_fp8mma_base.cuh"' in files["templates/mla_sparse_prefill_sm90_fp8_base.cu.j2"]
+    fp8mma = files["templates/include/mlagen/sm90/sparse_fp8mma_base.cuh"]
+    assert '#include "mlagen/sm90/sparse_prefill_base.cuh"' in fp8mma
+    assert '#include "mlagen/sm90/wgmma.cuh"' in fp8mma              # unchanged and includes nothing changed
+    assert "must not reach the base kernel" not in files["templates/include/mlagen/sm90/sparse_prefill_base.cuh"]
+    spec_text = files[f"specs/{SPEC}_base.yaml"]
+    assert f"name: {SPEC}_base" in spec_text and "priority: 1" in spec_text
+    assert "template: mla_sparse_prefill_sm90_fp8_base.cu.j2" in spec_text
+
+
+def test_install_compiles_both_kernels_and_remove_leaves_nothing(clone):
+    tool = load_tool()
+    assert tool.main([SPEC, "HEAD", "--root", str(clone)]) == 0
+    # A second install refuses before writing anything.
+    with pytest.raises(SystemExit, match="exist"):
+        tool.main([SPEC, "HEAD", "--root", str(clone)])
+    # Both specs render and compile from the clone's own files.
+    code = (f"from mlagen import spec, variant, render\nfrom mlagen.compiler import for_target\n"
+            f"for name in ({SPEC + '_base'!r}, {SPEC!r}):\n"
+            f"    v = variant.make(spec.load(name), {{'kv_format': 'fp8_b0', 'paged': False}})\n"
+            f"    b = for_target('sm_90a').compile(render.render(v), 'sm_90a', use_cache=False)\n"
+            f"    print(v.symbol, b.resources.registers)\n")
+    env = dict(os.environ, PYTHONPATH=str(clone), MLAGEN_OUT_DIR=str(clone / "out"))
+    out = subprocess.run([sys.executable, "-c", code], cwd=clone, env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert f"{SPEC}_base_576_0_fp8_b0" in out.stdout and f"{SPEC}_576_0_fp8_b0" in out.stdout
+    assert tool.main([SPEC, "--remove", "--root", str(clone)]) == 0
+    assert status(clone) == [f" M {CHANGED}"]

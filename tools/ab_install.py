@@ -13,7 +13,9 @@ tree leaks into the base kernel. Call both by name (``kernel="<spec>"`` / ``kern
     python tools/ab_install.py mla_sparse_prefill_sm90_fp8 --remove   # deletes it again
 
 Meant for the device machine's copy of the tree (a device script installs, times, and the copy is
-thrown away); ``--remove`` cleans a checkout. Needs git and the revision in the repository.
+thrown away); ``--remove`` cleans a checkout. Needs git and the revision in the repository it runs
+in: the device machine's copy carries a ``.git`` that may predate this session's commits, so base
+on a revision ``git log`` shows there (a session's starting commit is always one).
 """
 
 from __future__ import annotations

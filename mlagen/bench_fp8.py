@@ -2,12 +2,16 @@
 public call on bf16 inputs of the same shape, in one process, in interleaved rounds.
 
     python -m mlagen.bench_fp8 [--shapes D1,D3] [--variant block_n=128,swizzle_v=128 ...] [--rounds 5] [--iters 10]
+                               [--fa3-fp8]
 
 Per shape: the FP8 call's accuracy against the float32 reference on the dequantized inputs (2
 heads; relative L2 error of out, largest |lse| error), then per round one block of ``--iters``
 calls of each candidate (L2 flushed before every call, CUDA events, BENCHMARKS.md): bf16 as
 dispatched, FP8 as dispatched (the spec default or its tuned record), each ``--variant`` of
 ``mla_prefill_sm90_fp8`` forced, and the V^T pre-pass alone (it is part of every FP8 call).
+With ``--fa3-fp8``, also FlashAttention-3's FP8 forward on the same e4m3 operands (the peer that
+``tools/fa3_fp8/build.py`` builds; its K with the rope expanded to every head, made once before
+timing, as for the bf16 FA3 peer), checked like ours.
 Medians of the block medians; TFLOP/s by the BENCHMARKS.md count. This module names the dense
 family: it is that family's tool, above ``mlagen.measure``.
 """
@@ -21,6 +25,47 @@ import sys
 from . import measure
 
 FP8_SPEC = "mla_prefill_sm90_fp8"
+FA3_FP8_LIBRARY = "fa3_fp8_C.so"
+
+
+def fa3_fp8_op():
+    """``torch.ops.fa3_fp8.fwd`` from the library ``tools/fa3_fp8/build.py`` builds: ``$FA3_FP8_SO``, else
+    ``$FA3_FP8_BUILD/fa3_fp8_C.so``, else ``<repo>/out/fa3_fp8/fa3_fp8_C.so``."""
+    import os
+    from pathlib import Path
+
+    import torch
+
+    path = os.environ.get("FA3_FP8_SO") or str(
+        Path(os.environ.get("FA3_FP8_BUILD") or Path(__file__).resolve().parent.parent / "out" / "fa3_fp8")
+        / FA3_FP8_LIBRARY)
+    if not os.path.exists(path):
+        raise SystemExit(f"--fa3-fp8: {path} not found; build it on the GPU machine with: "
+                         "python tools/fa3_fp8/build.py")
+    torch.ops.load_library(path)
+    return torch.ops.fa3_fp8.fwd
+
+
+def fa3_fp8_call(op, shape, f8: dict):
+    """A call of FA3's FP8 forward on mlagen's e4m3 inputs ``f8``, returning (out, lse [Tq, H]) like
+    ours. K nope and the shared rope are joined per head once, here (as the bf16 FA3 peer does)."""
+    import torch
+
+    q, k, v, rope = f8["q"], f8["k"], f8["v"], f8["k_rope"]
+    joined = torch.cat([k.view(torch.uint8), rope.view(torch.uint8).expand(-1, shape.heads, -1)], dim=-1)
+    k_full = joined.contiguous().view(k.dtype)
+    cu_q, cu_k = f8["cu_seqlens_q"], f8["cu_seqlens_k"]
+    if cu_q is None:
+        cu_q = torch.tensor([0, q.shape[0]], dtype=torch.int32, device=q.device)
+        cu_k = torch.tensor([0, k.shape[0]], dtype=torch.int32, device=q.device)
+    max_q, max_k = max(shape.q_lens), max(shape.k_lens)
+
+    def fn():
+        out, lse = op(q, k_full, v, cu_q, cu_k, max_q, max_k, shape.causal, None, f8["q_descale"],
+                      f8["k_descale"], f8["v_descale"])
+        return out, lse.transpose(0, 1)
+
+    return fn
 
 
 def _parse_variant(text: str) -> dict:
@@ -33,7 +78,7 @@ def _parse_variant(text: str) -> dict:
     return out
 
 
-def bench_shape(sid: str, variants: list[dict], rounds: int, iters: int, flush) -> list[str]:
+def bench_shape(sid: str, variants: list[dict], rounds: int, iters: int, flush, fa3_fp8=None) -> list[str]:
     import torch
 
     from .dispatch import family_specs
@@ -54,6 +99,8 @@ def bench_shape(sid: str, variants: list[dict], rounds: int, iters: int, flush) 
     for values in variants:
         v = make(spec, {**values, "mask": mask})
         cands["fp8 " + ",".join(f"{k}={x}" for k, x in values.items())] = (lambda v=v: family.call(f8, variant=v))
+    if fa3_fp8 is not None:
+        cands["FA3 fp8 (varlen, peer)"] = fa3_fp8_call(fa3_fp8, shape, f8)
     for name, fn in list(cands.items())[1:]:
         got = fn()
         torch.cuda.synchronize()
@@ -91,14 +138,16 @@ def main(argv=None) -> int:
     ap.add_argument("--variant", action="append", default=[], help=f"tunables of {FP8_SPEC} to force (repeatable)")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--fa3-fp8", action="store_true", help="also FlashAttention-3's FP8 forward (tools/fa3_fp8/build.py)")
     args = ap.parse_args(argv)
     import torch
 
     print(f"{torch.cuda.get_device_name()}; torch {torch.__version__}; CUDA {torch.version.cuda}", flush=True)
     flush = measure.L2Flush(torch.device("cuda", torch.cuda.current_device()))
     variants = [_parse_variant(v) for v in args.variant]
+    fa3 = fa3_fp8_op() if args.fa3_fp8 else None
     for sid in args.shapes.split(","):
-        for line in bench_shape(sid.strip(), variants, args.rounds, args.iters, flush):
+        for line in bench_shape(sid.strip(), variants, args.rounds, args.iters, flush, fa3):
             print(line, flush=True)
     return 0
 

@@ -1,0 +1,19 @@
+"""``mlagen.bench_fp8``'s FlashAttention-3 FP8 peer: where it looks for the library, and the line it
+prints when the library is not built (no GPU needed)."""
+import pytest
+
+from mlagen import bench_fp8
+
+
+def test_fa3_fp8_missing_library_names_the_path_and_the_build_command(monkeypatch, tmp_path):
+    pytest.importorskip("torch")
+    monkeypatch.delenv("FA3_FP8_SO", raising=False)
+    monkeypatch.setenv("FA3_FP8_BUILD", str(tmp_path))
+    with pytest.raises(SystemExit) as e:
+        bench_fp8.fa3_fp8_op()
+    msg = str(e.value)
+    assert str(tmp_path / bench_fp8.FA3_FP8_LIBRARY) in msg and "tools/fa3_fp8/build.py" in msg
+    monkeypatch.setenv("FA3_FP8_SO", str(tmp_path / "elsewhere.so"))
+    with pytest.raises(SystemExit, match="elsewhere.so"):
+        bench_fp8.fa3_fp8_op()
+

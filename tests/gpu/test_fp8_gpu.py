@@ -126,6 +126,9 @@ SM90_FP8_SCHEDULES = [
     {"diagonal": "half"},
     {"consumers": 3, "order": "none", "block_n": 96, "swizzle_v": 32, "load_warps": 1, "producer_regs": 24,
      "consumer_regs": 160, "rescale": "lazy", "pv_wait": "late", "epilogue": "direct", "diagonal": "half"},
+    # The D1 record (fifteenth session): the above with three stages.
+    {"consumers": 3, "order": "none", "block_n": 96, "swizzle_v": 32, "load_warps": 1, "producer_regs": 24,
+     "consumer_regs": 160, "rescale": "lazy", "pv_wait": "late", "epilogue": "direct", "diagonal": "half", "stages": 3},
     {"order": "none", "overlap": False, "block_n": 64, "swizzle_v": 64, "diagonal": "half"},
 ]
 

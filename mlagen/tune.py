@@ -365,10 +365,20 @@ class Search:
     def __init__(self, spec, fixed: dict, target: arch.Target, max_trials: int, seed: int):
         self.spec, self.fixed, self.target, self.max_trials = spec, fixed, target, max_trials
         self.rng = random.Random(seed)
-        self.seen: dict[variant_mod.Variant, float] = {}  # variant -> latest time (inf if failed)
+        self.seen: dict[variant_mod.Variant, float] = {}  # variant -> its time on the trials' scale (inf if failed)
+        self.trial_ms: dict[variant_mod.Variant, float] = {}  # variant -> its trial's time
+        self.retimed: dict[variant_mod.Variant, float] = {}   # variant -> its latest re-timing (Ask.retime)
 
-    def tell(self, v: variant_mod.Variant, time_ms: float | None) -> None:
-        self.seen[v] = time_ms if time_ms is not None else float("inf")
+    def tell(self, v: variant_mod.Variant, time_ms: float | None, retime: bool = False) -> None:
+        """A trial's time (or None if it failed); with ``retime``, a re-timing's (longer blocks of
+        calls), which a search puts on the trials' scale itself before it ranks by it."""
+        t = time_ms if time_ms is not None else float("inf")
+        if retime:
+            self.retimed[v] = t
+            if t == float("inf"):   # failed when re-timed: out of every ranking
+                self.seen[v] = t
+        else:
+            self.seen[v] = self.trial_ms[v] = t
 
     def next_batch(self) -> list:
         raise NotImplementedError
@@ -578,11 +588,30 @@ class Global(Search):
         ok = [v for v in variants if self.seen.get(v, math.inf) != math.inf]
         return sorted(ok, key=lambda v: (self.seen[v], v.symbol))
 
+    def _calibrate_rung(self) -> None:
+        """Put the rung's re-timings on the trials' scale: divide each by the rung's median ratio of
+        re-timing to trial. A rung's longer blocks run the GPU into its power cap and time every
+        variant slower than its trial (measured on the H100: 5-10%); ranked raw against trials of
+        their neighbours, the survivors would lose to them unfairly in the descents and in the
+        choice of finalists. A variant whose re-timing is off by more than the rung's common
+        factor (a lucky first trial) still moves by that much."""
+        ratios = sorted(self.retimed[v] / self.trial_ms[v] for v in self.population
+                        if math.isfinite(self.retimed.get(v, math.inf)) and math.isfinite(self.trial_ms.get(v, math.inf))
+                        and self.trial_ms[v] > 0)
+        if not ratios:
+            return
+        factor = ratios[len(ratios) // 2]
+        for v in self.population:
+            if math.isfinite(self.retimed.get(v, math.inf)):
+                self.seen[v] = self.retimed[v] / factor
+
     def next_batch(self):
         if self.stage == "global":
             self.stage = "halving"
             return list(self.population)
         if self.stage == "halving":
+            if self.rung:
+                self._calibrate_rung()
             ranked = self.ranked(self.population)
             if len(ranked) > self.local_starts:
                 self.rung += 1
@@ -1409,7 +1438,7 @@ def tune_class(spec, shape_class: ShapeClass, target, config: TuneConfig, databa
                 if r is None:
                     continue
                 t = r.time_ms if r.outcome == "ok" else None
-                search.tell(a.variant, t)
+                search.tell(a.variant, t, retime=a.retime)
                 if a.retime:
                     continue
                 trials.append(r)

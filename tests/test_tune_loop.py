@@ -178,15 +178,37 @@ def test_halving_retimes_survivors_with_more_calls():
     assert [a.variant for a in rung] == want
     lucky = rung[0].variant   # its longer timing shows the first was luck: it drops out
     for a in rung:
-        g.tell(a.variant, 100.0 if a.variant == lucky else two_basins(a.variant))
+        g.tell(a.variant, 100.0 if a.variant == lucky else two_basins(a.variant), retime=True)
     rung = g.next_batch()
     assert len(rung) == 3 and all(a.scale == 4 for a in rung) and lucky not in [a.variant for a in rung]
     want = want[1:]
     for a in rung:
-        g.tell(a.variant, two_basins(a.variant))
+        g.tell(a.variant, two_basins(a.variant), retime=True)
     local = g.next_batch()  # three left: descent from the first survivor starts with its first axis
     assert local and not any(isinstance(a, Ask) for a in local) and len(g.descents) == 3
     assert [d.point for d in g.descents] == [a.variant for a in rung] == want[:3]
+
+
+def test_halving_puts_re_timings_on_the_trials_scale():
+    """A rung's longer blocks time every survivor slower (the GPU at its power cap: 8% here); the
+    survivors keep trial-scale times, so a descent's neighbours (plain trials) do not beat its start
+    by that bias alone, and a survivor whose re-timing is off by more (a lucky trial) still drops."""
+    g = Global(S90, FIXED, SM90A, 30, seed=0, samples=26)
+    first = g.next_batch()
+    for v in first:
+        g.tell(v, two_basins(v))
+    rung = g.next_batch()
+    lucky = rung[1].variant
+    for a in rung:
+        g.tell(a.variant, two_basins(a.variant) * (1.5 if a.variant == lucky else 1.08), retime=True)
+    rung2 = g.next_batch()
+    assert lucky not in [a.variant for a in rung2]
+    for a in rung:
+        if a.variant != lucky:
+            assert g.seen[a.variant] == pytest.approx(two_basins(a.variant))
+            assert g.retimed[a.variant] == pytest.approx(two_basins(a.variant) * 1.08)
+    assert g.seen[lucky] == pytest.approx(two_basins(lucky) * 1.5 / 1.08)
+    assert g.trial_ms[lucky] == two_basins(lucky)
 
 
 def test_noisy_timings_still_pick_the_far_basin_with_every_seed(tmp_path):

@@ -591,9 +591,9 @@ class Global(Search):
     def _calibrate_rung(self) -> None:
         """Put the rung's re-timings on the trials' scale: divide each by the rung's median ratio of
         re-timing to trial. A rung's longer blocks run the GPU into its power cap and time every
-        variant slower than its trial (measured on the H100: 5-10%); ranked raw against trials of
-        their neighbours, the survivors would lose to them unfairly in the descents and in the
-        choice of finalists. A variant whose re-timing is off by more than the rung's common
+        variant slower than its trial (on the H100, 4-14% in the fifteenth session's calls r and
+        s); ranked raw against trials of their neighbours, the survivors would lose to them
+        unfairly in the descents and in the choice of finalists. A variant whose re-timing is off by more than the rung's common
         factor (a lucky first trial) still moves by that much."""
         ratios = sorted(self.retimed[v] / self.trial_ms[v] for v in self.population
                         if math.isfinite(self.retimed.get(v, math.inf)) and math.isfinite(self.trial_ms.get(v, math.inf))

@@ -39,6 +39,9 @@ RECORD_SHAPES = Knob("MLAGEN_RECORD_SHAPES", None,
 HEAD_GROUP = Knob("MLAGEN_HEAD_GROUP", None,
                   "sm90 dense kernels: heads per group of the tile order (1: head after head); default: 8 on "
                   "causal problems without a long prefix (dynamic or static scheduler), else 1 (mla_prefill/tma.py).")
+PLANS = Knob("MLAGEN_PLANS", "1",
+             "0: every eager kernel call takes the full path (checks, dispatch, packing) instead of a launch plan "
+             "kept for its signature (mlagen/plans.py).")
 
 HIP_CLANG = Knob("MLAGEN_HIP_CLANG", None,
                  "Offline clang for AMD targets (a path, or 'ziglang'); default: clang-22 on PATH, then the ziglang wheel.")
@@ -48,7 +51,7 @@ PEERS_DIR = Knob("MLAGEN_PEERS_DIR", None, "Benchmark peers' builds (fa3/); defa
                  "else <repo>/shared/peers.")
 
 ALL = (OUT_DIR, CACHE_DIR, TUNING_DB, NO_TUNED, NO_SHIPPED, FAMILY, COMPILE_WORKERS, LOG, NVRTC_LIBRARY, CHECK_SEQLENS,
-       RECORD_SHAPES, HEAD_GROUP, HIP_CLANG, HIP_COMPILER, PEERS_DIR)
+       RECORD_SHAPES, HEAD_GROUP, PLANS, HIP_CLANG, HIP_COMPILER, PEERS_DIR)
 
 
 def _flag(knob: Knob) -> bool:
@@ -88,6 +91,39 @@ def check_seqlens() -> bool:
 
 def record_shapes() -> str | None:
     return RECORD_SHAPES.raw()
+
+
+def plans() -> bool:
+    return _flag(PLANS)
+
+
+# call_state reads os.environ's own mapping of encoded names to encoded values (what os.environ
+# reads and writes through; a fifth of the cost of os.environ.get, on every eager call).
+_ENV_DATA = getattr(os.environ, "_data", None)
+_ENCODE = getattr(os.environ, "encodekey", None)
+_CALL_KNOBS = (FAMILY, CHECK_SEQLENS, RECORD_SHAPES, HEAD_GROUP)
+if _ENV_DATA is not None and _ENCODE is not None:
+    _CALL_KEYS = tuple(_ENCODE(k.name) for k in _CALL_KNOBS)
+    _PLANS_KEY = _ENCODE(PLANS.name)
+    _PLANS_OFF = {os.environ.encodevalue(v) for v in ("0", "false", "no", "off")}
+else:  # pragma: no cover (another os.environ)
+    _ENV_DATA = None
+
+
+def call_state() -> tuple | None:
+    """The knobs a kernel call reads, raw, as one part of a launch plan's signature (so changing
+    one between calls takes the full path again); None when MLAGEN_PLANS is off. One function, as
+    it runs on every eager call."""
+    if _ENV_DATA is None:  # pragma: no cover
+        get = os.environ.get
+        if get(PLANS.name, "1") in ("0", "false", "no", "off"):
+            return None
+        return tuple(get(k.name) for k in _CALL_KNOBS)
+    get = _ENV_DATA.get
+    if get(_PLANS_KEY) in _PLANS_OFF:
+        return None
+    family, check, record, group = _CALL_KEYS
+    return (get(family), get(check), get(record), get(group))
 
 
 def forced_family() -> str | None:

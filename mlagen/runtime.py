@@ -8,6 +8,7 @@ implement the same ``device_info``/``load``/``launch`` on ``backends/hip.py`` (h
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import threading
 from dataclasses import dataclass
@@ -24,6 +25,26 @@ def _driver():
     except ImportError as exc:  # pragma: no cover
         raise NoDeviceError(f"cuda-bindings is not installed ({exc})") from None
     return driver
+
+
+@functools.lru_cache(maxsize=None)
+def _raw_driver():
+    """(cuLaunchKernel, cuMemsetD32Async) of the driver through ctypes, or None where libcuda cannot
+    be loaded. The launch path's two driver calls, without cuda-bindings' per-argument object
+    conversions (about 10 us a call on the H100 machine's host; docs/notes.md, "Host time per
+    call"). The library is the one cuda-bindings opened (one driver per process), so the handles
+    it returned are valid here."""
+    try:
+        lib = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return None
+    launch = lib.cuLaunchKernel
+    launch.argtypes = (ctypes.c_void_p,) + (ctypes.c_uint,) * 7 + (ctypes.c_void_p,) * 3
+    launch.restype = ctypes.c_int
+    memset = lib.cuMemsetD32Async
+    memset.argtypes = (ctypes.c_uint64, ctypes.c_uint, ctypes.c_size_t, ctypes.c_void_p)
+    memset.restype = ctypes.c_int
+    return launch, memset
 
 
 def current_stream(torch, device: int) -> int:
@@ -148,6 +169,7 @@ class CudaKernel:
     def __init__(self, module, function, binary: Binary, smem_limit: int):
         self.module = module
         self.function = function
+        self._handle = int(function)  # the CUfunction's address, for the ctypes launch
         self.binary = binary
         self._smem_configured = 0
         self._smem_limit = smem_limit
@@ -186,8 +208,14 @@ class CudaKernel:
                params: PackedParams) -> None:
         """Launch on ``stream``. A kernel that runs in clusters has its cluster shape compiled in
         (``__cluster_dims__``), so a plain launch forms the clusters; ``grid`` must be a multiple."""
-        d = _driver()
         self._ensure_smem(smem)
+        raw = _raw_driver()
+        if raw is not None:
+            err = raw[0](self._handle, *grid, *block, smem, stream, params.kernel_params, None)
+            if err:
+                check(_driver().CUresult(err), f"cuLaunchKernel({self.binary.symbol})")
+            return
+        d = _driver()
         check(d.cuLaunchKernel(self.function, *grid, *block, smem, d.CUstream(stream), params.kernel_params, 0),
               f"cuLaunchKernel({self.binary.symbol})")
 
@@ -242,6 +270,7 @@ class HipKernel:
     def __init__(self, module, function, binary: Binary):
         self.module = module
         self.function = function
+        self._handle = int(function)  # the CUfunction's address, for the ctypes launch
         self.binary = binary
 
     def launch(self, grid: tuple[int, int, int], block: tuple[int, int, int], smem: int, stream: int,
@@ -303,6 +332,12 @@ def device_alloc(nbytes: int) -> int:
 
 def memset_d32_async(address: int, value: int, count: int, stream: int) -> None:
     """``count`` 32-bit words at ``address`` set to ``value``, in order on ``stream``."""
+    raw = _raw_driver()
+    if raw is not None:
+        err = raw[1](address, value, count, stream)
+        if err:
+            check(_driver().CUresult(err), "cuMemsetD32Async")
+        return
     d = _driver()
     check(d.cuMemsetD32Async(d.CUdeviceptr(address), value, count, d.CUstream(stream)), "cuMemsetD32Async")
 

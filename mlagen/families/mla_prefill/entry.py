@@ -13,7 +13,7 @@ from ...runtime import current_stream
 from ...errors import ArgumentTypeError
 from ...variant import Variant
 from .launch import accepts, launch, spec_dtype
-from . import record
+from . import plan, record
 from .call import FP8_DTYPES, INPUT_DTYPES, Call, prepare
 
 FAMILY_NAME = "mla_prefill"
@@ -24,6 +24,40 @@ def run(q, k, v, *, k_rope=None, cu_seqlens_q=None, cu_seqlens_k=None, causal=Tr
         k_descale=None, v_descale=None):
     """Validate, select and launch on the current stream; returns (out, lse). No host sync
     unless ``check_seqlens`` asks for one (or the first call of a shape class compiles)."""
+    import torch
+
+    sig = None
+    if kernel is None or type(kernel) is str:
+        sig = plan.signature(torch, q, k, v, k_rope, cu_seqlens_q, cu_seqlens_k, causal, softmax_scale, out, lse,
+                             check_seqlens, max_seqlen_q, max_seqlen_k, kernel, q_descale, k_descale, v_descale)
+        hit = plan.lookup(sig)
+        if hit is not None:
+            return hit.run(torch, q, k, v, k_rope, cu_seqlens_q, cu_seqlens_k, out, lse)
+    return run_full(q, k, v, k_rope=k_rope, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, causal=causal,
+                    softmax_scale=softmax_scale, out=out, lse=lse, check_seqlens=check_seqlens,
+                    max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, kernel=kernel, q_descale=q_descale,
+                    k_descale=k_descale, v_descale=v_descale, sig=sig)
+
+
+def planned(q, k, v, k_rope, cu_seqlens_q, cu_seqlens_k, causal, softmax_scale, out, lse, check_seqlens,
+            max_seqlen_q, max_seqlen_k, q_descale, k_descale, v_descale):
+    """((out, lse), sig) of an eager call with the default kernel that has a launch plan, else
+    (None, sig): the public call tries this before it checks anything, since a plan's signature
+    equals that of a call whose arguments passed every check."""
+    import torch
+
+    sig = plan.signature(torch, q, k, v, k_rope, cu_seqlens_q, cu_seqlens_k, causal, softmax_scale, out, lse,
+                         check_seqlens, max_seqlen_q, max_seqlen_k, None, q_descale, k_descale, v_descale)
+    hit = plan.lookup(sig)
+    if hit is not None:
+        return hit.run(torch, q, k, v, k_rope, cu_seqlens_q, cu_seqlens_k, out, lse), sig
+    return None, sig
+
+
+def run_full(q, k, v, *, k_rope=None, cu_seqlens_q=None, cu_seqlens_k=None, causal=True, softmax_scale=None,
+             out=None, lse=None, check_seqlens=None, max_seqlen_q=None, max_seqlen_k=None, kernel=None,
+             q_descale=None, k_descale=None, v_descale=None, sig=None):
+    """The full path of :func:`run` (checks, dispatch, launch); keeps a launch plan for ``sig``."""
     import torch
 
     call = prepare(q, k, v, k_rope=k_rope, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, causal=causal,
@@ -40,7 +74,8 @@ def run(q, k, v, *, k_rope=None, cu_seqlens_q=None, cu_seqlens_k=None, causal=Tr
     device, selection = select(call, kernel)
     stream = current_stream(torch, device)
     if device == torch.cuda.current_device():
-        launch(selection, call, stream)
+        grid, values = launch(selection, call, stream)
+        plan.remember(sig, selection, call, grid, values, (q, k, v, k_rope, cu_seqlens_q, cu_seqlens_k))
     else:  # the tensors' device, for anything the launcher allocates (a cheap check, a costly switch)
         with torch.cuda.device(device):
             launch(selection, call, stream)

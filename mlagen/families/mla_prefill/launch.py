@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from . import tma
 from .call import Call
-from .pack import num_virtual_tiles, pack_simt, pack_simt_fp8
-from .params import TMA_ABIS
+from .pack import num_virtual_tiles, simt_fp8_values, simt_values
+from .params import ABIS, TMA_ABIS
 
 
 def spec_dtype(spec) -> str:
@@ -24,13 +24,14 @@ def accepts(spec, call: Call) -> bool:
     return spec.abi not in TMA_ABIS or call.tma_compatible() is None
 
 
-def launch(selection, call: Call, stream: int) -> None:
-    """Launch the selected kernel on ``stream``; no host synchronisation."""
+def launch(selection, call: Call, stream: int) -> tuple[tuple, dict]:
+    """Launch the selected kernel on ``stream``; no host synchronisation. Returns the grid and
+    the parameter values it packed (what a launch plan keeps)."""
     env = selection.env
     res = selection.resources
     if selection.spec.abi in ("simt", "simt_fp8"):
-        params = (pack_simt if selection.spec.abi == "simt" else pack_simt_fp8)(call, env)
+        values = (simt_values if selection.spec.abi == "simt" else simt_fp8_values)(call, env)
         grid = (num_virtual_tiles(call, env["block_m"]), call.heads, 1)
-        selection.kernel.launch(grid, (res.threads, 1, 1), res.smem_bytes, stream, params)
-        return
-    tma.launch(selection, call, env, stream)
+        selection.kernel.launch(grid, (res.threads, 1, 1), res.smem_bytes, stream, ABIS[selection.spec.abi].pack(values))
+        return grid, values
+    return tma.launch(selection, call, env, stream)

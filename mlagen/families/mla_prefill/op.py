@@ -136,6 +136,14 @@ def mla_prefill(q, k, v, *, k_rope=None, cu_seqlens_q=None, cu_seqlens_k=None, c
     functional and 90 us mutating per call on the 2-core CI machine, measured with an empty op),
     and so does a Variant ``kernel`` (a tuning aid).
     """
+    if kernel is None and type(q) is torch.Tensor and not _tracing(q):
+        # A call with a launch plan first (its signature is one whose arguments passed every check).
+        hit, sig = entry.planned(q, k, v, k_rope, cu_seqlens_q, cu_seqlens_k, causal, softmax_scale, out, lse,
+                                 check_seqlens, max_seqlen_q, max_seqlen_k, q_descale, k_descale, v_descale)
+        if hit is not None:
+            return hit
+    else:
+        sig = None
     check_scalars(causal, softmax_scale, max_seqlen_q, max_seqlen_k)
     for name, t in (("q", q), ("k", k), ("v", v), ("k_rope", k_rope), ("cu_seqlens_q", cu_seqlens_q),
                     ("cu_seqlens_k", cu_seqlens_k), ("out", out), ("lse", lse), ("q_descale", q_descale),
@@ -156,6 +164,12 @@ def mla_prefill(q, k, v, *, k_rope=None, cu_seqlens_q=None, cu_seqlens_k=None, c
                          q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
     if not _tracing(q):
         # Eager: the same implementation the ops run, without the dispatcher's cost per call.
+        if kernel is None:   # its plan was looked for above
+            return entry.run_full(q, k, v, k_rope=k_rope, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                                  causal=causal, softmax_scale=softmax_scale, out=out, lse=lse,
+                                  check_seqlens=check_seqlens, max_seqlen_q=max_seqlen_q,
+                                  max_seqlen_k=max_seqlen_k, q_descale=q_descale, k_descale=k_descale,
+                                  v_descale=v_descale, sig=sig)
         return entry.run(q, k, v, k_rope=k_rope, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
                          causal=causal, softmax_scale=softmax_scale, out=out, lse=lse, check_seqlens=check_seqlens,
                          max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, kernel=kernel,

@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 
 from .call import Call
-from .params import SIMT_FP8_PARAMS, SIMT_PARAMS
 
 
 def common_values(call: Call) -> dict:
@@ -38,8 +37,9 @@ def num_virtual_tiles(call: Call, block_m: int) -> int:
     return call.total_q // block_m + call.batch
 
 
-def pack_simt(call: Call, env: dict):
-    values = {
+def simt_values(call: Call, env: dict) -> dict:
+    """The simt launcher's parameter values."""
+    return {
         "q": call.q.data_ptr(), "k": call.k.data_ptr(), "k_rope": call.k_rope.data_ptr(), "v": call.v.data_ptr(),
         "q_row_stride": call.q.stride(0), "q_head_stride": call.q.stride(1),
         "k_row_stride": call.k.stride(0), "k_head_stride": call.k.stride(1),
@@ -47,22 +47,15 @@ def pack_simt(call: Call, env: dict):
         "v_row_stride": call.v.stride(0), "v_head_stride": call.v.stride(1),
         **common_values(call),
     }
-    return SIMT_PARAMS.pack(values)
 
 
-def pack_simt_fp8(call: Call, env: dict):
+def simt_fp8_values(call: Call, env: dict) -> dict:
     """The simt fields over one-byte inputs, plus the descale pointers (null: 1.0) and their head
     strides (0: one factor for all heads)."""
-    values = {
-        "q": call.q.data_ptr(), "k": call.k.data_ptr(), "k_rope": call.k_rope.data_ptr(), "v": call.v.data_ptr(),
-        "q_row_stride": call.q.stride(0), "q_head_stride": call.q.stride(1),
-        "k_row_stride": call.k.stride(0), "k_head_stride": call.k.stride(1),
-        "kr_row_stride": call.k_rope.stride(0), "kr_head_stride": _head_stride(call.k_rope),
-        "v_row_stride": call.v.stride(0), "v_head_stride": call.v.stride(1),
-        **common_values(call),
-    }
+    values = simt_values(call, env)
     for name in ("q", "k", "v"):
         t = getattr(call, f"{name}_descale")
         values[f"{name}_descale"] = 0 if t is None else t.data_ptr()
         values[f"{name[0]}d_head_stride"] = 0 if t is None or t.numel() == 1 else t.stride(0)
-    return SIMT_FP8_PARAMS.pack(values)
+    return values
+

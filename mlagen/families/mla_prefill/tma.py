@@ -41,16 +41,27 @@ _lock = threading.Lock()
 def tensor_map(t, box_cols: int, box_rows: int, swizzle: int, what: str) -> bytes:
     """Descriptor of a [rows, heads, cols] bf16 or one-byte (fp8) view (last dim contiguous) with
     a (box_cols, 1 head, box_rows) box."""
+    return map_at(map_key(t, box_cols, box_rows, swizzle), what)
+
+
+def map_key(t, box_cols: int, box_rows: int, swizzle: int) -> tuple:
+    """What a descriptor of ``t`` encodes: its address first, then what its shape, strides and the
+    box decide (a launch plan keeps that tail and puts each call's address in front)."""
     rows, heads, cols = t.shape
     elem = t.element_size()
     strides = t.stride()
     row_stride = strides[0] * elem
     head_stride = strides[1] * elem if heads > 1 else row_stride  # any 16-byte multiple will do for one head
-    key = (t.data_ptr(), elem, rows, heads, cols, row_stride, head_stride, box_cols, box_rows, swizzle)
+    return (t.data_ptr(), elem, rows, heads, cols, row_stride, head_stride, box_cols, box_rows, swizzle)
+
+
+def map_at(key: tuple, what: str) -> bytes:
+    """The descriptor of a ``map_key``, encoded on first use and cached."""
     hit = _maps.get(key)
     if hit is not None:
         return hit
-    encoded = encode_tensor_map(key[0], [cols, heads, max(rows, 1)], [head_stride, row_stride],
+    address, elem, rows, heads, cols, row_stride, head_stride, box_cols, box_rows, swizzle = key
+    encoded = encode_tensor_map(address, [cols, heads, max(rows, 1)], [head_stride, row_stride],
                                 [box_cols, 1, box_rows], swizzle, what, elem)
     with _lock:
         if len(_maps) >= _CACHE_SIZE:
@@ -197,22 +208,36 @@ def _plan(selection, env: dict) -> _Plan:
     return plan
 
 
-def launch(selection, call: Call, env: dict, stream: int) -> None:
+# The tensor maps of the bf16 launcher, in its parameter struct's order (the launch plan's too).
+MAP_FIELDS = (("tma_q", "q"), ("tma_k", "k"), ("tma_k_rope", "k_rope"), ("tma_v", "v"), ("tma_o", "out"))
+
+
+def map_keys(selection, call: Call, env: dict) -> tuple:
+    """``map_key`` of each of MAP_FIELDS (bf16 launcher)."""
+    p = _plan(selection, env)
+    sw_q, sw_k, sw_v = p.swizzle
+    return (map_key(call.q, sw_q // p.elem, p.block_m, sw_q), map_key(call.k, sw_k // p.elem, p.kv_rows, sw_k),
+            map_key(call.k_rope, sw_k // p.elem, p.kv_rows, sw_k), map_key(call.v, sw_v // 2, p.kv_rows, sw_v),
+            map_key(call.out, sw_q // 2, 64, sw_q))
+
+
+def launch(selection, call: Call, env: dict, stream: int) -> tuple[tuple, dict]:
+    """Launch; returns the grid and the parameter values it packed."""
     p = _plan(selection, env)
     s, elem, bm = p.schedule, p.elem, p.block_m
     sw_q, sw_k, sw_v = p.swizzle
+    values = common_values(call)
     if p.fp8:
         # V^T as [d_v rows, heads, columns]; boxes of sw_v keys by all d_v rows (a cluster's share).
         vt = launch_transpose_v(selection, call, stream)
-        v_map = tensor_map(vt.permute(1, 0, 2), sw_v, vt.size(1) // p.cluster, sw_v, "v (transposed)")
+        values["tma_v"] = tensor_map(vt.permute(1, 0, 2), sw_v, vt.size(1) // p.cluster, sw_v, "v (transposed)")
+        values["tma_q"] = tensor_map(call.q, sw_q // elem, bm, sw_q, "q")
+        values["tma_k"] = tensor_map(call.k, sw_k // elem, p.kv_rows, sw_k, "k")
+        values["tma_k_rope"] = tensor_map(call.k_rope, sw_k // elem, p.kv_rows, sw_k, "k_rope")
+        values["tma_o"] = tensor_map(call.out, sw_q // 2, 64, sw_q, "out")
     else:
-        v_map = tensor_map(call.v, sw_v // 2, p.kv_rows, sw_v, "v")
-    values = common_values(call)
-    values["tma_q"] = tensor_map(call.q, sw_q // elem, bm, sw_q, "q")
-    values["tma_k"] = tensor_map(call.k, sw_k // elem, p.kv_rows, sw_k, "k")
-    values["tma_k_rope"] = tensor_map(call.k_rope, sw_k // elem, p.kv_rows, sw_k, "k_rope")
-    values["tma_v"] = v_map
-    values["tma_o"] = tensor_map(call.out, sw_q // 2, 64, sw_q, "out")
+        for (field, what), key in zip(MAP_FIELDS, map_keys(selection, call, env)):
+            values[field] = map_at(key, what)
     # Tiles are numbered per cluster: a cluster of C CTAs takes C * block_m query rows.
     n_virtual = num_virtual_tiles(call, bm * p.cluster)
     grid = s.grid(n_virtual * call.heads, device_info(call.q.device.index).sm_count if s.scheduler != "static" else 0)
@@ -227,3 +252,4 @@ def launch(selection, call: Call, env: dict, stream: int) -> None:
             values[f"{name}_descale"] = 0 if t is None else t.data_ptr()
             values[f"{name[0]}d_head_stride"] = 0 if t is None or t.numel() == 1 else t.stride(0)
     selection.kernel.launch((grid, 1, 1), p.block, p.smem, stream, p.abi.pack(values))
+    return (grid, 1, 1), values

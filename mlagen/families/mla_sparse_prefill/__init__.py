@@ -19,7 +19,7 @@ import threading
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ... import abi, operands
+from ... import abi, knobs, operands, plans
 from ...errors import LaunchError, NoDeviceError, SpecError
 from ..base import Family, register
 
@@ -483,21 +483,30 @@ _kv_maps_lock = threading.Lock()
 _NO_MAP = bytes(128)
 
 
-def kv_tensor_map(call: Call) -> bytes:
-    """TMA descriptor of a call's bf16 KV rows as a 4-D tensor (64 values, d_qk / 64 chunks, rows
-    of a page, pages; a flat table is one page of N rows), 128-byte swizzled, box one row."""
-    from ...runtime import encode_tensor_map_bf16
-
+def _kv_map_key(call: Call) -> tuple:
+    """(address, chunks, rows of a page, pages, row bytes, page bytes) of the KV tensor map."""
     row_bytes, chunks = 2 * call.kv_row_stride, call.d_qk // 64
     if call.page_size > 0:
         rows, pages, page_bytes = call.page_size, -(-call.num_kv // call.page_size), 2 * call.kv_page_stride
     else:
         rows, pages, page_bytes = max(call.num_kv, 1), 1, max(call.num_kv, 1) * row_bytes
-    key = (call.kv.data_ptr(), chunks, rows, pages, row_bytes, page_bytes)
+    return (call.kv.data_ptr(), chunks, rows, pages, row_bytes, page_bytes)
+
+
+def kv_tensor_map(call: Call) -> bytes:
+    """TMA descriptor of a call's bf16 KV rows as a 4-D tensor (64 values, d_qk / 64 chunks, rows
+    of a page, pages; a flat table is one page of N rows), 128-byte swizzled, box one row."""
+    return _kv_map(_kv_map_key(call))
+
+
+def _kv_map(key: tuple) -> bytes:
+    from ...runtime import encode_tensor_map_bf16
+
     hit = _kv_maps.get(key)
     if hit is not None:
         return hit
-    encoded = encode_tensor_map_bf16(key[0], [64, chunks, rows, pages], [128, row_bytes, page_bytes],
+    address, chunks, rows, pages, row_bytes, page_bytes = key
+    encoded = encode_tensor_map_bf16(address, [64, chunks, rows, pages], [128, row_bytes, page_bytes],
                                      [64, chunks, 1, 1], 128, "kv")
     with _kv_maps_lock:
         if len(_kv_maps) >= _MAP_CACHE_SIZE:
@@ -507,6 +516,10 @@ def kv_tensor_map(call: Call) -> bytes:
 
 
 def pack(call: Call, abi_name: str = "gather"):
+    return _ABIS[abi_name](call.kv_format).pack(_pack_values(call, abi_name))
+
+
+def _pack_values(call: Call, abi_name: str) -> dict:
     values = {
         "q": call.q.data_ptr(), "kv": call.kv.data_ptr(), "indices": call.indices.data_ptr(),
         "topk_length": call.topk_length.data_ptr() if call.topk_length is not None else 0,
@@ -523,7 +536,7 @@ def pack(call: Call, abi_name: str = "gather"):
     if abi_name == "gather_tma":
         # A quantized cache is bulk-copied row by row (no tensor map; the field is zeros).
         values["kv_map"] = kv_tensor_map(call) if call.kv_format == "bf16" else _NO_MAP
-    return _ABIS[abi_name](call.kv_format).pack(values)
+    return values
 
 
 def grid(selection, call: Call) -> tuple[int, int, int]:
@@ -1086,6 +1099,13 @@ def run(q, kv, indices, *, softmax_scale, topk_length=None, attn_sink=None, d_v=
 
     from ...runtime import current_stream
 
+    sig = None
+    if kernel is None or type(kernel) is str:
+        sig = _signature(torch, q, kv, indices, softmax_scale, topk_length, attn_sink, d_v, out, max_logits, lse,
+                         kernel, kv_format, compute)
+        plan = _plans.get(sig) if sig is not None else None
+        if plan is not None:
+            return plan.run(torch, q, kv, indices, topk_length, attn_sink, out, max_logits, lse)
     call = prepare(q, kv, indices, softmax_scale=softmax_scale, topk_length=topk_length, attn_sink=attn_sink,
                    d_v=d_v, out=out, max_logits=max_logits, lse=lse, kv_format=kv_format, compute=compute)
     if call.empty:
@@ -1099,7 +1119,86 @@ def run(q, kv, indices, *, softmax_scale, topk_length=None, attn_sink=None, d_v=
     else:  # the tensors' device (a cheap check, a costly switch)
         with torch.cuda.device(device):
             launch(selection, call, stream)
+    if sig is not None and sig[-1] == device:
+        plan = _Plan.of(selection, call, q, kv, indices)
+        if plan is not None:
+            _plans.put(sig, plan)
     return call.out, call.max_logits, call.lse
+
+
+_plans = plans.PlanCache()
+
+
+def _signature(torch, q, kv, indices, softmax_scale, topk_length, attn_sink, d_v, out, max_logits, lse, kernel,
+               kv_format, compute):
+    """The launch-plan signature of a call (mlagen/plans.py), or None when it takes the full path
+    (plans off, or an argument a signature cannot hold). The current device comes last."""
+    from ... import dispatch
+
+    if type(q) is not torch.Tensor or q.get_device() < 0:
+        return None   # the full path says what is wrong
+    state = knobs.call_state()
+    if state is None:
+        return None
+    try:
+        t = torch.Tensor
+        return (plans.tensor_sig(q, t), plans.tensor_sig(kv, t), plans.tensor_sig(indices, t),
+                plans.tensor_sig(topk_length, t), plans.tensor_sig(attn_sink, t), plans.tensor_sig(out, t),
+                plans.tensor_sig(max_logits, t), plans.tensor_sig(lse, t), plans.scalar_sig(softmax_scale),
+                plans.scalar_sig(d_v), plans.scalar_sig(kernel), plans.scalar_sig(kv_format),
+                plans.scalar_sig(compute), state, dispatch.dispatcher().generation, torch.cuda.current_device())
+    except plans.NoPlan:
+        return None
+
+
+# The fields of the parameter struct that change from call to call with one signature.
+_POINTERS = ("q", "kv", "indices", "topk_length", "attn_sink", "out", "max_logits", "lse")
+
+
+class _Plan:
+    """A sparse call's launch plan: the outputs' shapes and what ``pack`` would write, less the
+    pointers (and the KV tensor map's address, for the TMA gather)."""
+
+    def __init__(self, launch_plan, device, out_shape, stat_shape, kv_map_key):
+        self.launch_plan, self.device = launch_plan, device
+        self.out_shape, self.stat_shape, self.kv_map_key = out_shape, stat_shape, kv_map_key
+
+    @classmethod
+    def of(cls, selection, call: Call, q, kv, indices):
+        """The plan of a call that ran, or None where the full path copied an argument (then a
+        repeated call must copy again) or the kernel has no plan-able launcher."""
+        if (call.q.data_ptr(), call.kv.data_ptr(), call.indices.data_ptr()) != (q.data_ptr(), kv.data_ptr(),
+                                                                                 indices.data_ptr()):
+            return None
+        abi_name = selection.spec.abi
+        values = _pack_values(call, abi_name)
+        variable = _POINTERS
+        kv_map_key = None
+        if abi_name == "gather_tma" and call.kv_format == "bf16":
+            variable = _POINTERS + ("kv_map",)
+            kv_map_key = _kv_map_key(call)[1:]
+        res = selection.resources
+        launch_plan = plans.LaunchPlan(selection.kernel, grid(selection, call), (res.threads, 1, 1), res.smem_bytes,
+                                       _ABIS[abi_name](call.kv_format), values, variable)
+        return cls(launch_plan, call.q.device, tuple(call.out.shape), tuple(call.lse.shape), kv_map_key)
+
+    def run(self, torch, q, kv, indices, topk_length, attn_sink, out, max_logits, lse):
+        from ...runtime import current_stream
+
+        if out is None:
+            out = torch.empty(self.out_shape, dtype=torch.bfloat16, device=self.device)
+        if max_logits is None:
+            max_logits = torch.empty(self.stat_shape, dtype=torch.float32, device=self.device)
+        if lse is None:
+            lse = torch.empty(self.stat_shape, dtype=torch.float32, device=self.device)
+        values = [q.data_ptr(), kv.data_ptr(), indices.data_ptr(),
+                  0 if topk_length is None else topk_length.data_ptr(),
+                  0 if attn_sink is None else attn_sink.data_ptr(),
+                  out.data_ptr(), max_logits.data_ptr(), lse.data_ptr()]
+        if self.kv_map_key is not None:
+            values.append(_kv_map((values[1],) + self.kv_map_key))
+        self.launch_plan.launch(current_stream(torch, self.device.index), values)
+        return out, max_logits, lse
 
 
 # (device, the call's class, specialisation, kernel argument, forced spec) -> (device, Selection):

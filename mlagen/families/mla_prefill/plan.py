@@ -1,0 +1,105 @@
+"""Launch plans of dense MLA prefill (:mod:`mlagen.plans`): an eager call repeated with the same
+signature (every tensor's dtype, shape, strides, device and 16-byte alignment, the scalars, the
+knobs) allocates its outputs, encodes or finds the tensor maps of its pointers and launches,
+without the argument checks, dispatch or packing of the full path (:mod:`.entry`).
+
+bf16 calls only (the sm90 TMA launcher and the simt one); an FP8 call's pre-pass allocates V^T
+per call, so it keeps the full path. A call whose full path copied an argument (a misaligned view,
+CPU cu_seqlens) or read cu_seqlens back (``check_seqlens``) gets no plan.
+"""
+
+from __future__ import annotations
+
+from ... import dispatch, knobs, plans, shapelog
+from ...runtime import current_stream
+from . import tma
+from .call import Call
+from .params import ABIS
+
+_plans = plans.PlanCache()
+
+# The fields each launcher's plan writes per call, in the order DensePlan.run gives them.
+_SIMT_VARIABLE = ("q", "k", "k_rope", "v", "out", "lse", "cu_seqlens_q", "cu_seqlens_k")
+_TMA_VARIABLE = tuple(field for field, _ in tma.MAP_FIELDS) + ("tile_counter", "out", "lse", "cu_seqlens_q",
+                                                                 "cu_seqlens_k")
+
+
+def signature(torch, q, k, v, k_rope, cu_seqlens_q, cu_seqlens_k, causal, softmax_scale, out, lse, check_seqlens,
+              max_seqlen_q, max_seqlen_k, kernel, q_descale, k_descale, v_descale):
+    """The call's plan signature, or None when it takes the full path (plans off, check_seqlens
+    asked, an argument a signature cannot hold). The current device comes last."""
+    if check_seqlens or type(q) is not torch.Tensor or q.get_device() < 0:
+        return None   # checked, or the full path says what is wrong
+    state = knobs.call_state()
+    if state is None:
+        return None
+    t = torch.Tensor
+    try:
+        return (plans.tensor_sig(q, t), plans.tensor_sig(k, t), plans.tensor_sig(v, t), plans.tensor_sig(k_rope, t),
+                plans.tensor_sig(cu_seqlens_q, t), plans.tensor_sig(cu_seqlens_k, t), plans.tensor_sig(out, t),
+                plans.tensor_sig(lse, t), plans.tensor_sig(q_descale, t), plans.tensor_sig(k_descale, t),
+                plans.tensor_sig(v_descale, t), plans.scalar_sig(causal), plans.scalar_sig(softmax_scale),
+                plans.scalar_sig(check_seqlens), plans.scalar_sig(max_seqlen_q), plans.scalar_sig(max_seqlen_k),
+                plans.scalar_sig(kernel), state, dispatch.dispatcher().generation, torch.cuda.current_device())
+    except plans.NoPlan:
+        return None
+
+
+def lookup(sig):
+    return _plans.get(sig) if sig is not None else None
+
+
+def remember(sig, selection, call: Call, grid: tuple, values: dict, args: tuple) -> None:
+    """Keep the plan of a call that ran on the current device (``sig`` from :func:`signature`),
+    unless its full path copied an argument, read cu_seqlens, or counts shapes."""
+    if sig is None or sig[-1] != call.q.device.index or selection.spec.abi not in ("simt", "tma"):
+        return
+    if knobs.check_seqlens() or shapelog.enabled():
+        return
+    q, k, v, k_rope, cu_q, cu_k = args
+    used = (call.q, call.k, call.v, call.k_rope if k_rope is not None else None, call.cu_q, call.cu_k)
+    given = (q, k, v, k_rope, cu_q, cu_k)
+    if any((a is None) != (b is None) or (a is not None and a.data_ptr() != b.data_ptr()) for a, b in zip(used, given)):
+        return
+    _plans.put(sig, DensePlan(selection, call, grid, values, k))
+
+
+class DensePlan:
+    """What a repeated call writes: its outputs' pointers, its inputs' (the rope's too, when it is
+    a view of k), their tensor maps (TMA launcher) and a zeroed tile counter (dynamic scheduler)."""
+
+    def __init__(self, selection, call: Call, grid: tuple, values: dict, k):
+        res = selection.resources
+        self.device = call.q.device
+        self.out_shape, self.lse_shape = tuple(call.out.shape), tuple(call.lse.shape)
+        self.rope_offset = call.k_rope.data_ptr() - k.data_ptr()  # k_rope a view of k: where it starts
+        self.tma = selection.spec.abi == "tma"
+        if self.tma:
+            p = tma._plan(selection, selection.env)
+            self.map_tails = tuple(key[1:] for key in tma.map_keys(selection, call, selection.env))
+            self.dynamic = p.schedule.scheduler == "dynamic"
+            block, smem, variable = p.block, p.smem, _TMA_VARIABLE
+        else:
+            block, smem, variable = (res.threads, 1, 1), res.smem_bytes, _SIMT_VARIABLE
+        self.launch_plan = plans.LaunchPlan(selection.kernel, grid, block, smem, ABIS[selection.spec.abi], values,
+                                            variable)
+
+    def run(self, torch, q, k, v, k_rope, cu_q, cu_k, out, lse):
+        if out is None:
+            out = torch.empty(self.out_shape, dtype=torch.bfloat16, device=self.device)
+        if lse is None:
+            lse = torch.empty(self.lse_shape, dtype=torch.float32, device=self.device)
+        kp = k.data_ptr()
+        pointers = (q.data_ptr(), kp, kp + self.rope_offset if k_rope is None else k_rope.data_ptr(), v.data_ptr(),
+                    out.data_ptr())
+        tail = (lse.data_ptr(), 0 if cu_q is None else cu_q.data_ptr(), 0 if cu_k is None else cu_k.data_ptr())
+        stream = current_stream(torch, self.device.index)
+        if self.tma:
+            maps = tuple(tma.map_at((ptr,) + key, what)
+                         for ptr, key, (_, what) in zip(pointers, self.map_tails, tma.MAP_FIELDS))
+            counter = tma.tile_counter(self.device, stream) if self.dynamic else 0
+            values = maps + (counter, pointers[4]) + tail
+        else:
+            values = pointers + tail
+        self.launch_plan.launch(stream, values)
+        return out, lse

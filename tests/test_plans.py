@@ -1,0 +1,103 @@
+"""mlagen.plans: a launch plan writes exactly what a full pack would, and signatures tell apart
+every argument the checks read (the GPU side: tests/gpu/test_op_gpu.py, "plan")."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+from mlagen import knobs, plans
+from mlagen.families.mla_prefill import TMA_PARAMS
+from mlagen.families.mla_sparse_prefill import params_for
+
+
+class RecordingKernel:
+    """Stands in for a loaded kernel: keeps the bytes of every parameter buffer it is given."""
+
+    def __init__(self):
+        self.launches = []
+
+    def launch(self, grid, block, smem, stream, params):
+        self.launches.append((grid, block, smem, stream, bytes(params.data)))
+
+
+def _values(ps, seed: int) -> dict:
+    out = {}
+    for i, f in enumerate(ps.fields):
+        if f.kind == "tensormap":
+            out[f.name] = bytes((seed + i + j) % 256 for j in range(128))
+        elif f.kind == "float":
+            out[f.name] = 0.5 * (seed + i)
+        else:
+            out[f.name] = 1000 * seed + 16 * i
+    return out
+
+
+@pytest.mark.parametrize("ps, variable", [
+    (params_for("bf16"), ("q", "kv", "indices", "topk_length", "attn_sink", "out", "max_logits", "lse")),
+    (TMA_PARAMS, ("tma_q", "tma_k", "tma_k_rope", "tma_v", "tma_o", "tile_counter", "out", "lse", "cu_seqlens_q",
+                  "cu_seqlens_k")),
+])
+def test_a_plan_writes_what_a_full_pack_writes(ps, variable):
+    kernel = RecordingKernel()
+    first = _values(ps, 1)
+    plan = plans.LaunchPlan(kernel, (7, 1, 1), (384, 1, 1), 1000, ps, first, variable)
+    for seed in (2, 3):   # later calls: new pointers and maps, the rest as at the first call
+        values = {**first, **{n: _values(ps, seed)[n] for n in variable}}
+        plan.launch(99, [values[n] for n in variable])
+        assert kernel.launches[-1] == ((7, 1, 1), (384, 1, 1), 1000, 99, bytes(ps.pack(values).data))
+
+
+def test_each_thread_writes_its_own_buffer():
+    ps = params_for("bf16")
+    kernel = RecordingKernel()
+    plan = plans.LaunchPlan(kernel, (1, 1, 1), (32, 1, 1), 0, ps, _values(ps, 1), ("q",))
+    buffers = []
+    for _ in range(2):
+        t = threading.Thread(target=lambda: buffers.append(plan._buffer()))
+        t.start()
+        t.join()
+    assert buffers[0] is not buffers[1]
+
+
+def test_only_pointers_and_maps_vary():
+    ps = params_for("bf16")
+    with pytest.raises(ValueError, match="only pointers and tensor maps"):
+        plans.LaunchPlan(RecordingKernel(), (1, 1, 1), (32, 1, 1), 0, ps, _values(ps, 1), ("q", "topk"))
+
+
+def test_signatures_tell_apart_what_the_checks_read():
+    t = torch.Tensor
+    x = torch.zeros(8, 4, 64)
+    sig = plans.tensor_sig(x, t)
+    assert plans.tensor_sig(torch.zeros(8, 4, 64), t) == sig                     # same layout, other data
+    assert plans.tensor_sig(x.to(torch.bfloat16), t) != sig                      # dtype
+    assert plans.tensor_sig(torch.zeros(8, 4, 32), t) != sig                     # shape
+    assert plans.tensor_sig(torch.zeros(4, 8, 64).transpose(0, 1), t) != sig     # strides
+    assert plans.tensor_sig(torch.zeros(8 * 4 * 64 + 1)[1:].view(8, 4, 64), t) != sig  # base alignment
+    assert plans.tensor_sig(None, t) is None
+    with pytest.raises(plans.NoPlan):
+        plans.tensor_sig(torch.nn.Parameter(x), t)   # a subclass: the full path decides
+    assert len({plans.scalar_sig(v) for v in (1, 1.0, True, "1", None)}) == 5
+    with pytest.raises(plans.NoPlan):
+        plans.scalar_sig(torch.tensor(1.0))
+
+
+def test_plans_knob(monkeypatch):
+    monkeypatch.delenv("MLAGEN_PLANS", raising=False)
+    monkeypatch.delenv("MLAGEN_FAMILY", raising=False)
+    assert knobs.plans() and knobs.call_state() is not None
+    state = knobs.call_state()
+    monkeypatch.setenv("MLAGEN_FAMILY", "mla_prefill_sm80")
+    assert knobs.call_state() != state   # a knob a call reads changes the signature
+    monkeypatch.setenv("MLAGEN_PLANS", "0")
+    assert not knobs.plans() and knobs.call_state() is None
+
+
+def test_cache_is_bounded():
+    cache = plans.PlanCache(limit=3)
+    for i in range(5):
+        cache.put(i, object())
+    assert len(cache) <= 3 and cache.get(4) is not None

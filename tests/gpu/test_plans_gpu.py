@@ -1,8 +1,8 @@
 """Launch plans (mlagen/plans.py) on the GPU: a call repeated with the same signature takes its
 plan, and the plan's launch gives bit for bit what the full path (MLAGEN_PLANS=0) gives, on new
 buffers (new pointers) as on the first ones, for every launcher: the sm90 TMA launcher (maps
-re-encoded per pointer, the dynamic scheduler's counter), the simt one, the sparse gather, the
-H <= 16 kernel's TMA gather (its KV map) and the FP8-cache modes."""
+re-encoded per pointer, the dynamic scheduler's counter), its FP8 sibling (the V^T pre-pass), the
+simt one, the sparse gather, the H <= 16 kernel's TMA gather (its KV map) and the FP8-cache modes."""
 
 from __future__ import annotations
 
@@ -39,6 +39,12 @@ def _dense_args(case: str, seed: int) -> dict:
         args["lse"] = torch.full((tq, h), float("nan"), device="cuda")
     elif case == "sm80":      # the simt launcher
         args["kernel"] = "mla_prefill_sm80"
+    elif case == "fp8":       # e4m3 operands with descales: the V^T pre-pass and its map, the descale pointers
+        from mlagen.families import get
+
+        fam = get("mla_prefill")
+        args = fam.make_inputs(fam.parse_shape("b=3,q=[300,77,1],k=[300,100,640],h=8,causal"), "cuda", seed,
+                               dtype="fp8_e4m3")
     return args
 
 
@@ -81,7 +87,7 @@ def _check(fn, make, cache, monkeypatch):
             assert torch.equal(x, y)
 
 
-@pytest.mark.parametrize("case", ["varlen", "folded", "single", "out", "sm80"])
+@pytest.mark.parametrize("case", ["varlen", "folded", "single", "out", "sm80", "fp8"])
 def test_dense_plans_match_the_full_path(case, monkeypatch):
     _check(mlagen.mla_prefill, lambda seed: _dense_args(case, seed), dense_plan._plans, monkeypatch)
 

@@ -32,7 +32,8 @@ def run(q, k, v, *, k_rope=None, cu_seqlens_q=None, cu_seqlens_k=None, causal=Tr
                              check_seqlens, max_seqlen_q, max_seqlen_k, kernel, q_descale, k_descale, v_descale)
         hit = plan.lookup(sig)
         if hit is not None:
-            return hit.run(torch, q, k, v, k_rope, cu_seqlens_q, cu_seqlens_k, out, lse)
+            return hit.run(torch, q, k, v, k_rope, cu_seqlens_q, cu_seqlens_k, out, lse, q_descale, k_descale,
+                           v_descale)
     return run_full(q, k, v, k_rope=k_rope, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, causal=causal,
                     softmax_scale=softmax_scale, out=out, lse=lse, check_seqlens=check_seqlens,
                     max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, kernel=kernel, q_descale=q_descale,
@@ -50,7 +51,8 @@ def planned(q, k, v, k_rope, cu_seqlens_q, cu_seqlens_k, causal, softmax_scale, 
                          check_seqlens, max_seqlen_q, max_seqlen_k, None, q_descale, k_descale, v_descale)
     hit = plan.lookup(sig)
     if hit is not None:
-        return hit.run(torch, q, k, v, k_rope, cu_seqlens_q, cu_seqlens_k, out, lse), sig
+        return hit.run(torch, q, k, v, k_rope, cu_seqlens_q, cu_seqlens_k, out, lse, q_descale, k_descale,
+                       v_descale), sig
     return None, sig
 
 

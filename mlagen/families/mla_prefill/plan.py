@@ -3,9 +3,9 @@ signature (every tensor's dtype, shape, strides, device and 16-byte alignment, t
 knobs) allocates its outputs, encodes or finds the tensor maps of its pointers and launches,
 without the argument checks, dispatch or packing of the full path (:mod:`.entry`).
 
-bf16 calls only (the sm90 TMA launcher and the simt one); an FP8 call's pre-pass allocates V^T
-per call, so it keeps the full path. A call whose full path copied an argument (a misaligned view,
-CPU cu_seqlens) or read cu_seqlens back (``check_seqlens``) gets no plan.
+Every launcher: simt, the sm90 TMA one and its FP8 sibling (whose plan allocates V^T, runs the
+pre-pass kernel and maps V^T, as the full path does). A call whose full path copied an argument (a
+misaligned view, CPU cu_seqlens) or read cu_seqlens back (``check_seqlens``) gets no plan.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from ... import dispatch, knobs, plans, shapelog
 from ...runtime import current_stream
 from . import tma
 from .call import Call
-from .params import ABIS
+from .params import ABIS, VT_PARAMS
 
 _plans = plans.PlanCache()
 
@@ -22,6 +22,8 @@ _plans = plans.PlanCache()
 _SIMT_VARIABLE = ("q", "k", "k_rope", "v", "out", "lse", "cu_seqlens_q", "cu_seqlens_k")
 _TMA_VARIABLE = tuple(field for field, _ in tma.MAP_FIELDS) + ("tile_counter", "out", "lse", "cu_seqlens_q",
                                                                  "cu_seqlens_k")
+_FP8_VARIABLE = _TMA_VARIABLE + ("q_descale", "k_descale", "v_descale")
+_VT_VARIABLE = ("v", "vt", "cu_seqlens_k")
 
 
 def signature(torch, q, k, v, k_rope, cu_seqlens_q, cu_seqlens_k, causal, softmax_scale, out, lse, check_seqlens,
@@ -52,7 +54,7 @@ def lookup(sig):
 def remember(sig, selection, call: Call, grid: tuple, values: dict, args: tuple) -> None:
     """Keep the plan of a call that ran on the current device (``sig`` from :func:`signature`),
     unless its full path copied an argument, read cu_seqlens, or counts shapes."""
-    if sig is None or sig[-1] != call.q.device.index or selection.spec.abi not in ("simt", "tma"):
+    if sig is None or sig[-1] != call.q.device.index or selection.spec.abi not in ("simt", "tma", "tma_fp8"):
         return
     if knobs.check_seqlens() or shapelog.enabled():
         return
@@ -73,32 +75,47 @@ class DensePlan:
         self.device = call.q.device
         self.out_shape, self.lse_shape = tuple(call.out.shape), tuple(call.lse.shape)
         self.rope_offset = call.k_rope.data_ptr() - k.data_ptr()  # k_rope a view of k: where it starts
-        self.tma = selection.spec.abi == "tma"
+        self.tma = selection.spec.abi in ("tma", "tma_fp8")
+        self.vt_shape = self.pre_pass = None
         if self.tma:
             p = tma._plan(selection, selection.env)
-            self.map_tails = tuple(key[1:] for key in tma.map_keys(selection, call, selection.env))
-            self.dynamic = p.schedule.scheduler == "dynamic"
             block, smem, variable = p.block, p.smem, _TMA_VARIABLE
+            vt = None
+            if p.fp8:   # V^T: allocated per call, written by the pre-pass, mapped in V's place
+                variable = _FP8_VARIABLE
+                self.vt_shape = tma.vt_shape(call)
+                vt = call.v.new_empty(self.vt_shape)   # its layout, for the map's key (once)
+                self.pre_pass = plans.LaunchPlan(selection.kernel.entry(f"{selection.variant.symbol}_vt"),
+                                                 tma.vt_grid(call), (tma.VT_THREADS, 1, 1), 0, VT_PARAMS,
+                                                 tma.vt_values(call, 0), _VT_VARIABLE)
+            self.map_tails = tuple(key[1:] for key in tma.map_keys(selection, call, selection.env, vt))
+            self.dynamic = p.schedule.scheduler == "dynamic"
         else:
             block, smem, variable = (res.threads, 1, 1), res.smem_bytes, _SIMT_VARIABLE
         self.launch_plan = plans.LaunchPlan(selection.kernel, grid, block, smem, ABIS[selection.spec.abi], values,
                                             variable)
 
-    def run(self, torch, q, k, v, k_rope, cu_q, cu_k, out, lse):
+    def run(self, torch, q, k, v, k_rope, cu_q, cu_k, out, lse, q_descale=None, k_descale=None, v_descale=None):
         if out is None:
             out = torch.empty(self.out_shape, dtype=torch.bfloat16, device=self.device)
         if lse is None:
             lse = torch.empty(self.lse_shape, dtype=torch.float32, device=self.device)
-        kp = k.data_ptr()
-        pointers = (q.data_ptr(), kp, kp + self.rope_offset if k_rope is None else k_rope.data_ptr(), v.data_ptr(),
-                    out.data_ptr())
+        kp, vp = k.data_ptr(), v.data_ptr()
         tail = (lse.data_ptr(), 0 if cu_q is None else cu_q.data_ptr(), 0 if cu_k is None else cu_k.data_ptr())
         stream = current_stream(torch, self.device.index)
+        if self.pre_pass is not None:
+            vt = torch.empty(self.vt_shape, dtype=torch.uint8, device=self.device)
+            self.pre_pass.launch(stream, (vp, vt.data_ptr(), tail[2]))
+            vp = vt.data_ptr()   # the main kernel maps V^T in V's place
+        pointers = (q.data_ptr(), kp, kp + self.rope_offset if k_rope is None else k_rope.data_ptr(), vp,
+                    out.data_ptr())
         if self.tma:
             maps = tuple(tma.map_at((ptr,) + key, what)
                          for ptr, key, (_, what) in zip(pointers, self.map_tails, tma.MAP_FIELDS))
             counter = tma.tile_counter(self.device, stream) if self.dynamic else 0
             values = maps + (counter, pointers[4]) + tail
+            if self.pre_pass is not None:
+                values += tuple(0 if t is None else t.data_ptr() for t in (q_descale, k_descale, v_descale))
         else:
             values = pointers + tail
         self.launch_plan.launch(stream, values)

@@ -137,25 +137,37 @@ def transpose_v(v, cu_k, total_k: int, batch: int):
 VT_COLUMNS, VT_THREADS = 128, 256  # transpose_v.cuh: kVtColumns, kVtThreads
 
 
+def vt_shape(call: Call) -> tuple[int, int, int]:
+    """[heads, d_v, width] of the pre-pass's V^T."""
+    return call.v.shape[1], call.v.shape[2], vt_width(call.total_k, call.batch)
+
+
+def vt_grid(call: Call) -> tuple[int, int, int]:
+    heads, _, width = vt_shape(call)
+    return heads, min(-(-width // VT_COLUMNS), 65535), 1
+
+
+def vt_values(call: Call, vt_address: int) -> dict:
+    """The pre-pass's parameter values."""
+    return {
+        "v": call.v.data_ptr(), "vt": vt_address,
+        "cu_seqlens_k": call.cu_k.data_ptr() if call.cu_k is not None else 0,
+        "v_row_stride": call.v.stride(0), "v_head_stride": call.v.stride(1),
+        "total_k": call.total_k, "batch": call.batch, "width": vt_shape(call)[2],
+    }
+
+
 def launch_transpose_v(selection, call: Call, stream: int):
     """V^T by the module's pre-pass kernel on ``stream``; returns the new uint8 tensor. It is
     allocated on the caller's current torch stream; when ``stream`` is another one, the caching
     allocator is told the tensor is used there too."""
     import torch
 
-    heads, dv = call.v.shape[1], call.v.shape[2]
-    width = vt_width(call.total_k, call.batch)
-    vt = torch.empty(heads, dv, width, dtype=torch.uint8, device=call.v.device)
+    vt = torch.empty(vt_shape(call), dtype=torch.uint8, device=call.v.device)
     if call.total_k == 0:
         return vt.zero_()
-    params = VT_PARAMS.pack({
-        "v": call.v.data_ptr(), "vt": vt.data_ptr(),
-        "cu_seqlens_k": call.cu_k.data_ptr() if call.cu_k is not None else 0,
-        "v_row_stride": call.v.stride(0), "v_head_stride": call.v.stride(1),
-        "total_k": call.total_k, "batch": call.batch, "width": width,
-    })
     kernel = selection.kernel.entry(f"{selection.variant.symbol}_vt")
-    kernel.launch((heads, min(-(-width // VT_COLUMNS), 65535), 1), (VT_THREADS, 1, 1), 0, stream, params)
+    kernel.launch(vt_grid(call), (VT_THREADS, 1, 1), 0, stream, VT_PARAMS.pack(vt_values(call, vt.data_ptr())))
     if torch.cuda.current_stream(call.v.device).cuda_stream != stream:
         vt.record_stream(torch.cuda.ExternalStream(stream, device=call.v.device))
     return vt
@@ -212,32 +224,26 @@ def _plan(selection, env: dict) -> _Plan:
 MAP_FIELDS = (("tma_q", "q"), ("tma_k", "k"), ("tma_k_rope", "k_rope"), ("tma_v", "v"), ("tma_o", "out"))
 
 
-def map_keys(selection, call: Call, env: dict) -> tuple:
-    """``map_key`` of each of MAP_FIELDS (bf16 launcher)."""
+def map_keys(selection, call: Call, env: dict, vt=None) -> tuple:
+    """``map_key`` of each of MAP_FIELDS; ``vt`` is the FP8 launcher's V^T (its map stands for V's)."""
     p = _plan(selection, env)
     sw_q, sw_k, sw_v = p.swizzle
+    if p.fp8:   # V^T as [d_v rows, heads, columns]; boxes of sw_v keys by all d_v rows (a cluster's share)
+        v_key = map_key(vt.permute(1, 0, 2), sw_v, vt.size(1) // p.cluster, sw_v)
+    else:
+        v_key = map_key(call.v, sw_v // 2, p.kv_rows, sw_v)
     return (map_key(call.q, sw_q // p.elem, p.block_m, sw_q), map_key(call.k, sw_k // p.elem, p.kv_rows, sw_k),
-            map_key(call.k_rope, sw_k // p.elem, p.kv_rows, sw_k), map_key(call.v, sw_v // 2, p.kv_rows, sw_v),
-            map_key(call.out, sw_q // 2, 64, sw_q))
+            map_key(call.k_rope, sw_k // p.elem, p.kv_rows, sw_k), v_key, map_key(call.out, sw_q // 2, 64, sw_q))
 
 
 def launch(selection, call: Call, env: dict, stream: int) -> tuple[tuple, dict]:
     """Launch; returns the grid and the parameter values it packed."""
     p = _plan(selection, env)
-    s, elem, bm = p.schedule, p.elem, p.block_m
-    sw_q, sw_k, sw_v = p.swizzle
+    s, bm = p.schedule, p.block_m
     values = common_values(call)
-    if p.fp8:
-        # V^T as [d_v rows, heads, columns]; boxes of sw_v keys by all d_v rows (a cluster's share).
-        vt = launch_transpose_v(selection, call, stream)
-        values["tma_v"] = tensor_map(vt.permute(1, 0, 2), sw_v, vt.size(1) // p.cluster, sw_v, "v (transposed)")
-        values["tma_q"] = tensor_map(call.q, sw_q // elem, bm, sw_q, "q")
-        values["tma_k"] = tensor_map(call.k, sw_k // elem, p.kv_rows, sw_k, "k")
-        values["tma_k_rope"] = tensor_map(call.k_rope, sw_k // elem, p.kv_rows, sw_k, "k_rope")
-        values["tma_o"] = tensor_map(call.out, sw_q // 2, 64, sw_q, "out")
-    else:
-        for (field, what), key in zip(MAP_FIELDS, map_keys(selection, call, env)):
-            values[field] = map_at(key, what)
+    vt = launch_transpose_v(selection, call, stream) if p.fp8 else None
+    for (field, what), key in zip(MAP_FIELDS, map_keys(selection, call, env, vt)):
+        values[field] = map_at(key, what)
     # Tiles are numbered per cluster: a cluster of C CTAs takes C * block_m query rows.
     n_virtual = num_virtual_tiles(call, bm * p.cluster)
     grid = s.grid(n_virtual * call.heads, device_info(call.q.device.index).sm_count if s.scheduler != "static" else 0)

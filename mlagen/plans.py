@@ -61,6 +61,9 @@ class LaunchPlan:
         kinds = {f.name: f.kind for f in params.fields}
         if any(not (kinds[n] == "tensormap" or kinds[n].endswith("*")) for n in variable):
             raise ValueError(f"{params.name}: only pointers and tensor maps vary per call, not {variable}")
+        fixed_pointers = [n for n, kind in kinds.items() if kind.endswith("*") and n not in variable]
+        if fixed_pointers:   # a pointer kept from the first call would point into a freed buffer
+            raise ValueError(f"{params.name}: pointer fields {fixed_pointers} must be written per call")
         blank = {n: (bytes(128) if kinds[n] == "tensormap" else 0) for n in variable}
         self._template = bytes(params.pack({**fixed, **blank}).data)
         self._size = params.size

@@ -53,7 +53,8 @@ def test_a_plan_writes_what_a_full_pack_writes(ps, variable):
 def test_each_thread_writes_its_own_buffer():
     ps = params_for("bf16")
     kernel = RecordingKernel()
-    plan = plans.LaunchPlan(kernel, (1, 1, 1), (32, 1, 1), 0, ps, _values(ps, 1), ("q",))
+    plan = plans.LaunchPlan(kernel, (1, 1, 1), (32, 1, 1), 0, ps, _values(ps, 1),
+                            ("q", "kv", "indices", "topk_length", "attn_sink", "out", "max_logits", "lse"))
     buffers = []
     for _ in range(2):
         t = threading.Thread(target=lambda: buffers.append(plan._buffer()))
@@ -62,10 +63,26 @@ def test_each_thread_writes_its_own_buffer():
     assert buffers[0] is not buffers[1]
 
 
-def test_only_pointers_and_maps_vary():
+def test_only_pointers_and_maps_vary_and_every_pointer_does():
     ps = params_for("bf16")
+    every = ("q", "kv", "indices", "topk_length", "attn_sink", "out", "max_logits", "lse")
     with pytest.raises(ValueError, match="only pointers and tensor maps"):
-        plans.LaunchPlan(RecordingKernel(), (1, 1, 1), (32, 1, 1), 0, ps, _values(ps, 1), ("q", "topk"))
+        plans.LaunchPlan(RecordingKernel(), (1, 1, 1), (32, 1, 1), 0, ps, _values(ps, 1), every + ("topk",))
+    with pytest.raises(ValueError, match=r"pointer fields \['out'\] must be written per call"):
+        plans.LaunchPlan(RecordingKernel(), (1, 1, 1), (32, 1, 1), 0, ps, _values(ps, 1),
+                         tuple(n for n in every if n != "out"))
+
+
+def test_the_families_write_every_pointer_per_call():
+    from mlagen.families.mla_prefill import plan as dense_plan
+    from mlagen.families.mla_prefill.params import ABIS, VT_PARAMS
+    from mlagen.families.mla_sparse_prefill import _POINTERS, params_tma_for
+
+    pairs = [(ABIS["simt"], dense_plan._SIMT_VARIABLE), (ABIS["tma"], dense_plan._TMA_VARIABLE),
+             (ABIS["tma_fp8"], dense_plan._FP8_VARIABLE), (VT_PARAMS, dense_plan._VT_VARIABLE),
+             (params_for("fp8_v32"), _POINTERS), (params_tma_for("bf16"), _POINTERS + ("kv_map",))]
+    for ps, variable in pairs:
+        plans.LaunchPlan(RecordingKernel(), (1, 1, 1), (32, 1, 1), 0, ps, _values(ps, 1), variable)
 
 
 def test_signatures_tell_apart_what_the_checks_read():

@@ -222,6 +222,29 @@ def test_sm90_dynamic_scheduler_on_two_streams():
             assert ((out.float() - ref).norm() / ref.norm()).item() < OUT_REL_TOL
 
 
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
+                    reason="the sm90 kernel needs a Hopper GPU")
+def test_sm90_tile_counter_ring_wraps(monkeypatch):
+    """Each dynamic-scheduler launch takes the next zeroed counter of its stream's ring; a wrap
+    zeroes the ring behind the launches of the last lap (a ring of 3 here: eight launches wrap it
+    twice), and every output matches the reference. Launch plans take counters the same way."""
+    from mlagen import spec, variant
+    from mlagen.families.mla_prefill import tma
+
+    monkeypatch.setattr(tma, "RING", 3)
+    monkeypatch.setattr(tma, "_counters", {})
+    kernel = variant.make(spec.load("mla_prefill_sm90"), {"scheduler": "dynamic", "mask": "causal"})
+    q, k, v, k_rope, cu_q, cu_k = make([900, 1, 640], [900, 1, 700], 16, seed=40)
+    ref, _ = reference(q, k, v, k_rope=k_rope, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, causal=True)
+    outs = [api.mla_prefill(q, k, v, k_rope=k_rope, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, kernel=kernel)[0]
+            for _ in range(8)]
+    torch.cuda.synchronize()
+    for out in outs:
+        assert ((out.float() - ref).norm() / ref.norm()).item() < OUT_REL_TOL
+    ring, = tma._counters.values()
+    assert ring.next == 2   # slots 0 1 2 | wrap 0 1 2 | wrap 0 1
+
+
 def test_dispatch_is_memoised_and_compiles_once():
     q, k, v, k_rope, _, _ = make(64, 64, 16, seed=1)
     d = dispatcher()

@@ -70,14 +70,37 @@ def map_at(key: tuple, what: str) -> bytes:
     return encoded
 
 
-# The dynamic scheduler's tile counter, one int32 per (device, stream), set to 0 on the stream
-# right before each launch (cuMemsetD32Async: one driver call, where a new torch.zeros costs an
-# allocation and a fill kernel launch). Launches on one stream run in order, so they can share it.
-# The counters come from the driver, not torch's allocator, so no memory pool holds them (a
-# torch.compile CUDA-graph tree refuses live allocations in its pool it did not make). A graph
-# being captured gets a counter of its own from the graph's pool instead (a memset node), so a
-# replay on another stream never shares one with eager launches.
-_counters: dict[tuple[int, int], int] = {}
+# The dynamic scheduler's tile counters: a ring of zeroed int32 per (device, stream). Each launch
+# takes the next one, so a launch needs no memset of its own (a driver call and a stream operation
+# per call, before this ring: docs/notes.md, "Sixteenth session"); when the ring
+# wraps, one cuMemsetD32Async on the stream zeroes all of it, ordered after every launch that used
+# it (launches on one stream run in order) and before any launch of the new lap (the index is
+# handed out under the ring's lock, after the memset is queued). The counters come from the driver,
+# not torch's allocator, so no memory pool holds them (a torch.compile CUDA-graph tree refuses live
+# allocations in its pool it did not make). A graph being captured gets a counter of its own from
+# the graph's pool instead (a memset node), so a replay on another stream never shares one with
+# eager launches.
+RING = 4096
+
+
+class _CounterRing:
+    def __init__(self, stream: int):
+        self.base = device_alloc(4 * RING)
+        memset_d32_async(self.base, 0, RING, stream)
+        self.next = 0
+        self.lock = threading.Lock()
+
+    def take(self, stream: int) -> int:
+        with self.lock:
+            i = self.next
+            if i == RING:   # a new lap: zero the ring behind every launch of the last one
+                memset_d32_async(self.base, 0, RING, stream)
+                i = 0
+            self.next = i + 1
+        return self.base + 4 * i
+
+
+_counters: dict[tuple[int, int], _CounterRing] = {}
 
 
 def tile_counter(device, stream: int) -> int:
@@ -87,12 +110,11 @@ def tile_counter(device, stream: int) -> int:
     if torch.cuda.is_current_stream_capturing():
         return torch.zeros(1, dtype=torch.int32, device=device).data_ptr()
     key = (device.index, stream)
-    address = _counters.get(key)
-    if address is None:
+    ring = _counters.get(key)
+    if ring is None:
         with _lock:
-            address = _counters.get(key) or _counters.setdefault(key, device_alloc(4))
-    memset_d32_async(address, 0, 1, stream)
-    return address
+            ring = _counters.get(key) or _counters.setdefault(key, _CounterRing(stream))
+    return ring.take(stream)
 
 def vt_width(total_k: int, batch: int) -> int:
     """Columns of V^T: every sequence starts on a 16-column boundary (at most 16 more per sequence)."""

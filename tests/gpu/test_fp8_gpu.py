@@ -110,6 +110,8 @@ SM90_FP8_SCHEDULES = [
     {"order": "none", "overlap": False, "block_n": 64, "swizzle_v": 64},
     {"cluster": 2, "scheduler": "persistent", "block_n": 96, "swizzle_v": 32},
     {"q_operand": "regs", "scheduler": "static", "block_n": 160, "swizzle_v": 32},
+    {"q_operand": "regs", "scheduler": "dynamic", "block_n": 160, "swizzle_v": 32},
+    {"q_operand": "regs", "scheduler": "persistent", "order": "none", "block_n": 128, "swizzle_v": 32},
     {"consumers": 1, "order": "none", "load_warps": 1, "swizzle_q": 32, "swizzle_k": 32},
     # The shipped D3 record (mlagen/tuned/h100.json).
     {"scheduler": "static", "load_warps": 1, "producer_regs": 24, "consumer_regs": 240},

@@ -695,6 +695,11 @@ __device__ void consumer(const Params& p, u32 smem, const Barriers& bar, int wg)
       ++tile_iter;
       if constexpr (Cfg::kQInRegs) {
         load_q_fragments<Cfg>(r, smem, wg);
+        // The next tile's Q is written by TMA (the async proxy) over what ldmatrix (the generic
+        // proxy) just read: the proxy fence orders the two, the release on q_empty alone does not.
+        // Without it a CTA that runs several tiles read the next Q into this one (wrong lse on
+        // D4 / D6 in 40 of 40 calls on the H100, none with it: docs/notes.md, sixteenth session).
+        fence_async_shared();
         mbar_arrive(bar.q_empty());  // Q lives in registers now: the next tile's Q may load
       }
 #pragma unroll

@@ -105,7 +105,7 @@ _CALL_KNOBS = (FAMILY, CHECK_SEQLENS, RECORD_SHAPES, HEAD_GROUP)
 if _ENV_DATA is not None and _ENCODE is not None:
     _CALL_KEYS = tuple(_ENCODE(k.name) for k in _CALL_KNOBS)
     _PLANS_KEY = _ENCODE(PLANS.name)
-    _PLANS_OFF = {os.environ.encodevalue(v) for v in ("0", "false", "no", "off")}
+    _PLANS_ON = {None, *(os.environ.encodevalue(v) for v in ("", "1"))}
 else:  # pragma: no cover (another os.environ)
     _ENV_DATA = None
 
@@ -115,12 +115,11 @@ def call_state() -> tuple | None:
     one between calls takes the full path again); None when MLAGEN_PLANS is off. One function, as
     it runs on every eager call."""
     if _ENV_DATA is None:  # pragma: no cover
-        get = os.environ.get
-        if get(PLANS.name, "1") in ("0", "false", "no", "off"):
+        if not plans():
             return None
-        return tuple(get(k.name) for k in _CALL_KNOBS)
+        return tuple(os.environ.get(k.name) for k in _CALL_KNOBS)
     get = _ENV_DATA.get
-    if get(_PLANS_KEY) in _PLANS_OFF:
+    if get(_PLANS_KEY) not in _PLANS_ON and not plans():   # any other spelling as MLAGEN_PLANS reads it
         return None
     family, check, record, group = _CALL_KEYS
     return (get(family), get(check), get(record), get(group))

@@ -33,14 +33,15 @@ class NoPlan(Exception):
 
 
 def tensor_sig(t, tensor_type) -> tuple | None:
-    """What checks and launches read of a tensor besides its data: dtype, shape, strides, device
-    index (-1 on the CPU) and the base address modulo 16 bytes. ``tensor_type`` is torch.Tensor
-    (passed in, so this module does not import torch); a subclass raises NoPlan."""
+    """What checks and launches read of a tensor besides its data: dtype, shape, strides, whether
+    it is a CUDA tensor and its device index (-1 on the CPU), and the base address modulo 16
+    bytes. ``tensor_type`` is torch.Tensor (passed in, so this module does not import torch); a
+    subclass raises NoPlan."""
     if t is None:
         return None
     if type(t) is not tensor_type:
         raise NoPlan
-    return (t.dtype, t.shape, t.stride(), t.get_device(), t.data_ptr() & 15)
+    return (t.dtype, t.shape, t.stride(), t.is_cuda, t.get_device(), t.data_ptr() & 15)
 
 
 def scalar_sig(x) -> tuple:

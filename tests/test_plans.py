@@ -109,8 +109,15 @@ def test_plans_knob(monkeypatch):
     state = knobs.call_state()
     monkeypatch.setenv("MLAGEN_FAMILY", "mla_prefill_sm80")
     assert knobs.call_state() != state   # a knob a call reads changes the signature
-    monkeypatch.setenv("MLAGEN_PLANS", "0")
-    assert not knobs.plans() and knobs.call_state() is None
+    for off in ("0", "OFF", " false ", "no"):   # every spelling MLAGEN_PLANS reads as off
+        monkeypatch.setenv("MLAGEN_PLANS", off)
+        assert not knobs.plans() and knobs.call_state() is None
+    for on in ("1", "", "yes", "On"):
+        monkeypatch.setenv("MLAGEN_PLANS", on)
+        assert knobs.plans() and knobs.call_state() is not None
+    monkeypatch.setenv("MLAGEN_PLANS", "2")
+    with pytest.raises(ValueError, match="MLAGEN_PLANS"):
+        knobs.call_state()
 
 
 def test_cache_is_bounded():

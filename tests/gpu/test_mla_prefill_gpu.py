@@ -243,6 +243,26 @@ def test_sm90_tile_counter_ring_wraps(monkeypatch):
         assert ((out.float() - ref).norm() / ref.norm()).item() < OUT_REL_TOL
     ring, = tma._counters.values()
     assert ring.next == 2   # slots 0 1 2 | wrap 0 1 2 | wrap 0 1
+    # Two threads on one stream: a ring each (one ring shared by both could hand out a slot before
+    # a wrap and launch it after the wrap's memset).
+    import threading
+
+    got = [[], []]
+
+    def launches(i):
+        for _ in range(7):
+            got[i].append(api.mla_prefill(q, k, v, k_rope=k_rope, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
+                                          kernel=kernel)[0])
+
+    threads = [threading.Thread(target=launches, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    torch.cuda.synchronize()
+    assert len(tma._counters) == 3
+    for out in got[0] + got[1]:
+        assert ((out.float() - ref).norm() / ref.norm()).item() < OUT_REL_TOL
 
 
 def test_dispatch_is_memoised_and_compiles_once():

@@ -128,6 +128,8 @@ def test_bad_arguments_never_take_a_plan(monkeypatch):
     mlagen.mla_prefill(**d)
     with pytest.raises(ValueError, match="max_seqlen_q"):
         mlagen.mla_prefill(**d, max_seqlen_q=3)
+    with pytest.raises(TypeError, match="check_seqlens"):   # an int where a bool is asked
+        mlagen.mla_prefill(**d, check_seqlens=0)
 
 
 def test_graph_capture_of_a_planned_call(monkeypatch):

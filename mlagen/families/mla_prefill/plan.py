@@ -30,8 +30,9 @@ def signature(torch, q, k, v, k_rope, cu_seqlens_q, cu_seqlens_k, causal, softma
               max_seqlen_q, max_seqlen_k, kernel, q_descale, k_descale, v_descale):
     """The call's plan signature, or None when it takes the full path (plans off, check_seqlens
     asked, an argument a signature cannot hold). The current device comes last."""
-    if check_seqlens or type(q) is not torch.Tensor or q.get_device() < 0:
-        return None   # checked, or the full path says what is wrong
+    if (check_seqlens is not None and check_seqlens is not False) or type(q) is not torch.Tensor \
+            or q.get_device() < 0:
+        return None   # checked (or a check_seqlens the full path refuses), or the full path says what is wrong
     state = knobs.call_state()
     if state is None:
         return None
@@ -63,7 +64,11 @@ def remember(sig, selection, call: Call, grid: tuple, values: dict, args: tuple)
     given = (q, k, v, k_rope, cu_q, cu_k)
     if any((a is None) != (b is None) or (a is not None and a.data_ptr() != b.data_ptr()) for a, b in zip(used, given)):
         return
-    _plans.put(sig, DensePlan(selection, call, grid, values, k))
+    try:
+        built = DensePlan(selection, call, grid, values, k)
+    except Exception:   # the call ran; without a plan the next one takes the full path again
+        return
+    _plans.put(sig, built)
 
 
 class DensePlan:

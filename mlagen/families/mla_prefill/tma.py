@@ -70,16 +70,18 @@ def map_at(key: tuple, what: str) -> bytes:
     return encoded
 
 
-# The dynamic scheduler's tile counters: a ring of zeroed int32 per (device, stream). Each launch
-# takes the next one, so a launch needs no memset of its own (a driver call and a stream operation
-# per call, before this ring: docs/notes.md, "Sixteenth session"); when the ring
-# wraps, one cuMemsetD32Async on the stream zeroes all of it, ordered after every launch that used
-# it (launches on one stream run in order) and before any launch of the new lap (the index is
-# handed out under the ring's lock, after the memset is queued). The counters come from the driver,
-# not torch's allocator, so no memory pool holds them (a torch.compile CUDA-graph tree refuses live
-# allocations in its pool it did not make). A graph being captured gets a counter of its own from
-# the graph's pool instead (a memset node), so a replay on another stream never shares one with
-# eager launches.
+# The dynamic scheduler's tile counters: a ring of zeroed int32 per (device, stream, thread). Each
+# launch takes the next one, so a launch needs no memset of its own (a driver call and a stream
+# operation per call, before this ring: docs/notes.md, "Sixteenth session"); when the ring wraps,
+# one cuMemsetD32Async on the stream zeroes all of it, ordered after every launch that used it
+# (launches on one stream run in order, and one thread queues its ring's launches one after the
+# other) and before any launch of the new lap. Per thread, because in a ring shared by two threads
+# on one stream a slot handed out before the wrap could be launched after its memset (found in
+# review; the per-launch memset before the ring had the same window, wider). The counters come from
+# the driver, not torch's allocator, so no memory pool holds them (a torch.compile CUDA-graph tree
+# refuses live allocations in its pool it did not make). A graph being captured gets a counter of
+# its own from the graph's pool instead (a memset node), so a replay on another stream never shares
+# one with eager launches.
 RING = 4096
 
 
@@ -100,7 +102,7 @@ class _CounterRing:
         return self.base + 4 * i
 
 
-_counters: dict[tuple[int, int], _CounterRing] = {}
+_counters: dict[tuple[int, int, int], _CounterRing] = {}
 
 
 def tile_counter(device, stream: int) -> int:
@@ -109,7 +111,7 @@ def tile_counter(device, stream: int) -> int:
 
     if torch.cuda.is_current_stream_capturing():
         return torch.zeros(1, dtype=torch.int32, device=device).data_ptr()
-    key = (device.index, stream)
+    key = (device.index, stream, threading.get_ident())
     ring = _counters.get(key)
     if ring is None:
         with _lock:

@@ -499,8 +499,8 @@ def serving_dequant(torch, cache, fmt, out):
 FP8_COMPUTE_BAR = 1.15
 
 
-def bench_fp8(shapes, rounds, iters, scale_fmts=("ue8m0", "fp32")) -> None:
-    """S1 / S3 from the fp8_v32 cache (pages of 64): the kernel reading it ("bf16" compute
+def bench_fp8(shapes, rounds, iters, scale_fmts=("ue8m0", "fp32"), formats=("fp8_v32",)) -> None:
+    """S1 / S3 from an FP8 cache (pages of 64; ``formats``, default V3.2's fp8_v32): the kernel reading it ("bf16" compute
     mode), our bf16 kernel on the dequantized bf16 copy, and the serving path (dequantize the
     request's cache into bf16, then FlashMLA if its build is found (MLAGEN_PEERS_DIR), else our bf16
     kernel). Once per scale format: "ue8m0" (powers of two, what V3.2's quantizer writes) and
@@ -525,17 +525,17 @@ def bench_fp8(shapes, rounds, iters, scale_fmts=("ue8m0", "fp32")) -> None:
         print(f"flashmla skipped (the serving path then runs our bf16 kernel): {why}")
     from .runtime import device_info
 
-    fmt = operands.get("fp8_v32")
     dev = torch.cuda.get_device_properties(0)
     print(f"device: {dev.name}, torch {torch.__version__}, cuda {torch.version.cuda}, {time.strftime('%Y-%m-%d %H:%M')}")
     target = device_info(torch.cuda.current_device()).target
-    fp8_compute = target is not None and target.name in fam.kv_format_targets(fmt.name, "fp8")
-    if not fp8_compute:
-        print(f"compute=fp8 skipped: no fp8-mode spec reads {fmt.name} on {target.name if target else dev.name} "
-              f"(targets: {', '.join(fam.kv_format_targets(fmt.name, 'fp8')) or 'none'})")
     flush = measure.L2Flush("cuda")
     rows = []
-    for name, scale_fmt in itertools.product(shapes, scale_fmts):
+    for name, fmt_name, scale_fmt in itertools.product(shapes, formats, scale_fmts):
+        fmt = operands.get(fmt_name)
+        fp8_compute = target is not None and target.name in fam.kv_format_targets(fmt.name, "fp8")
+        if not fp8_compute:
+            print(f"compute=fp8 skipped: no fp8-mode spec reads {fmt.name} on {target.name if target else dev.name} "
+                  f"(targets: {', '.join(fam.kv_format_targets(fmt.name, 'fp8')) or 'none'})")
         shape = dataclasses.replace(fam.parse_shape(name), kv_format=fmt.name)
         inp = fam.make_inputs(shape, "cuda", seed=0)
         q, cache, idx, sink, sc = inp["q"], inp["kv"], inp["indices"], inp["attn_sink"], inp["softmax_scale"]
@@ -590,7 +590,7 @@ def bench_fp8(shapes, rounds, iters, scale_fmts=("ue8m0", "fp32")) -> None:
             for k, f in fns.items():
                 times[k].append(measure.median(measure.time_calls(f, iters, flush)) * 1e3)   # ms
         med = {k: measure.median(v) for k, v in times.items()}
-        row = {"shape": shape.id, "scales": scale_fmt, **{f"{k}_ms": v for k, v in med.items()},
+        row = {"shape": shape.id, "format": fmt.name, "scales": scale_fmt, **{f"{k}_ms": v for k, v in med.items()},
                **{f"{k}_tflops": fl / v / 1e9 for k, v in med.items()},
                "fp8_vs_bf16_copy": med["bf16_copy"] / med["fp8"], "fp8_vs_serving": med["serving"] / med["fp8"],
                **({"h16_vs_fp8": med["fp8"] / med["fp8_h16"]} if "fp8_h16" in med else {}),
@@ -607,12 +607,12 @@ def bench_fp8(shapes, rounds, iters, scale_fmts=("ue8m0", "fp32")) -> None:
         fns = results = twin = inp = cache = copy = buf = None   # free the tensors before the next shape
         torch.cuda.empty_cache()
     print()
-    print("| shape | scales | fp8 ms | fp8 TFLOP/s | bf16 on copy ms | serving ms | fp8 / bf16-copy | fp8 / serving "
-          "| H <= 16 kernel on the FP8 cache ms (x fp8) |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| shape | format | scales | fp8 ms | fp8 TFLOP/s | bf16 on copy ms | serving ms | fp8 / bf16-copy | "
+          "fp8 / serving | H <= 16 kernel on the FP8 cache ms (x fp8) |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         old = f"{r['fp8_h16_ms']:.3f} ({r['h16_vs_fp8']:.2f}x)" if "fp8_h16_ms" in r else "-"
-        print(f"| {r['shape']} | {r['scales']} | {r['fp8_ms']:.3f} | {r['fp8_tflops']:.0f} | {r['bf16_copy_ms']:.3f} | "
+        print(f"| {r['shape']} | {r['format']} | {r['scales']} | {r['fp8_ms']:.3f} | {r['fp8_tflops']:.0f} | {r['bf16_copy_ms']:.3f} | "
               f"{r['serving_ms']:.3f} | {r['fp8_vs_bf16_copy']:.3f} | {r['fp8_vs_serving']:.3f} | {old} |")
     if any("fp8_compute_ms" in r for r in rows):
         print()
@@ -621,9 +621,9 @@ def bench_fp8(shapes, rounds, iters, scale_fmts=("ue8m0", "fp32")) -> None:
               f"float32 reference with Q as the kernel rounds it, on fp32-dequantized rows (out rel L2 <= "
               f"{fam.FP8_REL_TOL:g}, lse / max_logits <= {fam.FP8_STAT_TOL:g} x (1 + |ref|))")
         print()
-        print("| shape | scales | fp8 compute ms | fp8 compute TFLOP/s | FlashMLA bf16 on copy ms | x FlashMLA (bar) "
-              "| x our bf16 on copy | x compute=bf16 on the cache | check |")
-        print("|---|---|---|---|---|---|---|---|---|")
+        print("| shape | format | scales | fp8 compute ms | fp8 compute TFLOP/s | FlashMLA bf16 on copy ms | "
+              "x FlashMLA (bar) | x our bf16 on copy | x compute=bf16 on the cache | check |")
+        print("|---|---|---|---|---|---|---|---|---|---|")
         for r in rows:
             if "fp8_compute_ms" not in r:
                 continue
@@ -631,7 +631,7 @@ def bench_fp8(shapes, rounds, iters, scale_fmts=("ue8m0", "fp32")) -> None:
                   f"({'meets' if r['fp8_compute_meets_bar'] else 'BELOW'} {FP8_COMPUTE_BAR:g})") \
                 if "flashmla_copy_ms" in r else ("-", "- (FlashMLA not built)")
             check = "ok" if r["fp8_compute_ok"] else "WRONG: " + r["fp8_compute_check"]
-            print(f"| {r['shape']} | {r['scales']} | {r['fp8_compute_ms']:.3f} | {r['fp8_compute_tflops']:.0f} | "
+            print(f"| {r['shape']} | {r['format']} | {r['scales']} | {r['fp8_compute_ms']:.3f} | {r['fp8_compute_tflops']:.0f} | "
                   f"{fm[0]} | {fm[1]} | {r['fp8_compute_vs_bf16_copy']:.3f} | {r['fp8_compute_vs_fp8']:.3f} | {check} |")
 
 
@@ -701,8 +701,9 @@ def main(argv=None) -> int:
     vf.add_argument("--kernel", default=None)
     vf.add_argument("--compute", default="bf16", choices=fam.COMPUTE_MODES,
                     help='the compute mode: "bf16" (dequantized to bf16 in the kernel) or "fp8" (FP8 tensor cores)')
-    bf = sub.add_parser("bench-fp8", help="S1/S3 from the fp8_v32 cache (compute bf16 and, where a kernel serves it, "
+    bf = sub.add_parser("bench-fp8", help="S1/S3 from an FP8 cache (compute bf16 and, where a kernel serves it, "
                                           "fp8) vs bf16 on the copy (ours, FlashMLA) vs the serving path")
+    bf.add_argument("--formats", default="fp8_v32", help="cache formats (kv_format values), e.g. fp8_v32,fp8_b64")
     bf.add_argument("--shapes", default="S1,S3")
     bf.add_argument("--rounds", type=int, default=3)
     bf.add_argument("--iters", type=int, default=30)
@@ -725,7 +726,14 @@ def main(argv=None) -> int:
         if args.cmd == "verify-fp8":
             return verify_fp8(args.kernel, args.compute)
         if args.cmd == "bench-fp8":
-            bench_fp8(args.shapes.split(","), args.rounds, args.iters, tuple(args.scales.split(",")))
+            from . import operands
+
+            formats = tuple(args.formats.split(","))
+            bad = [f for f in formats if f not in operands.NAMES or not operands.get(f).quantized]
+            if bad:
+                raise ValueError(f"--formats: {bad[0]!r} is not an FP8 cache format; one of "
+                                 f"{[n for n in operands.NAMES if operands.get(n).quantized]}")
+            bench_fp8(args.shapes.split(","), args.rounds, args.iters, tuple(args.scales.split(",")), formats)
             return 0
         if args.cmd == "profile":
             return profile(args.shape)

@@ -38,13 +38,14 @@ def test_the_fp8_spec_loads_and_serves_the_fp8_mode_only():
     s = spec.load(FP8_SPEC)
     assert (s.family, s.abi, s.targets) == ("mla_sparse_prefill", "gather", ("sm_90a",))
     assert fam.spec_compute(s) == "fp8" and dict(s.problem)["dtype"] == "bf16"
-    assert dict(s.specialize) == {"d_qk": (576,), "paged": (False, True), "kv_format": ("fp8_v32", "fp8_b0")}
+    assert dict(s.specialize) == {"d_qk": (576,), "paged": (False, True),
+                                  "kv_format": ("fp8_v32", "fp8_b64", "fp8_b32", "fp8_b0")}
     # Every other spec of the family is a bf16-mode spec (no problem.compute).
     others = [x for x in family_specs("mla_sparse_prefill") if x.name != FP8_SPEC]
     assert others and all("compute" not in dict(x.problem) and fam.spec_compute(x) == "bf16" for x in others)
-    assert fam.compute_kv_formats("fp8") == ("fp8_v32", "fp8_b0")
+    assert fam.compute_kv_formats("fp8") == ("fp8_v32", "fp8_b64", "fp8_b32", "fp8_b0")
     assert fam.compute_kv_formats("bf16") == ("bf16", "fp8_v32", "fp8_b64", "fp8_b32", "fp8_b0")
-    assert fam.kv_format_targets("fp8_v32", "fp8") == ["sm_90a"] and fam.kv_format_targets("fp8_b64", "fp8") == []
+    assert fam.kv_format_targets("fp8_v32", "fp8") == ["sm_90a"] and fam.kv_format_targets("fp8_b32", "fp8") == ["sm_90a"]
     assert fam.kv_format_targets("bf16", "fp8") == [] and "sm_80" in fam.kv_format_targets("bf16")
 
 
@@ -59,7 +60,7 @@ def _spec_text(**replace):
 @pytest.mark.parametrize("old, new, key", [
     ("compute: fp8 ", "compute: fp16 ", "problem.compute"),
     ("compute: fp8 ", "compute: [fp8] ", "problem.compute"),
-    ("kv_format: [fp8_v32, fp8_b0]", "kv_format: [bf16, fp8_v32, fp8_b0]", "specialize.kv_format"),
+    ("kv_format: [fp8_v32, fp8_b64, fp8_b32, fp8_b0]", "kv_format: [bf16, fp8_v32, fp8_b0]", "specialize.kv_format"),
 ])
 def test_validate_spec_checks_the_compute_mode(tmp_path, old, new, key):
     bad = tmp_path / f"{FP8_SPEC}.yaml"
@@ -79,7 +80,7 @@ def test_a_bf16_mode_spec_may_say_so(tmp_path):
 def test_the_fp8_spec_keeps_its_gather_in_one_half_and_the_bf16_spec_in_two():
     s = spec.load(FP8_SPEC)
     for paged in (False, True):
-        for fmt in ("fp8_v32", "fp8_b0"):
+        for fmt in ("fp8_v32", "fp8_b64", "fp8_b32", "fp8_b0"):
             v = variant.feasible_default(s, SM90A, {"d_qk": 576, "paged": paged, "kv_format": fmt})
             assert v is not None and resources.check(v, SM90A).ok, resources.check(v, SM90A).reasons
     assert not resources.check(variant.default(s), arch.TARGETS["sm_80"]).ok
@@ -95,9 +96,10 @@ def test_existing_specs_keep_their_symbols_and_axes():
     assert fam.specialization(call) == {"d_qk": 576, "paged": True, "kv_format": "fp8_v32"}
 
 
-@pytest.mark.parametrize("values", [{}, {"kv_format": "fp8_b0"}, {"paged": True}, {"paged": True, "kv_format": "fp8_b0"}])
+@pytest.mark.parametrize("values", [{}, {"kv_format": "fp8_b0"}, {"paged": True}, {"paged": True, "kv_format": "fp8_b0"},
+                                    {"kv_format": "fp8_b64"}, {"paged": True, "kv_format": "fp8_b32"}])
 def test_fp8_spec_variants_render_and_compile_without_spills(values):
-    """The default variant and the fp8_b0 / paged specialisations, rendered and compiled for
+    """The default variant and the fp8_b0 / b64 / b32 / paged specialisations, rendered and compiled for
     sm_90a with NVRTC: no spills, the resource model's shared memory (the template asserts it)."""
     from mlagen.compiler import for_target
 
@@ -117,7 +119,7 @@ def test_mlagen_check_builds_the_fp8_spec():
 
     items = [i for i in check.items(specs=[FP8_SPEC])]
     assert {(i.variant["kv_format"], i.variant["paged"]) for i in items} == {
-        ("fp8_v32", False), ("fp8_v32", True), ("fp8_b0", False), ("fp8_b0", True)}
+        (f, paged) for f in ("fp8_v32", "fp8_b64", "fp8_b32", "fp8_b0") for paged in (False, True)}
     assert all(i.target == "sm_90a" and "default" in i.why for i in items)
 
 
@@ -144,7 +146,8 @@ def test_accepts_never_crosses_modes():
     assert [s.name for s in specs if fam.accepts(s, legacy)] == [
         s.name for s in specs if fam.spec_compute(s) == "bf16" and "fp8_v32" in dict(s.specialize)["kv_format"]]
     assert [s.name for s in specs if fam.accepts(s, _call("fp8", "fp8_v32"))] == [FP8_SPEC]
-    assert [s.name for s in specs if fam.accepts(s, _call("fp8", "fp8_b64"))] == []
+    assert [s.name for s in specs if fam.accepts(s, _call("fp8", "fp8_b64"))] == [FP8_SPEC]
+    assert [s.name for s in specs if fam.accepts(s, _call("fp8", "bf16"))] == []
 
 
 def test_the_bench_tools_bf16_twin_is_never_the_fp8_spec():
@@ -169,10 +172,8 @@ def _cpu_args(kv_format="fp8_v32"):
     (None, "fp8_v32", TypeError, r"compute: expected a string"),
     ("fp16", "fp8_v32", ValueError, r"compute: 'fp16' is not one of \['bf16', 'fp8'\]"),
     ("FP8", "fp8_v32", ValueError, r"compute: 'FP8' is not one of"),
-    ("fp8", "bf16", ValueError, r"compute: 'fp8' needs an FP8 cache: kv_format one of \['fp8_v32', 'fp8_b0'\].*"
-                                r"got kv_format 'bf16'"),
-    ("fp8", "fp8_b64", ValueError, r"compute: 'fp8' reads kv_format \['fp8_v32', 'fp8_b0'\], got kv_format 'fp8_b64'"),
-    ("fp8", "fp8_b32", ValueError, r"compute: 'fp8' reads kv_format \['fp8_v32', 'fp8_b0'\], got kv_format 'fp8_b32'"),
+    ("fp8", "bf16", ValueError, r"compute: 'fp8' needs an FP8 cache: kv_format one of \['fp8_v32', 'fp8_b64', "
+                                r"'fp8_b32', 'fp8_b0'\].*got kv_format 'bf16'"),
 ])
 def test_bad_compute_names_the_argument(compute, kv_format, exc, pattern):
     q, kv, idx = _cpu_args(kv_format)
@@ -184,12 +185,25 @@ def test_bad_compute_names_the_argument(compute, kv_format, exc, pattern):
         assert isinstance(info.value, LaunchError) or exc is TypeError
 
 
+def test_a_format_no_fp8_mode_spec_reads_is_refused():
+    # Every packaged quantized format has an fp8-mode kernel now; the check reads the specs, so a
+    # format without one (here: the specs as if only V3.2's and unscaled rows were built) is named.
+    only = lambda compute: ("fp8_v32", "fp8_b0")  # noqa: E731
+    for fmt in ("fp8_b64", "fp8_b32"):
+        with pytest.raises(ValueError, match=rf"compute: 'fp8' reads kv_format \['fp8_v32', 'fp8_b0'\], got "
+                                             rf"kv_format '{fmt}' \(compute='bf16' reads it"):
+            fam.check_compute("fp8", fmt, only)
+    assert fam.check_compute("fp8", "fp8_v32", only) == "fp8"
+
+
 def test_good_compute_passes_to_the_next_check():
     # Checked before the tensors (like kv_format), so a valid mode reaches the CUDA check.
-    for compute, kv_format in (("fp8", "fp8_v32"), ("fp8", "fp8_b0"), ("bf16", "fp8_b64"), ("bf16", "bf16")):
+    rows = {"fp8_b0": 640, "fp8_b64": 672, "fp8_b32": 704}
+    for compute, kv_format in (("fp8", "fp8_v32"), ("fp8", "fp8_b0"), ("fp8", "fp8_b64"), ("fp8", "fp8_b32"),
+                               ("bf16", "fp8_b64"), ("bf16", "bf16")):
         q, kv, idx = _cpu_args(kv_format)
-        if kv_format == "fp8_b0":
-            kv = torch.zeros(4, 64, 640, dtype=torch.uint8)
+        if kv_format in rows:
+            kv = torch.zeros(4, 64, rows[kv_format], dtype=torch.uint8)
         with pytest.raises(ValueError, match="q: must be a CUDA tensor"):
             fam.prepare(q, kv, idx, softmax_scale=0.1, kv_format=kv_format, compute=compute)
 
@@ -288,8 +302,8 @@ def test_shape_text_carries_compute():
 
 
 @pytest.mark.parametrize("text, pattern", [
-    ("sq=1,h=1,topk=1,skv=1,compute=fp8", r"compute=fp8 needs kv= one of \['fp8_v32', 'fp8_b0'\].*got kv=bf16"),
-    ("sq=1,h=1,topk=1,skv=1,kv=fp8_b64,compute=fp8", r"compute=fp8 needs kv= one of .*got kv=fp8_b64"),
+    ("sq=1,h=1,topk=1,skv=1,compute=fp8", r"compute=fp8 needs kv= one of \['fp8_v32', 'fp8_b64', 'fp8_b32', "
+                                          r"'fp8_b0'\].*got kv=bf16"),
     ("sq=1,h=1,topk=1,skv=1,kv=fp8_v32,compute=fp4", r"compute must be one of \['bf16', 'fp8'\], got 'fp4'"),
     ("sq=1,h=1,topk=1,skv=1,d=512,compute=fp8", r"compute=fp8 needs kv="),
 ])
@@ -479,11 +493,12 @@ COMPILE_SCRIPT = textwrap.dedent("""
         assert seen and set(seen) == {"fp8"}, seen
         assert torch.equal(got, eager(fn)), fn.__name__
     try:
-        torch.compile(lambda q: mlagen.mla_sparse_prefill(q, cache, idx, softmax_scale=0.05, kv_format="fp8_b64",
-                                                          compute="fp8"), fullgraph=True, backend="aot_eager")(q)
+        bf16_kv = torch.zeros(64, 576, dtype=torch.bfloat16)
+        torch.compile(lambda q: mlagen.mla_sparse_prefill(q, bf16_kv, idx, softmax_scale=0.05, compute="fp8"),
+                      fullgraph=True, backend="aot_eager")(q)
         raise SystemExit("no error")
     except Exception as exc:
-        assert "compute: 'fp8' reads kv_format" in str(exc), exc
+        assert "compute: 'fp8' needs an FP8 cache" in str(exc), exc
     args = (q, cache, idx, 0.05, None, None, None, "fp8_v32", "fp8")
     for name, result in torch.library.opcheck(op._op, args).items():
         assert result == "SUCCESS", (name, result)

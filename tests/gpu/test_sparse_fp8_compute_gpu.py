@@ -7,7 +7,7 @@ fp32-dequantized rows at the fp8 mode's tolerances (``fam.FP8_REL_TOL`` relative
 ``fam.FP8_STAT_TOL * (1 + |ref|)`` on lse and max_logits where finite; exactly the reference's
 infinities: rows with no valid key give out 0, lse +inf, max_logits -inf), and its lse and
 max_logits against the exact-Q reference within Q's rounding bound (``fam.fp8_q_logit_bound``): the cases of bench_sparse.fp8_cases whose format the fp8 mode reads (fp8_v32,
-fp8_b0), then H in {1, 5, 16, 64, 128} x topk in {1, 33, 640, 2048} over page sizes 1 and 64
+fp8_b64, fp8_b32, fp8_b0), then H in {1, 5, 16, 64, 128} x topk in {1, 33, 640, 2048} over page sizes 1 and 64
 (flat, 4-D and strided pools), every sink mode (none, finite, +inf, -inf, mixed), topk_length
 (rows of length 0 among them), all-invalid rows, per-block scales 10**+-2 and 2^-40..2^20 apart
 (bench_sparse.fp8_compute_cases). Then CUDA graph capture, torch.compile(fullgraph=True) and the
@@ -75,8 +75,10 @@ def test_sinks_and_page_sizes(sink, kv):
 @needs_fp8_kernel
 @pytest.mark.parametrize("spread", [0.0, 2.0, 4.0, 6.0])
 @pytest.mark.parametrize("scales", ["fp32", "ue8m0"])
-def test_scales_orders_of_magnitude_apart_between_blocks(spread, scales):
-    case = {"sq": 7, "heads": 128, "topk": 2048, "n": 5000, "kv": "p64", "kv_format": "fp8_v32", "sink": "finite",
+@pytest.mark.parametrize("fmt", ["fp8_v32", "fp8_b64", "fp8_b32"])
+def test_scales_orders_of_magnitude_apart_between_blocks(spread, scales, fmt):
+    # Scales per 128, 64 and 32 values (the last two exchange P as f16 between the consumers).
+    case = {"sq": 7, "heads": 128, "topk": 2048, "n": 5000, "kv": "p64", "kv_format": fmt, "sink": "finite",
             "scales": scales, "spread": spread}
     ok, msg = bench_sparse.check_fp8_compute_case(torch, case, seed=12)
     assert ok, f"{case}: {msg}"
@@ -89,7 +91,7 @@ def _poisoned(sq, heads):
 
 @needs_fp8_kernel
 @pytest.mark.parametrize("how", ["topk_length_0", "all_invalid", "past_n"])
-@pytest.mark.parametrize("fmt", ["fp8_v32", "fp8_b0"])
+@pytest.mark.parametrize("fmt", ["fp8_v32", "fp8_b64", "fp8_b32", "fp8_b0"])
 def test_empty_rows_give_zero_and_infinities(how, fmt):
     f = operands.get(fmt)
     g = torch.Generator(device="cuda").manual_seed(5)
@@ -147,7 +149,7 @@ def test_dispatch_takes_the_fp8_spec_for_compute_fp8_only():
 
 
 @needs_fp8_kernel
-@pytest.mark.parametrize("fmt", ["fp8_v32", "fp8_b0"])
+@pytest.mark.parametrize("fmt", ["fp8_v32", "fp8_b32", "fp8_b0"])
 def test_fp8_compute_cuda_graph_capture_and_replay(fmt):
     inp = _inputs(fmt=fmt)
     mlagen.mla_sparse_prefill(**inp)   # builds the kernel outside capture
@@ -208,15 +210,17 @@ def test_fp8_compute_opcheck():
 def test_compute_fp8_with_a_bf16_cache_is_a_value_error():
     inp = fam.make_inputs({"sq": 4, "heads": 8, "topk": 16, "s_kv": 100}, "cuda", seed=1)
     with pytest.raises(ValueError, match=r"compute: 'fp8' needs an FP8 cache: kv_format one of \['fp8_v32', "
-                                         r"'fp8_b0'\].*got kv_format 'bf16'"):
+                                         r"'fp8_b64', 'fp8_b32', 'fp8_b0'\].*got kv_format 'bf16'"):
         mlagen.mla_sparse_prefill(**inp, compute="fp8")
 
 
-def test_compute_fp8_with_a_format_it_does_not_read_is_a_value_error():
-    inp = fam.make_inputs({"sq": 4, "heads": 8, "topk": 16, "s_kv": 100, "kv_format": "fp8_b64"}, "cuda", seed=1)
-    with pytest.raises(ValueError, match=r"compute: 'fp8' reads kv_format \['fp8_v32', 'fp8_b0'\], got kv_format "
-                                         r"'fp8_b64'"):
-        mlagen.mla_sparse_prefill(**inp, compute="fp8")
+@needs_fp8_kernel
+@pytest.mark.parametrize("fmt", ["fp8_b64", "fp8_b32"])
+def test_scale_blocks_of_64_and_32_take_the_fp8_spec(fmt):
+    inp = _inputs(fmt=fmt)
+    _, sel = fam.select(fam.prepare(inp["q"], inp["kv"], inp["indices"], softmax_scale=0.04, kv_format=fmt,
+                                    compute="fp8"))
+    assert sel.spec.name == FP8_SPEC and sel.variant["kv_format"] == fmt
 
 
 @needs_fp8_kernel

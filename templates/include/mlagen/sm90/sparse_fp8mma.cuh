@@ -51,34 +51,61 @@ constexpr int kPxBytes = 64 * 64;     // an exchanged P' tile: 64 heads x 64 key
 constexpr float kLazyMargin = 2.f;
 constexpr float kLog2PScale = 6.f;  // P is computed as 2^6 exp2(x - m): the row sums carry it too
 
-struct Layout {
+// The shared-memory layout for `NB` scale blocks per row (0, 4, 8 or 16). The small tables are
+// sized for max(NB, 4) blocks, so the layouts of NB 0 and 4 are one.
+template <int NB>
+struct LayoutT {
+  static constexpr int kSB = NB > 4 ? NB : 4;
   static constexpr int kQ8 = 0;                        // Q latent, e4m3, 4 tiles
   static constexpr int kQR = kQ8 + 4 * kTileBytes;     // Q rope / qs, bf16, 1 tile
   static constexpr int kBuf = 5 * kTileBytes;          // a gathered block: 4 e4m3 tiles + the rope tile
   static constexpr int kK0 = kQR + kTileBytes;
   static constexpr int kVt0 = kK0 + 2 * kBuf;
-  static constexpr int kPx0 = kVt0 + 2 * kVtBytes;     // consumer c's P' for the other: 2 tiles
+  // Consumer c's P for the other: two e4m3 P' tiles (NB <= 4), or one f16 tile of P (NB > 4).
+  static constexpr int kPx0 = kVt0 + 2 * kVtBytes;
   static constexpr int kSmall = kPx0 + 2 * 2 * kPxBytes;
   static constexpr int kKs = kSmall;                   // float [buffer][key][scale block]: key scales
-  static constexpr int kFv = kKs + 2 * 4 * 64 * 4;     // float [buffer][block][key]: ks / C
-  static constexpr int kValid = kFv + 2 * 4 * 64 * 4;  // u8 [buffer][key]
+  static constexpr int kFv = kKs + 2 * kSB * 64 * 4;   // float [buffer][block][key]: ks / C
+  static constexpr int kValid = kFv + 2 * kSB * 64 * 4;  // u8 [buffer][key]
   static constexpr int kQs = kValid + 128;             // float [64]: Q row scales
   static constexpr int kMax = kQs + 256;               // float [64]: running max, exchanged
   static constexpr int kSum = kMax + 256;              // float [2][64]: row sums, exchanged at the end
-  static constexpr int kVnorm = kSum + 512;            // float [parity][2][4]: O_b rescale of the pair, C_b
-  static constexpr int kRed = kVnorm + 64;             // float [parity][4 warps][4]: producer's maxima
-  static constexpr int kBarriers = kRed + 128;          // kready[2], vready[2], kfree[2], vfree[2]
+  static constexpr int kVnorm = kSum + 512;            // float [parity][2][kSB]: O_b rescale of the pair, C_b
+  static constexpr int kRed = kVnorm + 16 * kSB;       // float [parity][4 warps][kSB]: producer's maxima
+  static constexpr int kBarriers = kRed + 32 * kSB;    // kready[2], vready[2], kfree[2], vfree[2]
   static constexpr int kEnd = kBarriers + 8 * 8;
-  static constexpr int kReserved = 6144;
+  static constexpr int kReserved = (kEnd - kSmall + 1023) / 1024 * 1024;  // 6 / 10 / 18 KB
   static constexpr int kSmemBytes = kSmall + kReserved + 1024;  // + slack to align the base to 1024
-  static_assert(kEnd - kSmall <= kReserved, "small area overflows its reservation");
   static_assert(kVt0 % 1024 == 0 && kPx0 % 1024 == 0 && kK0 % 1024 == 0, "swizzle atoms");
   static __device__ __forceinline__ u32 k8(u32 smem, int buf) { return smem + kK0 + buf * kBuf; }
   static __device__ __forceinline__ u32 kr(u32 smem, int buf) { return smem + kK0 + buf * kBuf + 4 * kTileBytes; }
   static __device__ __forceinline__ u32 vt(u32 smem, int buf) { return smem + kVt0 + buf * kVtBytes; }
   // The tile in which consumer `from` leaves P' of column block `b` (0, 1 of the other's two).
   static __device__ __forceinline__ u32 px(u32 smem, int from, int b) { return smem + kPx0 + (2 * from + b) * kPxBytes; }
+  // Scale block b's normaliser data of a pair's parity: which 0: O_b's growth factor, 1: C_b.
+  static __device__ __forceinline__ u32 vnorm(u32 smem, u32 parity, int which, int b) {
+    return smem + kVnorm + 4 * ((2 * parity + which) * kSB + b);
+  }
 };
+
+// What a configuration's cache format makes of the kernel: kNB scale blocks of kW values per row
+// (0: unscaled), kCB output column blocks of kW columns per consumer (one when unscaled). With
+// 128-value blocks (V3.2) a consumer hands the other its P' of each of the other's column blocks
+// as e4m3 tiles; with 64- or 32-value blocks (four or eight P' per consumer, which neither fit
+// the registers nor the shared memory) it hands over P itself, as an f16 tile, and the receiver
+// forms the P' of its own column blocks from it.
+template <class Cfg>
+struct ScaleFormat {
+  static constexpr int kW = Cfg::kKvScaleBlock;
+  static constexpr int kNB = kW ? 512 / kW : 0;
+  static constexpr int kCB = kW ? 256 / kW : 1;
+  static constexpr int kCols = 256 / kCB;  // output columns per column block
+  static constexpr bool kF16Exchange = kNB > 4;
+  static_assert(kW == 0 || kW == 128 || kW == 64 || kW == 32, "scale blocks of 128, 64 or 32 values, or none");
+};
+
+template <class Cfg>
+using LayoutFor = LayoutT<ScaleFormat<Cfg>::kNB>;
 
 struct Barriers {
   u32 base;
@@ -166,6 +193,8 @@ __device__ __forceinline__ u32 swizzled64(int row, int chunk) { return row * 64 
 
 template <class Cfg>
 struct Producer {
+  using L = LayoutFor<Cfg>;
+  using SF = ScaleFormat<Cfg>;
   template <class Params>
   static __device__ __forceinline__ const u8* row_ptr(const Params& p, int row) {
     i64 off;
@@ -191,7 +220,7 @@ struct Producer {
                                                 const int (&rows)[4], int g, int c) {
     // Formed here (one instruction) rather than held across the loop by the 56-register producer.
     const u64 policy = Cfg::kEvictLast ? l2_policy_evict_last() : 0;
-    const u32 k8 = Layout::k8(smem, buf), kr = Layout::kr(smem, buf);
+    const u32 k8 = L::k8(smem, buf), kr = L::kr(smem, buf);
 #pragma unroll
     for (int r = 0; r < 4; ++r) {
       const int key = g + 16 * r;
@@ -201,16 +230,20 @@ struct Producer {
       for (int tile = 0; tile < 4; ++tile)
         cp_async_16<Cfg::kEvictLast>(k8 + tile * kTileBytes + swizzled(key, c), src + 128 * tile + 16 * c, ok, policy);
       cp_async_16<Cfg::kEvictLast>(kr + swizzled(key, c), src + Cfg::kKvRopeOffset + 16 * c, ok, policy);
-      // The row's four scales as one 16-byte copy into [buffer][key][block], by thread c = r.
-      if constexpr (Cfg::kScaled) {
-        if (c == r) cp_async_16<false>(smem + Layout::kKs + 16 * (buf * 64 + key), src + Cfg::kKvScaleOffset, ok, 0);
+      // The row's scales, 16 bytes (four) per copy, into [buffer][key][block]: four scales by
+      // thread c = r, more by threads c < copies (copy c; one predicate and address per row).
+      if constexpr (SF::kNB == 4) {
+        if (c == r) cp_async_16<false>(smem + L::kKs + 16 * (buf * 64 + key), src + Cfg::kKvScaleOffset, ok, 0);
+      } else if constexpr (Cfg::kScaled) {
+        if (c < SF::kNB / 4)
+          cp_async_16<false>(smem + L::kKs + 4 * SF::kNB * (buf * 64 + key) + 16 * c, src + Cfg::kKvScaleOffset + 16 * c, ok, 0);
       }
     }
     cp_async_arrive_noinc(bar.kready(buf));
     if (c == 0) {
 #pragma unroll
       for (int r = 0; r < 4; ++r)
-        asm volatile("st.shared.u8 [%0], %1;\n" ::"r"(smem + Layout::kValid + buf * 64 + g + 16 * r),
+        asm volatile("st.shared.u8 [%0], %1;\n" ::"r"(smem + L::kValid + buf * 64 + g + 16 * r),
                      "h"((u16)(rows[r] >= 0 && rows[r] < p.num_kv))
                      : "memory");
       mbar_arrive(bar.kready(buf));
@@ -235,11 +268,11 @@ struct Producer {
     const int m = lane / 8, r = lane % 8;  // the matrix and row this lane addresses
     // ldmatrix: matrix m = (keys 8 (m % 2) + r of the group) x (chunk 2 k + m / 2).
     const int key = 16 * warp + 8 * (m % 2) + r;
-    const u32 ld_base = Layout::k8(smem, buf) + key * 128;
+    const u32 ld_base = L::k8(smem, buf) + key * 128;
     const u32 sw = (u32)((m / 2) ^ r) << 4;  // chunk (2k % 8 + m / 2) XOR key % 8 = (2k % 8) XOR ((m / 2) ^ r)
     // stmatrix: matrix m = chunk 2 k + m / 2, dims (m % 2 == 0: 0 2 4 6 9 11 13 15; else the others).
     const int dd = (m % 2 == 0) == (r < 4) ? 2 * r : 2 * r + 1;
-    const u32 st_addr = Layout::vt(smem, buf) + (16 * (m / 2) + dd) * 64 + ((warp ^ ((dd >> 1) & 3)) << 4);
+    const u32 st_addr = L::vt(smem, buf) + (16 * (m / 2) + dd) * 64 + ((warp ^ ((dd >> 1) & 3)) << 4);
     // This lane's words: the even dim goes to matrix 0 / 2 for lanes g < 4, to matrix 1 / 3 otherwise.
     const bool low = lane < 16;
     const u32 sel0 = low ? 0x6420u : 0x7531u, sel1 = low ? 0x7531u : 0x6420u;
@@ -267,6 +300,45 @@ struct Producer {
       if (k + 2 < 16) load(k + 2, xa);
       store(k + 1, xb);
     }
+  }
+
+  // The pair's normalisers with more than four scale blocks, none held across the pair (the
+  // producer has 56 registers): each warp's maximum of every block's scales (thread = key tid % 64
+  // of buffer tid / 64), then thread b < NB forms C_b (a power of two >= every scale of block b so
+  // far) and O_b's growth factor C_old / C_new into the parity's normaliser slots.
+  static __device__ __forceinline__ void wide_scale_stage(u32 smem, int tid, int mine, int key, int pair, u32 phase) {
+    const int warp = tid / 32, lane = tid % 32;
+    const u32 red = smem + L::kRed + 16 * L::kSB * phase;  // float [4 warps][NB] of this parity
+#pragma unroll
+    for (int b0 = 0; b0 < SF::kNB; b0 += 4) {
+      float mx[4];
+      asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n"
+                   : "=f"(mx[0]), "=f"(mx[1]), "=f"(mx[2]), "=f"(mx[3])
+                   : "r"(smem + L::kKs + 4 * (SF::kNB * (mine * 64 + key) + b0))
+                   : "memory");
+#pragma unroll
+      for (int b = 0; b < 4; ++b) {
+        mx[b] = fabsf(mx[b]);
+#pragma unroll
+        for (int o = 16; o > 0; o /= 2) mx[b] = fmaxf(mx[b], __shfl_xor_sync(0xffffffffu, mx[b], o));
+      }
+      if (lane == 0)
+        asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(red + 4 * (warp * SF::kNB + b0)), "f"(mx[0]),
+                     "f"(mx[1]), "f"(mx[2]), "f"(mx[3])
+                     : "memory");
+    }
+    named_sync(kScalesSeen, 128);
+    if (tid < SF::kNB) {
+      const int b = tid;
+      float m = 0.f;
+#pragma unroll
+      for (int w = 0; w < 4; ++w) m = fmaxf(m, ld_shared_f32(red + 4 * (w * SF::kNB + b)));
+      const float prev = pair > 0 ? ld_shared_f32(L::vnorm(smem, phase ^ 1, 1, b)) : 0.f;
+      const float next = m > prev ? pow2_ceil(m) : prev;
+      st_shared_f32(L::vnorm(smem, phase, 0, b), prev > 0.f ? prev * pow2_inverse(next) : 1.f);
+      st_shared_f32(L::vnorm(smem, phase, 1, b), next);
+    }
+    named_sync(kScalesSeen, 128);  // every C_b of the pair is in shared memory for the factors
   }
 
   template <class Params>
@@ -298,23 +370,25 @@ struct Producer {
       // hoisted out of the loop into registers the producer does not have.
       const int me = (int)opaque32(tid);
       const int mine = me / 64, key = me % 64;
-      float inv[4];  // 1 / C_b of this pair
-      if constexpr (Cfg::kScaled) {
+      float inv[4];  // 1 / C_b of this pair (four scale blocks)
+      if constexpr (SF::kNB > 4) {
+        wide_scale_stage(smem, tid, mine, key, pair, phase);
+      } else if constexpr (Cfg::kScaled) {
         const int warp = tid / 32, lane = tid % 32;
         float mx[4];
-#pragma unroll
         float4 ks4;
         asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n"
                      : "=f"(ks4.x), "=f"(ks4.y), "=f"(ks4.z), "=f"(ks4.w)
-                     : "r"(smem + Layout::kKs + 16 * (mine * 64 + key))
+                     : "r"(smem + L::kKs + 16 * (mine * 64 + key))
                      : "memory");
         const float ks[4] = {ks4.x, ks4.y, ks4.z, ks4.w};
+#pragma unroll
         for (int b = 0; b < 4; ++b) {
           mx[b] = fabsf(ks[b]);
 #pragma unroll
           for (int o = 16; o > 0; o /= 2) mx[b] = fmaxf(mx[b], __shfl_xor_sync(0xffffffffu, mx[b], o));
         }
-        const u32 red = smem + Layout::kRed + 64 * phase;
+        const u32 red = smem + L::kRed + 64 * phase;
         if (lane == 0)
           asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(red + 16 * warp), "f"(mx[0]), "f"(mx[1]),
                        "f"(mx[2]), "f"(mx[3])
@@ -327,7 +401,7 @@ struct Producer {
           for (int w = 0; w < 4; ++w) m = fmaxf(m, ld_shared_f32(red + 4 * (w * 4 + b)));
           // C_b so far: the previous pair's (0 before the first nonzero scale), read back from
           // shared memory rather than held in registers across the loop.
-          const float prev = pair > 0 ? ld_shared_f32(smem + Layout::kVnorm + 32 * (phase ^ 1) + 16 + 4 * b) : 0.f;
+          const float prev = pair > 0 ? ld_shared_f32(smem + L::kVnorm + 32 * (phase ^ 1) + 16 + 4 * b) : 0.f;
           const float next = m > prev ? pow2_ceil(m) : prev;
           // Powers of two: 1 / next by its exponent bits, and prev / next as a product, both exact
           // (a division here was a ~100-cycle chain, four per pair, on the producer's path).
@@ -336,20 +410,30 @@ struct Producer {
           // The pair's factors, double-buffered by parity: the previous pair's readers may still
           // be before their P V (they read them first); the pair before has passed vfree.
           if (tid == 0) {
-            st_shared_f32(smem + Layout::kVnorm + 32 * phase + 4 * b, grow);
-            st_shared_f32(smem + Layout::kVnorm + 32 * phase + 16 + 4 * b, next);
+            st_shared_f32(smem + L::kVnorm + 32 * phase + 4 * b, grow);
+            st_shared_f32(smem + L::kVnorm + 32 * phase + 16 + 4 * b, next);
           }
         }
       }
 #pragma unroll 1
       for (int buf = 0; buf < 2; ++buf) {
         mbar_wait(bar.vfree(buf), phase ^ 1);  // the previous pair's P V are done with V^T and the factors
-        if constexpr (Cfg::kScaled) {
+        if constexpr (SF::kNB > 4) {
+          if (mine == buf) {
+#pragma unroll 4
+            for (int b = 0; b < SF::kNB; ++b) {
+              const float next = ld_shared_f32(L::vnorm(smem, phase, 1, b));
+              st_shared_f32(smem + L::kFv + 4 * ((buf * SF::kNB + b) * 64 + key),
+                            ld_shared_f32(smem + L::kKs + 4 * ((buf * 64 + key) * SF::kNB + b)) *
+                                (next > 0.f ? pow2_inverse(next) : 0.f));
+            }
+          }
+        } else if constexpr (Cfg::kScaled) {
           if (mine == buf) {
 #pragma unroll
             for (int b = 0; b < 4; ++b) {
-              st_shared_f32(smem + Layout::kFv + 4 * ((buf * 4 + b) * 64 + key),
-                            ld_shared_f32(smem + Layout::kKs + 4 * ((buf * 64 + key) * 4 + b)) * inv[b]);
+              st_shared_f32(smem + L::kFv + 4 * ((buf * 4 + b) * 64 + key),
+                            ld_shared_f32(smem + L::kKs + 4 * ((buf * 64 + key) * 4 + b)) * inv[b]);
             }
           }
         }
@@ -386,6 +470,7 @@ struct Regs {
 // [128 part, 128 part + 128) (tile `part`) and rope values [16 part, 16 part + 16).
 template <class Cfg, class Params>
 __device__ __forceinline__ void quantize_q(const Params& p, u32 smem, int t, int head0) {
+  using L = LayoutFor<Cfg>;
   const int tid = threadIdx.x;  // 0..255
   const int row = tid / 4, part = tid % 4;
   const bool ok = head0 + row < p.heads;
@@ -406,7 +491,7 @@ __device__ __forceinline__ void quantize_q(const Params& p, u32 smem, int t, int
   amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
   const float qs = amax > 0.f ? pow2_ceil(amax * (1.f / 448.f)) : 1.f;
   const float inv = 1.f / qs;  // a power of two: exact
-  const u32 tile = smem + Layout::kQ8 + part * kTileBytes;
+  const u32 tile = smem + L::kQ8 + part * kTileBytes;
 #pragma unroll
   for (int i = 0; i < 8; ++i) {  // 16-byte chunk i: values 16 i ... 16 i + 15 of the part
     u32 out[4];
@@ -430,11 +515,11 @@ __device__ __forceinline__ void quantize_q(const Params& p, u32 smem, int t, int
 #pragma unroll
     for (int j = 0; j < 4; ++j)
       out[j] = pack_bf16x2(__uint_as_float(w[j] << 16) * inv, __uint_as_float(w[j] & 0xffff0000u) * inv);
-    asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(smem + Layout::kQR + swizzled(row, 2 * part + h)),
+    asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(smem + L::kQR + swizzled(row, 2 * part + h)),
                  "r"(out[0]), "r"(out[1]), "r"(out[2]), "r"(out[3])
                  : "memory");
   }
-  if (part == 0) st_shared_f32(smem + Layout::kQs + 4 * row, qs);
+  if (part == 0) st_shared_f32(smem + L::kQs + 4 * row, qs);
   fence_async_shared();  // Q written by st.shared, read by wgmma
   named_sync(kQReady, 256);
 }
@@ -443,11 +528,13 @@ __device__ __forceinline__ void quantize_q(const Params& p, u32 smem, int t, int
 // runs once the first chain (and every earlier wgmma of this warpgroup) has completed.
 template <class Cfg, class F>
 __device__ __forceinline__ void scores(Regs& r, u32 smem, int buf, F after_first_wait) {
+  using L = LayoutFor<Cfg>;
+  using SF = ScaleFormat<Cfg>;
   const int lane = threadIdx.x % 32;
-  const u64 qr = opaque(desc_k_major<128>(smem + Layout::kQR));
-  const u64 kr = opaque(desc_k_major<128>(Layout::kr(smem, buf)));
-  const u64 q8 = opaque(desc_k_major<128>(smem + Layout::kQ8));
-  const u64 k8 = opaque(desc_k_major<128>(Layout::k8(smem, buf)));
+  const u64 qr = opaque(desc_k_major<128>(smem + L::kQR));
+  const u64 kr = opaque(desc_k_major<128>(L::kr(smem, buf)));
+  const u64 q8 = opaque(desc_k_major<128>(smem + L::kQ8));
+  const u64 k8 = opaque(desc_k_major<128>(L::k8(smem, buf)));
   pin_registers(r.s);
   wgmma_fence();
 #pragma unroll
@@ -467,12 +554,12 @@ __device__ __forceinline__ void scores(Regs& r, u32 smem, int buf, F after_first
   } else {
     wgmma_commit();
 #pragma unroll 1
-    for (int b = 0; b < 4; ++b) {
+    for (int b = 0; b < SF::kNB; ++b) {
       pin_registers(r.sb);
       wgmma_fence();
 #pragma unroll
-      for (int ks = 0; ks < 4; ++ks) {
-        const u64 off = desc_offset(b * kTileBytes + ks * 32);
+      for (int ks = 0; ks < SF::kW / 32; ++ks) {
+        const u64 off = SF::kNB == 4 ? desc_offset(b * kTileBytes + ks * 32) : desc_offset((b * SF::kW / 128) * kTileBytes + (b * SF::kW) % 128 + ks * 32);
         WgmmaE4m3<64>::ss(r.sb, q8 + off, k8 + off, ks > 0);
       }
       wgmma_commit();
@@ -480,10 +567,10 @@ __device__ __forceinline__ void scores(Regs& r, u32 smem, int buf, F after_first
       pin_registers(r.sb);
       pin_registers(r.s);
       if (b == 0) after_first_wait();
-      const u32 ks_row = smem + Layout::kKs + 4 * ((buf * 64 + 2 * (lane % 4)) * 4 + b);
+      const u32 ks_row = smem + L::kKs + 4 * ((buf * 64 + 2 * (lane % 4)) * SF::kNB + b);
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
-        const float2 k = make_float2(ld_shared_f32(ks_row + 16 * 8 * j), ld_shared_f32(ks_row + 16 * (8 * j + 1)));
+        const float2 k = make_float2(ld_shared_f32(ks_row + 4 * SF::kNB * 8 * j), ld_shared_f32(ks_row + 4 * SF::kNB * (8 * j + 1)));
         r.s[4 * j + 0] = fmaf(k.x, r.sb[4 * j + 0], r.s[4 * j + 0]);
         r.s[4 * j + 1] = fmaf(k.y, r.sb[4 * j + 1], r.s[4 * j + 1]);
         r.s[4 * j + 2] = fmaf(k.x, r.sb[4 * j + 2], r.s[4 * j + 2]);
@@ -493,12 +580,14 @@ __device__ __forceinline__ void scores(Regs& r, u32 smem, int buf, F after_first
   }
 }
 
+template <class Cfg>
 __device__ __forceinline__ void mask(Regs& r, u32 smem, int buf) {
+  using L = LayoutFor<Cfg>;
   const int lane = threadIdx.x % 32;
 #pragma unroll
   for (int j = 0; j < 8; ++j) {
     u16 pair;
-    asm volatile("ld.shared.u16 %0, [%1];\n" : "=h"(pair) : "r"(smem + Layout::kValid + buf * 64 + 8 * j + 2 * (lane % 4)));
+    asm volatile("ld.shared.u16 %0, [%1];\n" : "=h"(pair) : "r"(smem + L::kValid + buf * 64 + 8 * j + 2 * (lane % 4)));
     if (!(pair & 0xff)) r.s[4 * j + 0] = r.s[4 * j + 2] = neg_inf();
     if (!(pair >> 8)) r.s[4 * j + 1] = r.s[4 * j + 3] = neg_inf();
   }
@@ -518,18 +607,22 @@ __device__ __forceinline__ void block_max(const Regs& r, float (&mx)[2]) {
 
 // Rescale O (by the max correction and, per column block, the pair's V normaliser growth) and
 // turn the scores into probabilities relative to m_new.
-template <bool LAZY>
-__device__ __forceinline__ void exponentiate(Regs& r, const float (&m_new)[2], const float (&grow)[2]) {
+// grow(b): the growth factor of this consumer's column block b's normaliser (CB blocks).
+template <bool LAZY, int CB, class Grow>
+__device__ __forceinline__ void exponentiate(Regs& r, const float (&m_new)[2], Grow grow) {
   float corr[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h)
     corr[h] = LAZY ? sparse::max_correction(r.m[h], m_new[h]) : fast_exp2(r.m[h] - sparse::max_or_zero(m_new[h]));
-  if (!LAZY || any_row_moved(corr) || grow[0] != 1.f || grow[1] != 1.f) {
+  bool grown = false;
+#pragma unroll
+  for (int b = 0; b < CB; ++b) grown |= grow(b) != 1.f;
+  if (!LAZY || any_row_moved(corr) || grown) {
 #pragma unroll
     for (int j = 0; j < 32; ++j) {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const float f = corr[h] * grow[j / 16];
+        const float f = corr[h] * grow(j * CB / 32);
         r.o[4 * j + 2 * h] *= f;
         r.o[4 * j + 2 * h + 1] *= f;
       }
@@ -555,11 +648,13 @@ __device__ __forceinline__ void exponentiate(Regs& r, const float (&m_new)[2], c
 template <class Cfg>
 __device__ __forceinline__ void pack_pv(const Regs& r, u32 smem, int buf, int b, const float (&row_in)[2],
                                         u32 (&pa)[2][4]) {
+  using L = LayoutFor<Cfg>;
+  using SF = ScaleFormat<Cfg>;
   const int lane = threadIdx.x % 32;
   float2 f[8];
 #pragma unroll
   for (int j = 0; j < 8; ++j) {
-    if constexpr (Cfg::kScaled) f[j] = ld_shared_f32x2(smem + Layout::kFv + 4 * ((buf * 4 + b) * 64 + 8 * j + 2 * (lane % 4)));
+    if constexpr (Cfg::kScaled) f[j] = ld_shared_f32x2(smem + L::kFv + 4 * ((buf * SF::kNB + b) * 64 + 8 * j + 2 * (lane % 4)));
     else f[j] = make_float2(1.f, 1.f);
   }
   const float row[2] = {row_in[0], row_in[1]};
@@ -593,52 +688,221 @@ __device__ __forceinline__ void store_pa(const u32 (&pa)[2][4], u32 tile) {
 
 // O[:, 128 bl ...] += P'_b V_b for this consumer's column blocks bl = 0, 1 (global 2 wg + bl).
 // Without scales P'_b is P for every block: one fragment set and one exchanged tile serve both.
-template <bool kScaledPa>
+template <class Cfg, bool kScaledPa>
 __device__ __forceinline__ void issue_pv_local(Regs& r, u32 smem, int buf, int wg) {
+  using L = LayoutFor<Cfg>;
 #pragma unroll
   for (int bl = 0; bl < 2; ++bl) {
-    const u64 v = opaque(desc_k_major<64>(Layout::vt(smem, buf) + (256 * wg + 128 * bl) * 64));
+    const u64 v = opaque(desc_k_major<64>(L::vt(smem, buf) + (256 * wg + 128 * bl) * 64));
 #pragma unroll
     for (int kt = 0; kt < 2; ++kt) WgmmaE4m3<128>::rs(r.o + 64 * bl, r.pa[kScaledPa ? bl : 0][kt], v + desc_offset(32 * kt), 1);
   }
 }
 
-template <bool kScaledPa>
+template <class Cfg, bool kScaledPa>
 __device__ __forceinline__ void issue_pv_remote(Regs& r, u32 smem, int buf, int wg) {
+  using L = LayoutFor<Cfg>;
 #pragma unroll
   for (int bl = 0; bl < 2; ++bl) {
-    const u64 v = opaque(desc_k_major<64>(Layout::vt(smem, buf) + (256 * wg + 128 * bl) * 64));
-    const u64 a = opaque(desc_k_major<64>(Layout::px(smem, wg ^ 1, kScaledPa ? bl : 0)));
+    const u64 v = opaque(desc_k_major<64>(L::vt(smem, buf) + (256 * wg + 128 * bl) * 64));
+    const u64 a = opaque(desc_k_major<64>(L::px(smem, wg ^ 1, kScaledPa ? bl : 0)));
 #pragma unroll
     for (int kt = 0; kt < 2; ++kt) WgmmaE4m3<128>::ss(r.o + 64 * bl, a + desc_offset(32 * kt), v + desc_offset(32 * kt), 1);
   }
 }
 
-template <class Cfg>
-__device__ __forceinline__ void read_grow(u32 smem, int wg, u32 phase, float (&grow)[2]) {
-  if constexpr (Cfg::kScaled) {
-    grow[0] = ld_shared_f32(smem + Layout::kVnorm + 32 * phase + 4 * (2 * wg));
-    grow[1] = ld_shared_f32(smem + Layout::kVnorm + 32 * phase + 4 * (2 * wg + 1));
-  } else {
-    grow[0] = grow[1] = 1.f;
+__device__ __forceinline__ u32 pack_f16x2(float lo, float hi) {
+  u32 out;
+  asm("cvt.rn.f16x2.f32 %0, %2, %1;\n" : "=r"(out) : "f"(lo), "f"(hi));
+  return out;
+}
+
+// This thread's probabilities times `row` per row half, as f16, into slot `tid` of an f16 tile
+// for the other consumer (whose thread tid holds the same heads and keys of its own block): 64
+// bytes a thread as four 16-byte chunks 2 KB apart (consecutive threads, consecutive chunks).
+__device__ __forceinline__ void store_p_f16(const Regs& r, const float (&row)[2], u32 tile) {
+  const u32 slot = tile + 16 * (threadIdx.x % 128);
+#pragma unroll
+  for (int c = 0; c < 4; ++c) {
+    u32 w[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int m = 4 * c + i;  // scores 2 m, 2 m + 1: row half m % 2
+      w[i] = pack_f16x2(r.s[2 * m] * row[m % 2], r.s[2 * m + 1] * row[m % 2]);
+    }
+    asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(slot + 2048 * c), "r"(w[0]), "r"(w[1]), "r"(w[2]),
+                 "r"(w[3])
+                 : "memory");
   }
+}
+
+// The other consumer's probabilities (store_p_f16): 16 f16x2 words, scores 2 m and 2 m + 1 in word m.
+__device__ __forceinline__ void load_p_f16(u32 (&h)[16], u32 tile) {
+  const u32 slot = tile + 16 * (threadIdx.x % 128);
+#pragma unroll
+  for (int c = 0; c < 4; ++c)
+    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(h[4 * c]), "=r"(h[4 * c + 1]), "=r"(h[4 * c + 2]), "=r"(h[4 * c + 3])
+                 : "r"(slot + 2048 * c)
+                 : "memory");
+}
+
+// Two f16x2 words as four e4m3 (round to nearest even, saturating), a's low half in the low byte.
+__device__ __forceinline__ u32 pack_e4m3x4_f16(u32 a, u32 b) {
+  u32 out;
+  asm("{\n .reg .b16 lo, hi;\n cvt.rn.satfinite.e4m3x2.f16x2 lo, %1;\n cvt.rn.satfinite.e4m3x2.f16x2 hi, %2;\n"
+      " mov.b32 %0, {lo, hi};\n}\n"
+      : "=r"(out)
+      : "r"(a), "r"(b));
+  return out;
+}
+
+__device__ __forceinline__ u32 mul_f16x2(u32 a, u32 b) {
+  u32 d;
+  asm("mul.rn.f16x2 %0, %1, %2;\n" : "=r"(d) : "r"(a), "r"(b));
+  return d;
+}
+
+// pack_pv from the other consumer's probabilities as f16x2 words (load_p_f16): P'_b = P * f_b[key]
+// in f16 (P <= 2^8; a product below f16's normal range is below e4m3's smallest subnormal too),
+// then e4m3. Fewer registers than 32 floats: the factors are the only other operands.
+template <class Cfg>
+__device__ __forceinline__ void pack_pv_f16(const u32 (&h)[16], u32 smem, int buf, int b, u32 (&pa)[2][4]) {
+  using SF = ScaleFormat<Cfg>;
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int kt = 0; kt < 2; ++kt) {
+    u32 f[4];  // the factors of key pairs (8 j + 2 t, 8 j + 2 t + 1), j = 4 kt ... 4 kt + 3, as f16x2
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const float2 x = ld_shared_f32x2(smem + LayoutFor<Cfg>::kFv + 4 * ((buf * SF::kNB + b) * 64 + 8 * (4 * kt + j) + 2 * (lane % 4)));
+      f[j] = pack_f16x2(x.x, x.y);
+    }
+    const u32* w = h + 8 * kt;  // words m: key pair j = m / 2 of row half m % 2
+    pa[kt][0] = pack_e4m3x4_f16(mul_f16x2(w[0], f[0]), mul_f16x2(w[2], f[1]));
+    pa[kt][1] = pack_e4m3x4_f16(mul_f16x2(w[1], f[0]), mul_f16x2(w[3], f[1]));
+    pa[kt][2] = pack_e4m3x4_f16(mul_f16x2(w[4], f[2]), mul_f16x2(w[6], f[3]));
+    pa[kt][3] = pack_e4m3x4_f16(mul_f16x2(w[5], f[2]), mul_f16x2(w[7], f[3]));
+  }
+}
+
+// Scale blocks of 64 or 32 values (ScaleFormat::kF16Exchange): O_b += P'_b V_b for this consumer
+// wg's column blocks b, P'_b formed from r.s with buffer buf's factors of block b into two
+// alternating fragment sets, one wgmma group (two k32 steps, N = the block's width) per block. A
+// set is formed again once the group that read it has completed (kPending: groups issued before
+// the first still hold both sets). kDrain: wait for every group at the end (the next Q K^T's
+// accumulators do not fit beside fragment sets still being read).
+template <class Cfg, bool kPending, bool kDrain, bool kFromOther>
+__device__ __forceinline__ void pv_from_registers(Regs& r, u32 smem, int buf, int wg, const u32 (&h)[16]) {
+  using SF = ScaleFormat<Cfg>;
+  const float one[2] = {1.f, 1.f};
+#pragma unroll
+  for (int bl = 0; bl < SF::kCB; ++bl) {
+    if (kPending || bl >= 2) wgmma_wait<1>();  // (no pin of O: a group still writes part of it)
+    if constexpr (kFromOther) pack_pv_f16<Cfg>(h, smem, buf, SF::kCB * wg + bl, r.pa[bl % 2]);
+    else pack_pv<Cfg>(r, smem, buf, SF::kCB * wg + bl, one, r.pa[bl % 2]);
+    const u64 v = opaque(desc_k_major<64>(LayoutFor<Cfg>::vt(smem, buf) + (256 * wg + SF::kCols * bl) * 64));
+    wgmma_fence();
+#pragma unroll
+    for (int kt = 0; kt < 2; ++kt)
+      WgmmaE4m3<SF::kCols>::rs(r.o + SF::kCols / 2 * bl, r.pa[bl % 2][kt], v + desc_offset(32 * kt), 1);
+    wgmma_commit();
+  }
+  if constexpr (kDrain) {
+    wgmma_wait<0>();
+    pin_registers(r.o);
+  }
+}
+
+// The growth factors of consumer wg's column blocks' normalisers in the pair of this parity, as
+// exponentiate reads them: up to two held in registers; more read from shared memory where used
+// (registers are short with 64- and 32-value scale blocks).
+template <class Cfg>
+struct Growth {
+  using SF = ScaleFormat<Cfg>;
+  u32 base;
+  float held[SF::kCB <= 2 ? SF::kCB : 1];
+  __device__ __forceinline__ float operator()(int b) const {
+    if constexpr (!Cfg::kScaled) return 1.f;
+    else if constexpr (SF::kCB <= 2) return held[b];
+    else return ld_shared_f32(base + 4 * b);
+  }
+};
+
+template <class Cfg>
+__device__ __forceinline__ Growth<Cfg> growth(u32 smem, int wg, u32 phase) {
+  using SF = ScaleFormat<Cfg>;
+  Growth<Cfg> g;
+  g.base = LayoutFor<Cfg>::vnorm(smem, phase, 0, SF::kCB * wg);
+  if constexpr (Cfg::kScaled && SF::kCB <= 2) {
+#pragma unroll
+    for (int b = 0; b < SF::kCB; ++b) g.held[b] = ld_shared_f32(g.base + 4 * b);
+  }
+  return g;
+}
+
+// The slot of this thread's row (half h) in its consumer's row-sum area (kSum), which is idle until
+// the epilogue: where track_max keeps the running maximum with 64- and 32-value scale blocks.
+template <class Cfg>
+__device__ __forceinline__ u32 max_slot(u32 smem, int h) {
+  const int wg = threadIdx.x / 128, warp = threadIdx.x % 128 / 32, lane = threadIdx.x % 32;
+  return smem + LayoutFor<Cfg>::kSum + 4 * (wg * 64 + warp * 16 + lane / 4 + 8 * h);
+}
+
+// The true running maximum of each row's logits (the lazy max's max_logits): in registers, or with
+// 64- and 32-value scale blocks (short of registers) in shared memory, by lane 0 of each quad
+// (its four threads hold the same rows; the epilogue reads it back).
+template <class Cfg>
+__device__ __forceinline__ void track_max(Regs& r, u32 smem, const float (&m)[2]) {
+  if constexpr (Cfg::kLazyMax && ScaleFormat<Cfg>::kF16Exchange) {
+    if (threadIdx.x % 4 == 0) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) st_shared_f32(max_slot<Cfg>(smem, h), fmaxf(ld_shared_f32(max_slot<Cfg>(smem, h)), m[h]));
+    }
+  } else if constexpr (Cfg::kLazyMax) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) r.mx[h] = fmaxf(r.mx[h], m[h]);
+  }
+}
+
+// The rows' softmax scales (log2 domain) times their Q scales.
+template <class Cfg>
+__device__ __forceinline__ void load_row_scales(Regs& r, u32 smem, float scale_log2) {
+  const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) r.sl[h] = scale_log2 * ld_shared_f32(smem + LayoutFor<Cfg>::kQs + 4 * (warp * 16 + lane / 4 + 8 * h));
 }
 
 template <class Cfg>
 __device__ __forceinline__ void init_regs(Regs& r, u32 smem, float scale_log2) {
+  using L = LayoutFor<Cfg>;
   const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
 #pragma unroll
   for (int i = 0; i < 128; ++i) r.o[i] = 0.f;
   r.m[0] = r.m[1] = neg_inf();
   r.mx[0] = r.mx[1] = neg_inf();
+  if constexpr (Cfg::kLazyMax && ScaleFormat<Cfg>::kF16Exchange) {
+    if (lane % 4 == 0) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) st_shared_f32(max_slot<Cfg>(smem, h), neg_inf());
+    }
+  }
   r.l[0] = r.l[1] = 0.f;
 #pragma unroll
-  for (int h = 0; h < 2; ++h) r.sl[h] = scale_log2 * ld_shared_f32(smem + Layout::kQs + 4 * (warp * 16 + lane / 4 + 8 * h));
+  for (int h = 0; h < 2; ++h) r.sl[h] = scale_log2 * ld_shared_f32(smem + L::kQs + 4 * (warp * 16 + lane / 4 + 8 * h));
 }
 
 template <class Cfg, class Params>
 __device__ void epilogue(const Params& p, Regs& r, u32 smem, int wg, int t, int head0, int pairs) {
+  using L = LayoutFor<Cfg>;
+  using SF = ScaleFormat<Cfg>;
   const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
+  if constexpr (Cfg::kLazyMax && SF::kF16Exchange) {  // track_max's slots, before the row sums take them
+    __syncwarp();
+#pragma unroll
+    for (int h = 0; h < 2; ++h) r.mx[h] = ld_shared_f32(max_slot<Cfg>(smem, h));
+    __syncwarp();
+  }
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     r.l[h] += __shfl_xor_sync(0xffffffffu, r.l[h], 1);
@@ -646,28 +910,29 @@ __device__ void epilogue(const Params& p, Regs& r, u32 smem, int wg, int t, int 
   }
   if (lane % 4 == 0) {
 #pragma unroll
-    for (int h = 0; h < 2; ++h) st_shared_f32(smem + Layout::kSum + 4 * (wg * 64 + warp * 16 + lane / 4 + 8 * h), r.l[h]);
+    for (int h = 0; h < 2; ++h) st_shared_f32(smem + L::kSum + 4 * (wg * 64 + warp * 16 + lane / 4 + 8 * h), r.l[h]);
   }
   if constexpr (Cfg::kLazyMax) {
-    if (wg == 0) sparse::store_max(smem + Layout::kMax, r.mx);
+    if (wg == 0) sparse::store_max(smem + L::kMax, r.mx);
   }
   named_sync(kSumReady, 256);
   if constexpr (Cfg::kLazyMax) {
     if (wg == 1) {
       float other[2];
-      sparse::load_max(smem + Layout::kMax, other);
+      sparse::load_max(smem + L::kMax, other);
       r.mx[0] = fmaxf(r.mx[0], other[0]);
       r.mx[1] = fmaxf(r.mx[1], other[1]);
     }
   }
 #pragma unroll
-  for (int h = 0; h < 2; ++h) r.l[h] += ld_shared_f32(smem + Layout::kSum + 4 * ((wg ^ 1) * 64 + warp * 16 + lane / 4 + 8 * h));
-  float norm[2] = {1.f, 1.f};
+  for (int h = 0; h < 2; ++h) r.l[h] += ld_shared_f32(smem + L::kSum + 4 * ((wg ^ 1) * 64 + warp * 16 + lane / 4 + 8 * h));
+  float norm[SF::kCB];
+#pragma unroll
+  for (int b = 0; b < SF::kCB; ++b) norm[b] = 1.f;
   if constexpr (Cfg::kScaled) {
     if (pairs > 0) {  // the last pair's normalisers
-      const u32 last = smem + Layout::kVnorm + 32 * ((pairs - 1) & 1) + 16;
-      norm[0] = ld_shared_f32(last + 4 * (2 * wg));
-      norm[1] = ld_shared_f32(last + 4 * (2 * wg + 1));
+#pragma unroll
+      for (int b = 0; b < SF::kCB; ++b) norm[b] = ld_shared_f32(L::vnorm(smem, (pairs - 1) & 1, 1, SF::kCB * wg + b));
     }
   }
   float inv[2];
@@ -688,7 +953,7 @@ __device__ void epilogue(const Params& p, Regs& r, u32 smem, int wg, int t, int 
     const u32 row = stage + (warp * 16 + lane / 4 + 8 * h) * kStride + 4 * (lane % 4);
 #pragma unroll
     for (int j = 0; j < 32; ++j) {
-      const float f = inv[h] * norm[j / 16];
+      const float f = inv[h] * norm[j * SF::kCB / 32];
       st_shared_u32(row + 16 * j, pack_bf16x2(r.o[4 * j + 2 * h] * f, r.o[4 * j + 2 * h + 1] * f));
     }
   }
@@ -717,55 +982,66 @@ __device__ void epilogue(const Params& p, Regs& r, u32 smem, int wg, int t, int 
 
 template <class Cfg, class Params>
 __device__ void consumer0(const Params& p, u32 smem, const Barriers& bar, int t, int head0) {
+  using L = LayoutFor<Cfg>;
+  using SF = ScaleFormat<Cfg>;
   Regs r;
   quantize_q<Cfg>(p, smem, t, head0);
   init_regs<Cfg>(r, smem, p.scale_log2);
   const int pairs = sparse::num_pairs(sparse::valid_length(p, t));
   for (int pair = 0; pair < pairs; ++pair) {
     const u32 phase = pair & 1;
+    // With 64- or 32-value scale blocks the rows' softmax scales are read again each pair rather
+    // than held (two registers the P V from f16 words need).
+    if constexpr (SF::kF16Exchange) load_row_scales<Cfg>(r, smem, p.scale_log2);
     if (pair == 0) {
       mbar_wait(bar.kready(0), phase);
       scores<Cfg>(r, smem, 0, [] {});
     }
-    mask(r, smem, 0);
+    mask<Cfg>(r, smem, 0);
     mbar_arrive(bar.kfree(0));
     float m0[2];
     block_max(r, m0);
+    track_max<Cfg>(r, smem, m0);
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      if constexpr (Cfg::kLazyMax) r.mx[h] = fmaxf(r.mx[h], m0[h]);
-      m0[h] = fold_max<Cfg::kLazyMax>(r.m[h], m0[h]);
-    }
-    sparse::store_max(smem + Layout::kMax, m0);
+    for (int h = 0; h < 2; ++h) m0[h] = fold_max<Cfg::kLazyMax>(r.m[h], m0[h]);
+    sparse::store_max(smem + L::kMax, m0);
     named_arrive(kMax0Ready, 256);
     mbar_wait(bar.vready(0), phase);
-    float grow[2];
-    read_grow<Cfg>(smem, 0, phase, grow);
-    exponentiate<Cfg::kLazyMax>(r, m0, grow);
+    exponentiate<Cfg::kLazyMax, SF::kCB>(r, m0, growth<Cfg>(smem, 0, phase));
     const float one[2] = {1.f, 1.f};
-    pack_pv<Cfg>(r, smem, 0, 0, one, r.pa[0]);
-    if constexpr (Cfg::kScaled) pack_pv<Cfg>(r, smem, 0, 1, one, r.pa[1]);
+    const u32 no_words[16] = {};  // (the local P V reads this consumer's own probabilities)
     pin_registers(r.o);
-    wgmma_fence();
-    issue_pv_local<Cfg::kScaled>(r, smem, 0, 0);
-    wgmma_commit();
-    // The pair's max from consumer 1; P' of its column blocks, rescaled to it, goes to consumer 1.
+    if constexpr (SF::kF16Exchange) {
+      pv_from_registers<Cfg, false, false, false>(r, smem, 0, 0, no_words);
+    } else {
+      pack_pv<Cfg>(r, smem, 0, 0, one, r.pa[0]);
+      if constexpr (Cfg::kScaled) pack_pv<Cfg>(r, smem, 0, 1, one, r.pa[1]);
+      wgmma_fence();
+      issue_pv_local<Cfg, Cfg::kScaled>(r, smem, 0, 0);
+      wgmma_commit();
+    }
+    // The pair's max from consumer 1; P' of its column blocks (or P), rescaled to it, goes to
+    // consumer 1.
     named_sync(kMax1Ready, 256);
     float m1[2], f[2];
-    sparse::load_max(smem + Layout::kMax, m1);
+    sparse::load_max(smem + L::kMax, m1);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       f[h] = Cfg::kLazyMax ? sparse::max_correction(r.m[h], m1[h]) : fast_exp2(r.m[h] - sparse::max_or_zero(m1[h]));
       r.m[h] = m1[h];
     }
     const bool rescale = !Cfg::kLazyMax || any_row_moved(f);
+    if constexpr (SF::kF16Exchange) {
+      store_p_f16(r, f, L::px(smem, 0, 0));
+    } else {
 #pragma unroll 1
-    for (int bl = 0; bl < (Cfg::kScaled ? 2 : 1); ++bl) {
-      u32 pb[2][4];
-      pack_pv<Cfg>(r, smem, 0, 2 + bl, f, pb);
-      store_pa(pb, Layout::px(smem, 0, bl));
+      for (int bl = 0; bl < (Cfg::kScaled ? 2 : 1); ++bl) {
+        u32 pb[2][4];
+        pack_pv<Cfg>(r, smem, 0, 2 + bl, f, pb);
+        store_pa(pb, L::px(smem, 0, bl));
+      }
+      fence_async_shared();
     }
-    fence_async_shared();
     named_arrive(kP0Ready, 256);
     wgmma_wait<0>();
     pin_registers(r.o);
@@ -782,9 +1058,15 @@ __device__ void consumer0(const Params& p, u32 smem, const Barriers& bar, int t,
     named_sync(kP1Ready, 256);
     mbar_wait(bar.vready(1), phase);
     pin_registers(r.o);
-    wgmma_fence();
-    issue_pv_remote<Cfg::kScaled>(r, smem, 1, 0);
-    wgmma_commit();
+    if constexpr (SF::kF16Exchange) {
+      u32 h[16];
+      load_p_f16(h, L::px(smem, 1, 0));
+      pv_from_registers<Cfg, false, true, true>(r, smem, 1, 0, h);
+    } else {
+      wgmma_fence();
+      issue_pv_remote<Cfg, Cfg::kScaled>(r, smem, 1, 0);
+      wgmma_commit();
+    }
     if (pair + 1 < pairs) {
       mbar_wait(bar.kready(0), phase ^ 1);
       scores<Cfg>(r, smem, 0, [&] { mbar_arrive(bar.vfree(1)); });
@@ -800,57 +1082,72 @@ __device__ void consumer0(const Params& p, u32 smem, const Barriers& bar, int t,
 
 template <class Cfg, class Params>
 __device__ void consumer1(const Params& p, u32 smem, const Barriers& bar, int t, int head0) {
+  using L = LayoutFor<Cfg>;
+  using SF = ScaleFormat<Cfg>;
   Regs r;
   quantize_q<Cfg>(p, smem, t, head0);
   init_regs<Cfg>(r, smem, p.scale_log2);
   const int pairs = sparse::num_pairs(sparse::valid_length(p, t));
   for (int pair = 0; pair < pairs; ++pair) {
     const u32 phase = pair & 1;
+    // With 64- or 32-value scale blocks the rows' softmax scales are read again each pair rather
+    // than held (two registers the P V from f16 words need).
+    if constexpr (SF::kF16Exchange) load_row_scales<Cfg>(r, smem, p.scale_log2);
     if (pair == 0) {
       mbar_wait(bar.kready(1), phase);
       scores<Cfg>(r, smem, 1, [] {});
     }
-    mask(r, smem, 1);
+    mask<Cfg>(r, smem, 1);
     mbar_arrive(bar.kfree(1));
     float m1[2];
     block_max(r, m1);
+    track_max<Cfg>(r, smem, m1);
     named_sync(kMax0Ready, 256);
     {
       float prior[2];
-      sparse::load_max(smem + Layout::kMax, prior);
+      sparse::load_max(smem + L::kMax, prior);
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        if constexpr (Cfg::kLazyMax) r.mx[h] = fmaxf(r.mx[h], m1[h]);
-        m1[h] = fold_max<Cfg::kLazyMax>(prior[h], m1[h]);
-      }
+      for (int h = 0; h < 2; ++h) m1[h] = fold_max<Cfg::kLazyMax>(prior[h], m1[h]);
     }
-    sparse::store_max(smem + Layout::kMax, m1);
+    sparse::store_max(smem + L::kMax, m1);
     named_arrive(kMax1Ready, 256);
     mbar_wait(bar.vready(1), phase);
-    float grow[2];
-    read_grow<Cfg>(smem, 1, phase, grow);
-    exponentiate<Cfg::kLazyMax>(r, m1, grow);
+    exponentiate<Cfg::kLazyMax, SF::kCB>(r, m1, growth<Cfg>(smem, 1, phase));
     const float one[2] = {1.f, 1.f};
-    pack_pv<Cfg>(r, smem, 1, 2, one, r.pa[0]);
-    if constexpr (Cfg::kScaled) pack_pv<Cfg>(r, smem, 1, 3, one, r.pa[1]);
+    const u32 no_words[16] = {};  // (the local P V reads this consumer's own probabilities)
     pin_registers(r.o);
-    wgmma_fence();
-    issue_pv_local<Cfg::kScaled>(r, smem, 1, 1);
-    wgmma_commit();
+    if constexpr (SF::kF16Exchange) {
+      pv_from_registers<Cfg, false, false, false>(r, smem, 1, 1, no_words);
+      store_p_f16(r, one, L::px(smem, 1, 0));
+      named_arrive(kP1Ready, 256);
+      named_sync(kP0Ready, 256);
+      mbar_wait(bar.vready(0), phase);
+      u32 h[16];
+      load_p_f16(h, L::px(smem, 0, 0));
+      // Its first fragment sets are the local groups' last: every remote group waits for the
+      // group before the previous one, so the local P V are done when the loop ends.
+      pv_from_registers<Cfg, true, true, true>(r, smem, 0, 1, h);
+    } else {
+      pack_pv<Cfg>(r, smem, 1, 2, one, r.pa[0]);
+      if constexpr (Cfg::kScaled) pack_pv<Cfg>(r, smem, 1, 3, one, r.pa[1]);
+      wgmma_fence();
+      issue_pv_local<Cfg, Cfg::kScaled>(r, smem, 1, 1);
+      wgmma_commit();
 #pragma unroll 1
-    for (int bl = 0; bl < (Cfg::kScaled ? 2 : 1); ++bl) {
-      u32 pb[2][4];
-      pack_pv<Cfg>(r, smem, 1, bl, one, pb);
-      store_pa(pb, Layout::px(smem, 1, bl));
+      for (int bl = 0; bl < (Cfg::kScaled ? 2 : 1); ++bl) {
+        u32 pb[2][4];
+        pack_pv<Cfg>(r, smem, 1, bl, one, pb);
+        store_pa(pb, L::px(smem, 1, bl));
+      }
+      named_sync(kP0Ready, 256);
+      mbar_wait(bar.vready(0), phase);
+      wgmma_fence();
+      issue_pv_remote<Cfg, Cfg::kScaled>(r, smem, 0, 1);
+      wgmma_commit();
+      fence_async_shared();  // this consumer's P' stores, read by consumer 0's wgmma
+      named_arrive(kP1Ready, 256);
+      wgmma_wait<1>();  // the local P V: its P' registers are free, buffer 1's V^T too
     }
-    named_sync(kP0Ready, 256);
-    mbar_wait(bar.vready(0), phase);
-    wgmma_fence();
-    issue_pv_remote<Cfg::kScaled>(r, smem, 0, 1);
-    wgmma_commit();
-    fence_async_shared();  // this consumer's P' stores, read by consumer 0's wgmma
-    named_arrive(kP1Ready, 256);
-    wgmma_wait<1>();  // the local P V: its P' registers are free, buffer 1's V^T too
     mbar_arrive(bar.vfree(1));
     if (pair + 1 < pairs) {
       // The next block's scores while the exchanged P V runs (it reads P' from shared memory,
@@ -867,8 +1164,9 @@ __device__ void consumer1(const Params& p, u32 smem, const Barriers& bar, int t,
   epilogue<Cfg>(p, r, smem, 1, t, head0, pairs);
 }
 
+template <class Cfg>
 __device__ __forceinline__ Barriers init_barriers(u32 smem) {
-  Barriers bar{smem + Layout::kBarriers};
+  Barriers bar{smem + LayoutFor<Cfg>::kBarriers};
   if (threadIdx.x == 0) {
     for (int b = 0; b < 2; ++b) {
       mbar_init(bar.kready(b), 128 + 16);  // the copying threads (cp.async noinc) + 16 flag publishers

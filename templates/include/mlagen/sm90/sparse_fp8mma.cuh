@@ -64,8 +64,12 @@ struct LayoutT {
   // Consumer c's P for the other: two e4m3 P' tiles (NB <= 4), or one f16 tile of P (NB > 4).
   static constexpr int kPx0 = kVt0 + 2 * kVtBytes;
   static constexpr int kSmall = kPx0 + 2 * 2 * kPxBytes;
-  static constexpr int kKs = kSmall;                   // float [buffer][key][scale block]: key scales
-  static constexpr int kFv = kKs + 2 * kSB * 64 * 4;   // float [buffer][block][key]: ks / C
+  // Key scales, float [buffer][key][kKsStride]: a key's NB scales, padded by four with more than
+  // four, so that the folds' loads (keys 2 t + 8 j of the four lanes t of a quad) fall in four
+  // distinct bank groups (unpadded, 8 / 16 scales a key put them 2- / 4-way on one bank).
+  static constexpr int kKsStride = NB > 4 ? NB + 4 : 4;
+  static constexpr int kKs = kSmall;
+  static constexpr int kFv = kKs + 2 * 64 * kKsStride * 4;  // float [buffer][block][key]: ks / C
   static constexpr int kValid = kFv + 2 * kSB * 64 * 4;  // u8 [buffer][key]
   static constexpr int kQs = kValid + 128;             // float [64]: Q row scales
   static constexpr int kMax = kQs + 256;               // float [64]: running max, exchanged
@@ -74,7 +78,7 @@ struct LayoutT {
   static constexpr int kRed = kVnorm + 16 * kSB;       // float [parity][4 warps][kSB]: producer's maxima
   static constexpr int kBarriers = kRed + 32 * kSB;    // kready[2], vready[2], kfree[2], vfree[2]
   static constexpr int kEnd = kBarriers + 8 * 8;
-  static constexpr int kReserved = (kEnd - kSmall + 1023) / 1024 * 1024;  // 6 / 10 / 18 KB
+  static constexpr int kReserved = (kEnd - kSmall + 1023) / 1024 * 1024;  // 6 / 12 / 20 KB
   static constexpr int kSmemBytes = kSmall + kReserved + 1024;  // + slack to align the base to 1024
   static_assert(kVt0 % 1024 == 0 && kPx0 % 1024 == 0 && kK0 % 1024 == 0, "swizzle atoms");
   static __device__ __forceinline__ u32 k8(u32 smem, int buf) { return smem + kK0 + buf * kBuf; }
@@ -236,7 +240,8 @@ struct Producer {
         if (c == r) cp_async_16<false>(smem + L::kKs + 16 * (buf * 64 + key), src + Cfg::kKvScaleOffset, ok, 0);
       } else if constexpr (Cfg::kScaled) {
         if (c < SF::kNB / 4)
-          cp_async_16<false>(smem + L::kKs + 4 * SF::kNB * (buf * 64 + key) + 16 * c, src + Cfg::kKvScaleOffset + 16 * c, ok, 0);
+          cp_async_16<false>(smem + L::kKs + 4 * L::kKsStride * (buf * 64 + key) + 16 * c, src + Cfg::kKvScaleOffset + 16 * c,
+                             ok, 0);
       }
     }
     cp_async_arrive_noinc(bar.kready(buf));
@@ -314,7 +319,7 @@ struct Producer {
       float mx[4];
       asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n"
                    : "=f"(mx[0]), "=f"(mx[1]), "=f"(mx[2]), "=f"(mx[3])
-                   : "r"(smem + L::kKs + 4 * (SF::kNB * (mine * 64 + key) + b0))
+                   : "r"(smem + L::kKs + 4 * (L::kKsStride * (mine * 64 + key) + b0))
                    : "memory");
 #pragma unroll
       for (int b = 0; b < 4; ++b) {
@@ -424,7 +429,7 @@ struct Producer {
             for (int b = 0; b < SF::kNB; ++b) {
               const float next = ld_shared_f32(L::vnorm(smem, phase, 1, b));
               st_shared_f32(smem + L::kFv + 4 * ((buf * SF::kNB + b) * 64 + key),
-                            ld_shared_f32(smem + L::kKs + 4 * ((buf * 64 + key) * SF::kNB + b)) *
+                            ld_shared_f32(smem + L::kKs + 4 * ((buf * 64 + key) * L::kKsStride + b)) *
                                 (next > 0.f ? pow2_inverse(next) : 0.f));
             }
           }
@@ -567,10 +572,11 @@ __device__ __forceinline__ void scores(Regs& r, u32 smem, int buf, F after_first
       pin_registers(r.sb);
       pin_registers(r.s);
       if (b == 0) after_first_wait();
-      const u32 ks_row = smem + L::kKs + 4 * ((buf * 64 + 2 * (lane % 4)) * SF::kNB + b);
+      const u32 ks_row = smem + L::kKs + 4 * ((buf * 64 + 2 * (lane % 4)) * L::kKsStride + b);
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
-        const float2 k = make_float2(ld_shared_f32(ks_row + 4 * SF::kNB * 8 * j), ld_shared_f32(ks_row + 4 * SF::kNB * (8 * j + 1)));
+        const float2 k = make_float2(ld_shared_f32(ks_row + 4 * L::kKsStride * 8 * j),
+                                     ld_shared_f32(ks_row + 4 * L::kKsStride * (8 * j + 1)));
         r.s[4 * j + 0] = fmaf(k.x, r.sb[4 * j + 0], r.s[4 * j + 0]);
         r.s[4 * j + 1] = fmaf(k.y, r.sb[4 * j + 1], r.s[4 * j + 1]);
         r.s[4 * j + 2] = fmaf(k.x, r.sb[4 * j + 2], r.s[4 * j + 2]);

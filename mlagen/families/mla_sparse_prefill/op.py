@@ -106,8 +106,9 @@ def mla_sparse_prefill(q, kv, indices, *, softmax_scale, topk_length=None, attn_
             ``"fp8"`` runs FP8 tensor cores on the cache's e4m3 values (Q and P rounded to e4m3
             in the kernel; faster, with a larger error against float32: see
             ``FP8_REL_TOL`` / ``FP8_STAT_TOL`` in :mod:`mlagen.families.mla_sparse_prefill`).
-            ``"fp8"`` needs an FP8 cache whose format an fp8-mode kernel reads (``fp8_v32`` or
-            ``fp8_b0``); other combinations raise ValueError naming compute.
+            ``"fp8"`` needs an FP8 cache whose format an fp8-mode kernel reads (every packaged one:
+            ``fp8_v32``, ``fp8_b64``, ``fp8_b32``, ``fp8_b0``); a bf16 cache raises ValueError
+            naming compute.
 
     Returns:
         (out, max_logits, lse): out [Sq, H, 512] bf16; max_logits and lse [Sq, H] fp32, natural

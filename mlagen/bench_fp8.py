@@ -23,6 +23,7 @@ import importlib
 import sys
 
 from . import measure
+from .errors import MlagenError
 
 FP8_SPEC = "mla_prefill_sm90_fp8"
 FA3_FP8_LIBRARY = "fa3_fp8_C.so"
@@ -142,6 +143,11 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     import torch
 
+    try:
+        measure.require_gpu("the FP8 dense benchmark")
+    except MlagenError as exc:
+        print(f"mlagen.bench_fp8: {exc}", file=sys.stderr)
+        return 2
     print(f"{torch.cuda.get_device_name()}; torch {torch.__version__}; CUDA {torch.version.cuda}", flush=True)
     flush = measure.L2Flush(torch.device("cuda", torch.cuda.current_device()))
     variants = [_parse_variant(v) for v in args.variant]

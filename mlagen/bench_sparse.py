@@ -719,6 +719,7 @@ def main(argv=None) -> int:
     b.add_argument("--json", default=None, help="also write every measurement here")
     args = ap.parse_args(argv)
     try:
+        measure.require_gpu(args.cmd)
         if args.cmd == "verify":
             return verify(args.kernel)
         if args.cmd == "sanitize":

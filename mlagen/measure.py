@@ -14,6 +14,17 @@ from typing import Any, Callable, Iterable
 MIB = 1 << 20
 
 
+def require_gpu(tool: str) -> None:
+    """Raise :class:`~mlagen.errors.NoDeviceError` (one line naming ``tool``) when torch sees no
+    CUDA GPU: what the timing and GPU-check tools say before touching a device."""
+    import torch
+
+    from .errors import NoDeviceError
+
+    if not torch.cuda.is_available():
+        raise NoDeviceError(f"{tool} needs a CUDA GPU, and torch sees none")
+
+
 # --- statistics -----------------------------------------------------------------------------
 
 

@@ -17,3 +17,15 @@ def test_fa3_fp8_missing_library_names_the_path_and_the_build_command(monkeypatc
     with pytest.raises(SystemExit, match="elsewhere.so"):
         bench_fp8.fa3_fp8_op()
 
+
+
+@pytest.mark.parametrize("tool, argv", [("bench_fp8", []), ("bench_sparse", ["verify"]), ("bench_sparse", ["bench-fp8"]),
+                                        ("bench_sparse", ["verify-fp8", "--compute", "fp8"]), ("bench_sparse", ["profile"])])
+def test_the_gpu_tools_say_so_in_one_line_without_a_gpu(tool, argv, monkeypatch, capsys):
+    torch = pytest.importorskip("torch")
+    import importlib
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert importlib.import_module(f"mlagen.{tool}").main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and err.startswith(f"mlagen.{tool}: ") and "needs a CUDA GPU, and torch sees none" in err

@@ -127,7 +127,8 @@ enum NamedBarrier : int {
   kSumReady = sparse::kSumReady,
   kEpilogue0 = sparse::kEpilogue0,  // + consumer
   kQReady = 8,                      // both consumers quantized their part of Q
-  kScalesSeen = 9,                  // (+ parity) the producer's per-warp scale maxima are in shared memory
+  kScalesSeen = 9,                  // the producer's per-warp scale maxima (and, for NB > 4, C_b) are in shared memory
+  kTransposed = 10,                 // every producer warp is done reading the pair's buffers
 };
 
 // The running max after folding in a block's row max b (sparse::fold_max with this kernel's margin).
@@ -237,7 +238,7 @@ struct Producer {
       // The row's scales, 16 bytes (four) per copy, into [buffer][key][block]: four scales by
       // thread c = r, more by threads c < copies (copy c; one predicate and address per row).
       if constexpr (SF::kNB == 4) {
-        if (c == r) cp_async_16<false>(smem + L::kKs + 16 * (buf * 64 + key), src + Cfg::kKvScaleOffset, ok, 0);
+        if (c == r) cp_async_16<false>(smem + L::kKs + 4 * L::kKsStride * (buf * 64 + key), src + Cfg::kKvScaleOffset, ok, 0);
       } else if constexpr (Cfg::kScaled) {
         if (c < SF::kNB / 4)
           cp_async_16<false>(smem + L::kKs + 4 * L::kKsStride * (buf * 64 + key) + 16 * c, src + Cfg::kKvScaleOffset + 16 * c,
@@ -384,7 +385,7 @@ struct Producer {
         float4 ks4;
         asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n"
                      : "=f"(ks4.x), "=f"(ks4.y), "=f"(ks4.z), "=f"(ks4.w)
-                     : "r"(smem + L::kKs + 16 * (mine * 64 + key))
+                     : "r"(smem + L::kKs + 4 * L::kKsStride * (mine * 64 + key))
                      : "memory");
         const float ks[4] = {ks4.x, ks4.y, ks4.z, ks4.w};
 #pragma unroll
@@ -425,12 +426,19 @@ struct Producer {
         mbar_wait(bar.vfree(buf), phase ^ 1);  // the previous pair's P V are done with V^T and the factors
         if constexpr (SF::kNB > 4) {
           if (mine == buf) {
-#pragma unroll 4
-            for (int b = 0; b < SF::kNB; ++b) {
-              const float next = ld_shared_f32(L::vnorm(smem, phase, 1, b));
-              st_shared_f32(smem + L::kFv + 4 * ((buf * SF::kNB + b) * 64 + key),
-                            ld_shared_f32(smem + L::kKs + 4 * ((buf * 64 + key) * L::kKsStride + b)) *
-                                (next > 0.f ? pow2_inverse(next) : 0.f));
+#pragma unroll 1
+            for (int b0 = 0; b0 < SF::kNB; b0 += 4) {
+              float ks[4];  // four of the key's scales by one 16-byte load (scalar ones: 4-way conflicts)
+              asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n"
+                           : "=f"(ks[0]), "=f"(ks[1]), "=f"(ks[2]), "=f"(ks[3])
+                           : "r"(smem + L::kKs + 4 * ((buf * 64 + key) * L::kKsStride + b0))
+                           : "memory");
+#pragma unroll
+              for (int i = 0; i < 4; ++i) {
+                const float next = ld_shared_f32(L::vnorm(smem, phase, 1, b0 + i));
+                st_shared_f32(smem + L::kFv + 4 * ((buf * SF::kNB + b0 + i) * 64 + key),
+                              ks[i] * (next > 0.f ? pow2_inverse(next) : 0.f));
+              }
             }
           }
         } else if constexpr (Cfg::kScaled) {
@@ -438,7 +446,7 @@ struct Producer {
 #pragma unroll
             for (int b = 0; b < 4; ++b) {
               st_shared_f32(smem + L::kFv + 4 * ((buf * 4 + b) * 64 + key),
-                            ld_shared_f32(smem + L::kKs + 4 * ((buf * 64 + key) * 4 + b)) * inv[b]);
+                            ld_shared_f32(smem + L::kKs + 4 * ((buf * 64 + key) * L::kKsStride + b)) * inv[b]);
             }
           }
         }
@@ -449,9 +457,13 @@ struct Producer {
       // The next pair's rows, once each buffer's Q K^T is done: after both transposes, which the
       // consumers wait for sooner (each V^T is needed right after its block's softmax).
       if (pair + 1 < pairs) {
+        // Every producer warp is past its transposes and factor stores of both buffers: a warp's
+        // gather writes keys of every warp's transpose group, so a lagging warp would read the
+        // next pair's rows.
+        named_sync(kTransposed, 128);
 #pragma unroll
         for (int buf = 0; buf < 2; ++buf) {
-          mbar_wait(bar.kfree(buf), phase);  // its Q K^T and flags were read; the transposes above are ours
+          mbar_wait(bar.kfree(buf), phase);  // its Q K^T and flags were read
           gather(p, smem, bar, buf, next_rows[buf], g, c);
         }
       }
@@ -624,13 +636,29 @@ __device__ __forceinline__ void exponentiate(Regs& r, const float (&m_new)[2], G
 #pragma unroll
   for (int b = 0; b < CB; ++b) grown |= grow(b) != 1.f;
   if (!LAZY || any_row_moved(corr) || grown) {
+    if constexpr (CB <= 2) {
 #pragma unroll
-    for (int j = 0; j < 32; ++j) {
+      for (int j = 0; j < 32; ++j) {
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const float f = corr[h] * grow(j * CB / 32);
-        r.o[4 * j + 2 * h] *= f;
-        r.o[4 * j + 2 * h + 1] *= f;
+        for (int h = 0; h < 2; ++h) {
+          const float f = corr[h] * grow(j * CB / 32);
+          r.o[4 * j + 2 * h] *= f;
+          r.o[4 * j + 2 * h + 1] *= f;
+        }
+      }
+    } else {  // one read of each column block's factor (grow reads shared memory)
+#pragma unroll
+      for (int b = 0; b < CB; ++b) {
+        const float g = grow(b);
+        const float f[2] = {corr[0] * g, corr[1] * g};
+#pragma unroll
+        for (int j = 32 / CB * b; j < 32 / CB * (b + 1); ++j) {
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            r.o[4 * j + 2 * h] *= f[h];
+            r.o[4 * j + 2 * h + 1] *= f[h];
+          }
+        }
       }
     }
   }
@@ -801,6 +829,9 @@ __device__ __forceinline__ void pack_pv_f16(const u32 (&h)[16], u32 smem, int bu
 template <class Cfg, bool kPending, bool kDrain, bool kFromOther>
 __device__ __forceinline__ void pv_from_registers(Regs& r, u32 smem, int buf, int wg, const u32 (&h)[16]) {
   using SF = ScaleFormat<Cfg>;
+  // Two sets, reused from the third block on: an even number of blocks, so that a kPending call
+  // finds the previous (non-draining) call's last two groups on sets 0 and 1 in that order.
+  static_assert(SF::kCB % 2 == 0 && SF::kCB >= 2, "column blocks in pairs");
   const float one[2] = {1.f, 1.f};
 #pragma unroll
   for (int bl = 0; bl < SF::kCB; ++bl) {
@@ -1068,12 +1099,19 @@ __device__ void consumer0(const Params& p, u32 smem, const Barriers& bar, int t,
       u32 h[16];
       load_p_f16(h, L::px(smem, 1, 0));
       pv_from_registers<Cfg, false, true, true>(r, smem, 1, 0, h);
+      mbar_arrive(bar.vfree(1));  // drained: buffer 1's V^T and factors are free now
     } else {
       wgmma_fence();
       issue_pv_remote<Cfg, Cfg::kScaled>(r, smem, 1, 0);
       wgmma_commit();
     }
-    if (pair + 1 < pairs) {
+    if constexpr (SF::kF16Exchange) {
+      if (pair + 1 < pairs) {
+        mbar_wait(bar.kready(0), phase ^ 1);
+        scores<Cfg>(r, smem, 0, [] {});
+        pin_registers(r.o);
+      }
+    } else if (pair + 1 < pairs) {
       mbar_wait(bar.kready(0), phase ^ 1);
       scores<Cfg>(r, smem, 0, [&] { mbar_arrive(bar.vfree(1)); });
       pin_registers(r.o);
@@ -1123,9 +1161,10 @@ __device__ void consumer1(const Params& p, u32 smem, const Barriers& bar, int t,
     const u32 no_words[16] = {};  // (the local P V reads this consumer's own probabilities)
     pin_registers(r.o);
     if constexpr (SF::kF16Exchange) {
-      pv_from_registers<Cfg, false, false, false>(r, smem, 1, 1, no_words);
+      // P to consumer 0 first (it waits for it), then the local P V.
       store_p_f16(r, one, L::px(smem, 1, 0));
       named_arrive(kP1Ready, 256);
+      pv_from_registers<Cfg, false, false, false>(r, smem, 1, 1, no_words);
       named_sync(kP0Ready, 256);
       mbar_wait(bar.vready(0), phase);
       u32 h[16];
@@ -1155,7 +1194,14 @@ __device__ void consumer1(const Params& p, u32 smem, const Barriers& bar, int t,
       wgmma_wait<1>();  // the local P V: its P' registers are free, buffer 1's V^T too
     }
     mbar_arrive(bar.vfree(1));
-    if (pair + 1 < pairs) {
+    if constexpr (SF::kF16Exchange) {
+      mbar_arrive(bar.vfree(0));  // drained: buffer 0's V^T and factors are free now
+      if (pair + 1 < pairs) {
+        mbar_wait(bar.kready(1), phase ^ 1);
+        scores<Cfg>(r, smem, 1, [] {});
+        pin_registers(r.o);
+      }
+    } else if (pair + 1 < pairs) {
       // The next block's scores while the exchanged P V runs (it reads P' from shared memory,
       // not S); the first wait of the scores covers it, and buffer 0's V^T is released there.
       mbar_wait(bar.kready(1), phase ^ 1);

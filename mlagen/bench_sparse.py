@@ -719,6 +719,14 @@ def main(argv=None) -> int:
     b.add_argument("--json", default=None, help="also write every measurement here")
     args = ap.parse_args(argv)
     try:
+        if args.cmd == "bench-fp8":   # the arguments first, then the GPU
+            from . import operands
+
+            args.formats = tuple(args.formats.split(","))
+            bad = [f for f in args.formats if f not in operands.NAMES or not operands.get(f).quantized]
+            if bad:
+                raise ValueError(f"--formats: {bad[0]!r} is not an FP8 cache format; one of "
+                                 f"{[n for n in operands.NAMES if operands.get(n).quantized]}")
         measure.require_gpu(args.cmd)
         if args.cmd == "verify":
             return verify(args.kernel)
@@ -727,14 +735,7 @@ def main(argv=None) -> int:
         if args.cmd == "verify-fp8":
             return verify_fp8(args.kernel, args.compute)
         if args.cmd == "bench-fp8":
-            from . import operands
-
-            formats = tuple(args.formats.split(","))
-            bad = [f for f in formats if f not in operands.NAMES or not operands.get(f).quantized]
-            if bad:
-                raise ValueError(f"--formats: {bad[0]!r} is not an FP8 cache format; one of "
-                                 f"{[n for n in operands.NAMES if operands.get(n).quantized]}")
-            bench_fp8(args.shapes.split(","), args.rounds, args.iters, tuple(args.scales.split(",")), formats)
+            bench_fp8(args.shapes.split(","), args.rounds, args.iters, tuple(args.scales.split(",")), args.formats)
             return 0
         if args.cmd == "profile":
             return profile(args.shape)

@@ -29,3 +29,13 @@ def test_the_gpu_tools_say_so_in_one_line_without_a_gpu(tool, argv, monkeypatch,
     assert importlib.import_module(f"mlagen.{tool}").main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and err.startswith(f"mlagen.{tool}: ") and "needs a CUDA GPU, and torch sees none" in err
+
+
+@pytest.mark.parametrize("formats, bad", [("fp8_v32,fp8_b16", "fp8_b16"), ("bf16", "bf16")])
+def test_bench_fp8_formats_are_checked_before_the_gpu(formats, bad, capsys):
+    from mlagen import bench_sparse
+
+    assert bench_sparse.main(["bench-fp8", "--formats", formats]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (f"mlagen.bench_sparse: --formats: {bad!r} is not an FP8 cache format; one of "
+                   "['fp8_v32', 'fp8_b64', 'fp8_b32', 'fp8_b0']")

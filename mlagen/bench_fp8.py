@@ -6,9 +6,10 @@ public call on bf16 inputs of the same shape, in one process, in interleaved rou
 
 Per shape: the FP8 call's accuracy against the float32 reference on the dequantized inputs (2
 heads; relative L2 error of out, largest |lse| error), then per round one block of ``--iters``
-calls of each candidate (L2 flushed before every call, CUDA events, BENCHMARKS.md): bf16 as
+calls of each candidate (every other round in reverse order) (L2 flushed before every call, CUDA events, BENCHMARKS.md): bf16 as
 dispatched, FP8 as dispatched (the spec default or its tuned record), each ``--variant`` of
-``mla_prefill_sm90_fp8`` forced, and the V^T pre-pass alone (it is part of every FP8 call).
+``mla_prefill_sm90_fp8`` forced, and the V^T pre-pass alone (part of every FP8 call of a
+``v_transpose: prepass`` variant; the ``kernel`` ones make V^T themselves).
 With ``--fa3-fp8``, also FlashAttention-3's FP8 forward on the same e4m3 operands (the peer that
 ``tools/fa3_fp8/build.py`` builds; its K with the rope expanded to every head, made once before
 timing, as for the bf16 FA3 peer), checked like ours.
@@ -115,14 +116,18 @@ def bench_shape(sid: str, variants: list[dict], rounds: int, iters: int, flush, 
             del cands[name]
     c = call_mod.prepare(f8["q"], f8["k"], f8["v"], k_rope=f8["k_rope"], cu_seqlens_q=f8["cu_seqlens_q"],
                          cu_seqlens_k=f8["cu_seqlens_k"])
-    _, sel = entry.select(c, FP8_SPEC)
+    # The pre-pass kernel is the same in every variant (it depends on d_v only): a pre-pass one's.
+    _, sel = entry.select(c, make(spec, {"v_transpose": "prepass", "mask": mask}))
     cands["V^T pre-pass alone"] = lambda: tma.launch_transpose_v(sel, c, torch.cuda.current_stream().cuda_stream)
     for fn in cands.values():
         fn()
     torch.cuda.synchronize()
     blocks = {name: [] for name in cands}
-    for _ in range(rounds):
-        for name, fn in cands.items():
+    order = list(cands.items())
+    for r in range(rounds):
+        # Every other round in reverse, so no candidate always follows the same one (at the power
+        # cap a block's clocks depend on the block before it).
+        for name, fn in (order if r % 2 == 0 else order[::-1]):
             blocks[name].append(measure.median(measure.time_calls(fn, iters, flush)))
     flops = family.flops(shape)
     base = measure.median(blocks["bf16 (dispatched)"])

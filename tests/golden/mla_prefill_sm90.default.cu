@@ -32,6 +32,7 @@ struct Config {
   static constexpr int kSwV = 128;
   static constexpr int kCluster = 1;
   static constexpr bool kHalfDiagonal = true;
+  static constexpr bool kVtInKernel = false;  // FP8: V^T by the producer
 };
 
 static_assert(Config::kDQk == Config::kDNope + Config::kDRope, "d_qk is nope followed by rope");

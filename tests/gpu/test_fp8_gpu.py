@@ -102,35 +102,49 @@ def test_fp8_per_tensor_descales_and_a_large_head_count(spec):
 
 
 # Schedule options of the sm_90a FP8 kernel: ring depth, wider key tiles (V^T swizzle below 128 B),
-# no ordering, no overlap, clusters (V^T rows split between the CTAs), Q in registers (e4m3 A
-# fragments by ldmatrix), one consumer, one load warp, the narrowest swizzles.
+# no ordering, no overlap, clusters (V and V^T rows split between the CTAs), Q in registers (e4m3 A
+# fragments by ldmatrix), one consumer, one load warp, the narrowest swizzles; V^T made by the
+# kernel's transposing warps (the default) and by the pre-pass.
+_PRE = {"v_transpose": "prepass"}
+_C3 = {"consumers": 3, "order": "none", "block_n": 96, "swizzle_v": 32, "load_warps": 1, "consumer_regs": 160}
 SM90_FP8_SCHEDULES = [
     {},
-    {"stages": 3, "block_n": 192, "swizzle_v": 64},
+    _PRE,
+    {"stages": 3, "block_n": 128, "swizzle_v": 64},
+    {"stages": 3, "block_n": 192, "swizzle_v": 64, **_PRE},   # 3 x 192-key tiles and their V ring do not fit
+    {"block_n": 128, "swizzle_v": 128},
     {"order": "none", "overlap": False, "block_n": 64, "swizzle_v": 64},
     {"cluster": 2, "scheduler": "persistent", "block_n": 96, "swizzle_v": 32},
+    {"cluster": 2, "scheduler": "persistent", "block_n": 96, "swizzle_v": 32, **_PRE},
     {"q_operand": "regs", "scheduler": "static", "block_n": 160, "swizzle_v": 32},
-    {"q_operand": "regs", "scheduler": "dynamic", "block_n": 160, "swizzle_v": 32},
+    {"q_operand": "regs", "scheduler": "dynamic", "block_n": 160, "swizzle_v": 32, **_PRE},
     {"q_operand": "regs", "scheduler": "persistent", "order": "none", "block_n": 128, "swizzle_v": 32},
     {"consumers": 1, "order": "none", "load_warps": 1, "swizzle_q": 32, "swizzle_k": 32},
-    # The shipped D3 record (mlagen/tuned/h100.json).
-    {"scheduler": "static", "load_warps": 1, "producer_regs": 24, "consumer_regs": 240},
+    {"block_n": 224, "swizzle_v": 32, "producer_regs": 40, "consumer_regs": 232},
+    # The D3 record of the ninth session.
+    {"scheduler": "static", "load_warps": 1, "producer_regs": 24, "consumer_regs": 240, **_PRE},
     # Three consumer warpgroups (192-row tiles).
-    {"consumers": 3, "order": "none", "block_n": 96, "swizzle_v": 32, "load_warps": 1, "producer_regs": 24,
-     "consumer_regs": 160},
+    {**_C3, "producer_regs": 24, **_PRE},
+    {**_C3, "producer_regs": 32},
     {"consumers": 3, "order": "none", "block_n": 64, "swizzle_v": 64, "stages": 3, "load_warps": 1,
-     "producer_regs": 24, "consumer_regs": 160, "rescale": "first", "cluster": 2, "scheduler": "persistent"},
+     "producer_regs": 24, "consumer_regs": 160, "rescale": "first", "cluster": 2, "scheduler": "persistent", **_PRE},
+    {"consumers": 3, "order": "none", "block_n": 64, "swizzle_v": 64, "stages": 3, "load_warps": 1,
+     "producer_regs": 32, "consumer_regs": 160, "rescale": "first", "cluster": 2, "scheduler": "persistent"},
     # The lazy maximum (probabilities up to 2^8 in e4m3).
     {"rescale": "lazy"},
-    {"consumers": 3, "order": "none", "block_n": 96, "swizzle_v": 32, "load_warps": 1, "producer_regs": 24,
-     "consumer_regs": 160, "rescale": "lazy", "pv_wait": "late", "epilogue": "direct"},
+    {**_C3, "producer_regs": 24, "rescale": "lazy", "pv_wait": "late", "epilogue": "direct", **_PRE},
     # The first key tile on its first half only (half widths 96 and 48: P V's 32-key steps cover 64).
     {"diagonal": "half"},
-    {"consumers": 3, "order": "none", "block_n": 96, "swizzle_v": 32, "load_warps": 1, "producer_regs": 24,
-     "consumer_regs": 160, "rescale": "lazy", "pv_wait": "late", "epilogue": "direct", "diagonal": "half"},
-    # The D1 record (fifteenth session): the above with three stages.
-    {"consumers": 3, "order": "none", "block_n": 96, "swizzle_v": 32, "load_warps": 1, "producer_regs": 24,
-     "consumer_regs": 160, "rescale": "lazy", "pv_wait": "late", "epilogue": "direct", "diagonal": "half", "stages": 3},
+    {**_C3, "producer_regs": 24, "rescale": "lazy", "pv_wait": "late", "epilogue": "direct", "diagonal": "half", **_PRE},
+    # The D1 record of the fifteenth session (the D3 record's schedule but for pv_wait and diagonal):
+    # the above with three stages; and with V^T made in the kernel.
+    {**_C3, "producer_regs": 24, "rescale": "lazy", "pv_wait": "late", "epilogue": "direct", "diagonal": "half",
+     "stages": 3, **_PRE},
+    {**_C3, "producer_regs": 32, "rescale": "lazy", "pv_wait": "late", "epilogue": "direct", "diagonal": "half",
+     "stages": 3},
+    # The D1 record (eighteenth session): V^T in the kernel, two stages.
+    {**_C3, "producer_regs": 32, "rescale": "lazy", "pv_wait": "late", "epilogue": "direct", "diagonal": "half",
+     "stages": 2},
     {"order": "none", "overlap": False, "block_n": 64, "swizzle_v": 64, "diagonal": "half"},
 ]
 
@@ -172,7 +186,10 @@ def test_sm90_fp8_transpose_v_kernel_writes_the_torch_layout(lengths):
     k = torch.zeros(total, heads, 128, device="cuda").to(torch.float8_e4m3fn)
     kr = torch.zeros(total, 1, 64, device="cuda").to(torch.float8_e4m3fn)
     c = call_mod.prepare(q, k, v, k_rope=kr, cu_seqlens_q=cu, cu_seqlens_k=cu)
-    _, selection = entry.select(c, "mla_prefill_sm90_fp8")
+    from mlagen import spec, variant
+
+    prepass = variant.make(spec.load("mla_prefill_sm90_fp8"), {"v_transpose": "prepass", "mask": "causal"})
+    _, selection = entry.select(c, prepass)
     got = tma.launch_transpose_v(selection, c, torch.cuda.current_stream().cuda_stream)
     want = tma.transpose_v(v, cu, total, len(lengths))
     torch.cuda.synchronize()
@@ -258,7 +275,33 @@ def test_sm90_fp8_deterministic_and_graph_capture():
     torch.cuda.synchronize()
     assert torch.equal(out, first), "a graph replay differs from the eager call (or two runs differ: a race)"
     a["v"].copy_((torch.randn(a["v"].shape, device="cuda") / a["v_descale"]).clamp(-448, 448).to(torch.float8_e4m3fn))
-    graph.replay()  # the captured V^T pre-pass reads the new V
+    graph.replay()  # the captured kernel (and V^T pre-pass, if dispatched) reads the new V
     torch.cuda.synchronize()
     _check_fp8_call(a)  # eager on the new V
     assert torch.equal(out, mlagen.mla_prefill(**a, kernel="mla_prefill_sm90_fp8")[0])
+
+
+@pytest.mark.skipif("mla_prefill_sm90_fp8" not in FP8_SPECS, reason=_NO_SM90_FP8)
+@pytest.mark.parametrize("schedule", [{}, {**_C3, "producer_regs": 32, "rescale": "lazy", "pv_wait": "late",
+                                           "epilogue": "direct", "diagonal": "half", "stages": 3},
+                                      {"cluster": 2, "scheduler": "persistent", "block_n": 96, "swizzle_v": 32}],
+                         ids=["default", "c3", "cluster"])
+def test_sm90_fp8_v_transpose_in_kernel_equals_the_pre_pass(schedule):
+    """V^T written by the kernel's transposing warps is the pre-pass's V^T tile for tile (the same
+    keys in the same perm16 order, the same MMAs), so out and lse are bit for bit the same, on
+    ragged sequences whose key starts are not 16-aligned, with poisoned outputs."""
+    from mlagen import spec, variant
+
+    sp = spec.load("mla_prefill_sm90_fp8")
+    shape = Shape("fp8", (5, 1, 0, 129, 300, 2, 700), (5, 1, 0, 200, 300, 0, 900), 16, True)
+    inputs = FAMILY.make_inputs(shape, "cuda", seed=5, dtype="fp8_e4m3")
+    got = []
+    for mode in ("kernel", "prepass"):
+        v = variant.make(sp, {**schedule, "mask": "causal", "v_transpose": mode})
+        out = torch.full((shape.total_q, 16, 128), float("nan"), dtype=torch.bfloat16, device="cuda")
+        lse = torch.full((shape.total_q, 16), float("nan"), dtype=torch.float32, device="cuda")
+        got.append(FAMILY.call(inputs, variant=v, outputs=(out, lse), check=True))
+    torch.cuda.synchronize()
+    assert torch.equal(got[0][0], got[1][0]) and torch.equal(got[0][1], got[1][1])
+    check = FAMILY.compare(got[0], FAMILY.reference(shape, inputs, heads=None), dtype="fp8_e4m3")
+    assert check.ok, check.problem

@@ -1,7 +1,7 @@
 """Launch plans (mlagen/plans.py) on the GPU: a call repeated with the same signature takes its
 plan, and the plan's launch gives bit for bit what the full path (MLAGEN_PLANS=0) gives, on new
 buffers (new pointers) as on the first ones, for every launcher: the sm90 TMA launcher (maps
-re-encoded per pointer, the dynamic scheduler's counter), its FP8 sibling (the V^T pre-pass), the
+re-encoded per pointer, the dynamic scheduler's counter), its FP8 sibling (V mapped as stored), the
 simt one, the sparse gather, the H <= 16 kernel's TMA gather (its KV map) and the FP8-cache modes."""
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ def _dense_args(case: str, seed: int) -> dict:
         args["lse"] = torch.full((tq, h), float("nan"), device="cuda")
     elif case == "sm80":      # the simt launcher
         args["kernel"] = "mla_prefill_sm80"
-    elif case == "fp8":       # e4m3 operands with descales: the V^T pre-pass and its map, the descale pointers
+    elif case == "fp8":       # e4m3 operands with descales: V's map, the descale pointers
         from mlagen.families import get
 
         fam = get("mla_prefill")

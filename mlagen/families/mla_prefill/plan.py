@@ -3,8 +3,8 @@ signature (every tensor's dtype, shape, strides, device and 16-byte alignment, t
 knobs) allocates its outputs, encodes or finds the tensor maps of its pointers and launches,
 without the argument checks, dispatch or packing of the full path (:mod:`.entry`).
 
-Every launcher: simt, the sm90 TMA one and its FP8 sibling (whose plan allocates V^T, runs the
-pre-pass kernel and maps V^T, as the full path does). A call whose full path copied an argument (a
+Every launcher: simt, the sm90 TMA one and its FP8 sibling (whose plan, for a pre-pass variant,
+allocates V^T, runs the pre-pass kernel and maps V^T, as the full path does). A call whose full path copied an argument (a
 misaligned view, CPU cu_seqlens) or read cu_seqlens back (``check_seqlens``) gets no plan.
 """
 
@@ -82,12 +82,15 @@ class DensePlan:
         self.rope_offset = call.k_rope.data_ptr() - k.data_ptr()  # k_rope a view of k: where it starts
         self.tma = selection.spec.abi in ("tma", "tma_fp8")
         self.vt_shape = self.pre_pass = None
+        self.fp8 = False
         if self.tma:
             p = tma._plan(selection, selection.env)
             block, smem, variable = p.block, p.smem, _TMA_VARIABLE
             vt = None
-            if p.fp8:   # V^T: allocated per call, written by the pre-pass, mapped in V's place
+            self.fp8 = p.fp8
+            if p.fp8:
                 variable = _FP8_VARIABLE
+            if p.prepass:   # V^T: allocated per call, written by the pre-pass, mapped in V's place
                 self.vt_shape = tma.vt_shape(call)
                 vt = call.v.new_empty(self.vt_shape)   # its layout, for the map's key (once)
                 self.pre_pass = plans.LaunchPlan(selection.kernel.entry(f"{selection.variant.symbol}_vt"),
@@ -119,7 +122,7 @@ class DensePlan:
                          for ptr, key, (_, what) in zip(pointers, self.map_tails, tma.MAP_FIELDS))
             counter = tma.tile_counter(self.device, stream) if self.dynamic else 0
             values = maps + (counter, pointers[4]) + tail
-            if self.pre_pass is not None:
+            if self.fp8:
                 values += tuple(0 if t is None else t.data_ptr() for t in (q_descale, k_descale, v_descale))
         else:
             values = pointers + tail

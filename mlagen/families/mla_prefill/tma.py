@@ -6,8 +6,10 @@ shapes, strides and the variant's boxes, so they are cached: repeated calls on t
 (the serving case, and CUDA graph capture) encode nothing.
 
 FP8 (``tma_fp8``): the e4m3 wgmma reads both operands K-major, so P V needs V^T (keys
-contiguous). A pre-pass kernel of the same module (``<symbol>_vt``, transpose_v.cuh) writes it on
-the launch stream just before the kernel (no host synchronisation, so graphs capture both):
+contiguous). With ``v_transpose: kernel`` the kernel makes it itself from V tiles it loads as
+stored (V is mapped like K). With ``v_transpose: prepass`` a pre-pass kernel of the same module
+(``<symbol>_vt``, transpose_v.cuh) writes it on the launch stream just before the kernel (no host
+synchronisation, so graphs capture both):
 [heads, d_v, vt_width] bytes, each sequence's keys starting at column round_up(k_start, 16) +
 16 * b, and inside every 16 keys the column order PERM16 that makes the kernel's S registers,
 converted to e4m3, the A fragment of P V (mla_prefill.cuh: pack_p). Columns that hold no key of
@@ -221,6 +223,7 @@ class _Plan:
     """What a launch of one selected kernel reads on every call, derived once from its variant."""
 
     fp8: bool
+    prepass: bool      # FP8 with V^T written by the pre-pass kernel (else by the kernel itself)
     elem: int
     block_m: int
     swizzle: tuple[int, int, int]  # q, k, v
@@ -237,7 +240,8 @@ def _plan(selection, env: dict) -> _Plan:
     if plan is None:
         s = evaluate(selection.variant)
         fp8 = selection.spec.abi == "tma_fp8"
-        plan = _Plan(fp8, 1 if fp8 else 2, env["block_m"], (s.swizzle["q"], s.swizzle["k"], s.swizzle["v"]),
+        prepass = fp8 and env.get("v_transpose") == "prepass"
+        plan = _Plan(fp8, prepass, 1 if fp8 else 2, env["block_m"], (s.swizzle["q"], s.swizzle["k"], s.swizzle["v"]),
                      env["block_n"] // s.cluster, s.cluster, s, ABIS[selection.spec.abi],
                      (selection.resources.threads, 1, 1), selection.resources.smem_bytes)
         selection.plan["tma"] = plan
@@ -249,11 +253,13 @@ MAP_FIELDS = (("tma_q", "q"), ("tma_k", "k"), ("tma_k_rope", "k_rope"), ("tma_v"
 
 
 def map_keys(selection, call: Call, env: dict, vt=None) -> tuple:
-    """``map_key`` of each of MAP_FIELDS; ``vt`` is the FP8 launcher's V^T (its map stands for V's)."""
+    """``map_key`` of each of MAP_FIELDS; ``vt`` is the FP8 pre-pass's V^T (its map stands for V's)."""
     p = _plan(selection, env)
     sw_q, sw_k, sw_v = p.swizzle
-    if p.fp8:   # V^T as [d_v rows, heads, columns]; boxes of sw_v keys by all d_v rows (a cluster's share)
+    if p.prepass:   # V^T as [d_v rows, heads, columns]; boxes of sw_v keys by all d_v rows (a cluster's share)
         v_key = map_key(vt.permute(1, 0, 2), sw_v, vt.size(1) // p.cluster, sw_v)
+    elif p.fp8:     # V as stored, whole 128-byte rows (the kernel transposes them)
+        v_key = map_key(call.v, call.v.size(2), p.kv_rows, 128)
     else:
         v_key = map_key(call.v, sw_v // 2, p.kv_rows, sw_v)
     return (map_key(call.q, sw_q // p.elem, p.block_m, sw_q), map_key(call.k, sw_k // p.elem, p.kv_rows, sw_k),
@@ -265,7 +271,7 @@ def launch(selection, call: Call, env: dict, stream: int) -> tuple[tuple, dict]:
     p = _plan(selection, env)
     s, bm = p.schedule, p.block_m
     values = common_values(call)
-    vt = launch_transpose_v(selection, call, stream) if p.fp8 else None
+    vt = launch_transpose_v(selection, call, stream) if p.prepass else None
     for (field, what), key in zip(MAP_FIELDS, map_keys(selection, call, env, vt)):
         values[field] = map_at(key, what)
     # Tiles are numbered per cluster: a cluster of C CTAs takes C * block_m query rows.

@@ -18,12 +18,14 @@
 // consumers release those stages without computing.
 //
 // FP8 (Cfg::kElemBytes == 1, e4m3 inputs): both products run on the k32 e4m3 wgmma, which takes
-// no transpose, so every shared-memory operand is K-major. Q and K are naturally; V is read from
-// V^T, a [heads, d_v, columns] copy the launcher makes before the kernel (tma.py: transpose_v),
-// keys contiguous, each sequence starting on a 16-column boundary (vt_column). Inside every 16
-// keys, V^T's column order is permuted (position 4t + i holds key 8 (i / 2) + 2 t + i % 2) so that
-// the fp32 S accumulator a thread holds, converted to e4m3, already is the k32 A fragment of P V:
-// no shuffle. q_descale * k_descale is folded into the softmax scale, v_descale into the output
+// no transpose, so every shared-memory operand is K-major. Q and K are naturally; P V reads V^T
+// tiles (d_v rows of BLOCK_N keys). Inside every 16 keys of a tile, V^T's column order is permuted
+// (position 4t + i holds key 8 (i / 2) + 2 t + i % 2) so that the fp32 S accumulator a thread
+// holds, converted to e4m3, already is the k32 A fragment of P V: no shuffle. Cfg::kVtInKernel:
+// the producer loads each V tile as stored into a ring of its own and its warps that issue no
+// loads write V^T from it (transpose_v_tile); else V^T is a [heads, d_v, columns] copy the
+// launcher makes before the kernel (tma.py: transpose_v), each sequence starting on a 16-column
+// boundary (vt_column), loaded by TMA. q_descale * k_descale is folded into the softmax scale, v_descale into the output
 // normalisation; P (in [0, 1]) is rounded to e4m3.
 #pragma once
 #include "mlagen/cuda/online_softmax.cuh"
@@ -59,9 +61,18 @@ struct Layout {
   static constexpr int kQ = 0;
   static constexpr int kK = kQ + kQBytes;
   static constexpr int kV = kK + Cfg::kStages * kKBytes;
-  static constexpr int kBarriers = kV + Cfg::kStages * kVBytes;
-  // Barriers: q_full, q_empty, k_full[S], k_empty[S], v_full[S], v_empty[S], tile_full[2], tile_empty[2].
-  static constexpr int kNumBarriers = 2 + 4 * Cfg::kStages + 4;
+  // FP8 with the transpose in the kernel: the V tiles as stored (BLOCK_N rows of d_v bytes,
+  // 128-byte swizzle) in a ring of their own, read by the transposing warps. It is refilled as
+  // soon as they have read a tile, so the next tile is there when the consumers free a V^T slot.
+  static constexpr bool kVtInKernel = Cfg::kVtInKernel;
+  static constexpr int kRawStages = kVtInKernel ? 2 : 0;
+  static constexpr int kVRaw = kV + Cfg::kStages * kVBytes;
+  static constexpr int kBarriers = kVRaw + kRawStages * kVBytes;
+  // Producer warps that transpose V (those issuing no loads).
+  static constexpr int kTransposeWarps = kVtInKernel ? 4 - Cfg::kLoadWarps : 0;
+  // Barriers: q_full, q_empty, k_full[S], k_empty[S], v_full[S], v_empty[S], tile_full[2], tile_empty[2],
+  // and with the transpose in the kernel vraw_full[2], vraw_empty[2].
+  static constexpr int kNumBarriers = 2 + 4 * Cfg::kStages + 4 + 2 * kRawStages;
   static constexpr int kTileIds = kBarriers + 8 * kNumBarriers;
   static constexpr int kEnd = kTileIds + 8;
   static constexpr int kReserved = 1024;  // barriers and tile ids, rounded up
@@ -73,6 +84,7 @@ struct Layout {
                     kVBytes % 1024 == 0,
                 "every TMA box must start on its swizzle atom, every tile on a 1024-byte boundary");
   static_assert(!Cfg::kTmaEpilogue || Cfg::kDV * 2 <= Cfg::kDQk * kE, "the output staging tile reuses the Q tile");
+  static_assert(!kVtInKernel || (kFp8 && Cfg::kDV == 128), "the transposing warps read V rows of 128 e4m3 values");
 };
 
 // Per-warp arrivals on a stage's empty barrier: every consumer thread (one CTA), or one elected
@@ -121,6 +133,10 @@ struct Barriers {
   __device__ __forceinline__ u32 v_empty(int s) const { return base + 8 * (2 + 3 * stages + s); }
   __device__ __forceinline__ u32 tile_full(int s) const { return base + 8 * (2 + 4 * stages + s); }
   __device__ __forceinline__ u32 tile_empty(int s) const { return base + 8 * (4 + 4 * stages + s); }
+  // FP8 with the transpose in the kernel: raw slot s holds a V tile as stored / is free again
+  // (v_full and v_empty then guard the V^T slots).
+  __device__ __forceinline__ u32 vraw_full(int s) const { return base + 8 * (6 + 4 * stages + s); }
+  __device__ __forceinline__ u32 vraw_empty(int s) const { return base + 8 * (8 + 4 * stages + s); }
 };
 
 // Work assignment: tile t covers head t / num_virtual and virtual query tile t % num_virtual, so
@@ -183,11 +199,94 @@ __device__ __forceinline__ int vt_column(const QueryTile& qt, int key0) {
   return ((qt.seq.k_start + 15) & ~15) + 16 * qt.batch + (key0 - qt.seq.k_start);
 }
 
+// V^T of one key tile from the tile as stored (FP8, Cfg::kVtInKernel), by the producer's
+// transposing warp `tw` of L::kTransposeWarps. `raw`: BLOCK_N key rows of d_v = 128 bytes, 16-byte
+// chunk c of row k at c ^ (k % 8) (128-byte swizzle); `vt`: d_v rows of BLOCK_N keys in column
+// blocks of SW_V bytes, each 16-key group in perm16 order. A unit is a 16-key group g and 32 dims
+// 32 j .. 32 j + 31: one ldmatrix.x4.trans reads the b16 matrices (keys 8 (m % 2) + r of the group)
+// x (chunk 2 j + m / 2), after which lane 4 u + t holds dims 2 u, 2 u + 1 of keys 2 t, 2 t + 1 (and
+// 8 + 2 t, 9 + 2 t) of each chunk; two byte permutes per chunk make dim 2 u's and dim 2 u + 1's
+// words of keys (2t, 2t+1, 8+2t, 9+2t), perm16 positions 4t .. 4t+3; one stmatrix.x4 writes them as
+// four 8 x 16-byte matrices of V^T rows: matrix m holds chunk 2 j + m / 2's dims 0 2 4 6 9 11 13 15
+// (m even) or 1 3 5 7 8 10 12 14 (m odd), whose rows fall in eight distinct 16-byte bank groups
+// under the 32-, 64- and 128-byte swizzles alike (as the ldmatrix rows do under the 128-byte one).
+template <class Cfg>
+__device__ __forceinline__ void transpose_v_tile(u32 raw, u32 vt, int tw) {
+  using L = Layout<Cfg>;
+  constexpr int kGroups = Cfg::kBlockN / 16;
+  constexpr int kCbGroups = Cfg::kSwV / 16;  // 16-key groups per V^T column block
+  const int lane = threadIdx.x % 32, m = lane / 8, r = lane % 8;
+  // Row 8 (m % 2) + r of the group, its chunk (2 j + m / 2) ^ r = 2 j ^ (m / 2) ^ r: the lane's part
+  // (m / 2) ^ r set in the low 7 bits of the 128-byte-aligned row address, 2 j XORed in per unit.
+  const u32 ld = (raw + (8 * (m % 2) + r) * 128) | ((u32)((m / 2) ^ r) << 4);
+  const int dd = (m % 2 == 0) == (r < 4) ? 2 * r : 2 * r + 1;
+  const int st_row = 16 * (m / 2) + dd;  // V^T row (dim) of this lane's address, in each 32-dim unit
+  // This lane's words: the even dim goes to matrix 0 / 2 for lanes u < 4, to matrix 1 / 3 otherwise.
+  const u32 sel0 = lane < 16 ? 0x6420u : 0x7531u;
+#pragma unroll 1
+  for (int g = tw; g < kGroups; g += L::kTransposeWarps) {
+    const u32 src = ld + g * 16 * 128;
+    const u32 dst = vt + (g / kCbGroups) * L::kVCbBytes +
+                    swizzle_offset<Cfg::kSwV>(st_row * Cfg::kSwV + (g % kCbGroups) * 16);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {  // the group's four 32-dim units
+      u32 x[4];
+      asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                   : "=r"(x[0]), "=r"(x[1]), "=r"(x[2]), "=r"(x[3])
+                   : "r"(src ^ ((u32)(2 * j) << 4))
+                   : "memory");
+      const u32 sel1 = sel0 ^ 0x1111u;
+      asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(dst + j * 32 * Cfg::kSwV),
+                   "r"(__byte_perm(x[0], x[1], sel0)), "r"(__byte_perm(x[0], x[1], sel1)),
+                   "r"(__byte_perm(x[2], x[3], sel0)), "r"(__byte_perm(x[2], x[3], sel1))
+                   : "memory");
+    }
+  }
+}
+
+// The transposing warps' loop (FP8, Cfg::kVtInKernel): the loaders' sequence of key tiles, each
+// transposed once its V tile has landed (vraw_full) and the consumers have freed its V^T slot
+// (v_empty); then the raw slot is released to the loader (in a cluster, to both CTAs' loaders: each
+// multicasts its half of the next tile into both). A loop of its own, apart from the loaders', so
+// that only the tile count and the ring position live across it (32 registers).
+template <class Cfg, class Params>
+__device__ void transposer(const Params& p, u32 smem, const Barriers& bar, int tw) {
+  using L = Layout<Cfg>;
+  const TileSchedule<Cfg, Params> sched(p);
+  int kv_iter = 0, id_iter = 0;
+  for (int t = sched.first(); t < sched.total;) {
+    int head, kv_blocks;
+    query_tile<Cfg>(p, t, head, kv_blocks);
+    for (int i = 0; i < kv_blocks; ++i, ++kv_iter) {
+      const int s = kv_iter % Cfg::kStages, rs = kv_iter % L::kRawStages;
+      mbar_wait(bar.vraw_full(rs), (kv_iter / L::kRawStages) & 1);
+      mbar_wait(bar.v_empty(s), ((kv_iter / Cfg::kStages) & 1) ^ 1);
+      transpose_v_tile<Cfg>(smem + L::kVRaw + rs * L::kVBytes, smem + L::kV + s * L::kVBytes, tw);
+      fence_async_shared();  // the generic-proxy stores, before wgmma reads them
+      mbar_arrive(bar.v_full(s));
+      __syncwarp();  // every lane's reads of the raw tile are done
+      const u32 lane = threadIdx.x % 32;
+      if constexpr (Cfg::kCluster == 1) {
+        if (lane == 0) mbar_arrive(bar.vraw_empty(rs));
+      } else {
+        if (lane < Cfg::kCluster) mbar_arrive_cluster(bar.vraw_empty(rs), lane);
+      }
+    }
+    if constexpr (Cfg::kScheduler == Scheduler::kDynamic) {
+      t = next_published_tile<L>(smem, bar, id_iter & 1, id_iter);
+      ++id_iter;
+    } else {
+      t = sched.next_static(t);
+    }
+  }
+}
+
 // ------------------------------------------------------------------------------------------------
 // Producer: warp 0 loads Q and K and runs the dynamic tile queue; with LOAD_WARPS = 2, warp 1
 // loads V (else warp 0 does). Separate warps keep a K load from waiting behind a V slot (V is
 // released later, after P V), so each ring has the whole time between a slot's release and its
-// next use to hide the TMA latency.
+// next use to hide the TMA latency. FP8 with the transpose in the kernel: the other warps write
+// V^T from each V tile once it has landed (vraw_full), then arrive on v_full.
 
 template <class Cfg, class Params>
 __device__ void producer(const Params& p, u32 smem, const Barriers& bar) {
@@ -195,6 +294,9 @@ __device__ void producer(const Params& p, u32 smem, const Barriers& bar) {
   const int warp = (threadIdx.x / 32) % 4;
   const bool loads_qk = warp == 0;
   const bool loads_v = Cfg::kLoadWarps == 1 ? warp == 0 : warp == 1;
+  if constexpr (L::kVtInKernel) {
+    if (warp >= Cfg::kLoadWarps) return transposer<Cfg>(p, smem, bar, warp - Cfg::kLoadWarps);
+  }
   if (!loads_qk && !loads_v) return;
   const int lane = threadIdx.x % 32;
   const TileSchedule<Cfg, Params> sched(p);
@@ -205,7 +307,7 @@ __device__ void producer(const Params& p, u32 smem, const Barriers& bar) {
     const bool computes = qt.rows > 0 && qt.n_blocks > 0;  // else the consumers only release stages
     if (kv_blocks > 0) {
       const int rope_head = p.rope_shared ? 0 : head;
-      const int vt0 = L::kFp8 ? vt_column(qt, qt.seq.k_start) : 0;  // V^T column of the sequence's first key
+      const int vt0 = L::kFp8 && !L::kVtInKernel ? vt_column(qt, qt.seq.k_start) : 0;  // V^T column of the sequence's first key (pre-pass)
       for (int i = 0; i < kv_blocks; ++i, ++kv_iter) {
         const int key0 = qt.seq.k_start + (kv_blocks - 1 - i) * Cfg::kBlockN;
         const int s = kv_iter % Cfg::kStages;
@@ -239,21 +341,31 @@ __device__ void producer(const Params& p, u32 smem, const Barriers& bar) {
           }
         }
         if (loads_v) {
-          mbar_wait(bar.v_empty(s), phase);
-          if (lane == 0) {
-            mbar_arrive_expect_tx(bar.v_full(s), L::kVBytes);
-            if constexpr (L::kFp8) {
-              // V^T: column blocks of kCbV keys, all d_v rows each.
-              const int col0 = vt0 + (key0 - qt.seq.k_start);
+          if constexpr (L::kVtInKernel) {
+            // V as stored, into the raw ring: BLOCK_N rows of d_v bytes (one 128-byte box column).
+            const int rs = kv_iter % L::kRawStages;
+            mbar_wait(bar.vraw_empty(rs), ((kv_iter / L::kRawStages) & 1) ^ 1);
+            if (lane == 0) {
+              mbar_arrive_expect_tx(bar.vraw_full(rs), L::kVBytes);
+              load_kv_box<Cfg, 128>(smem + L::kVRaw + rs * L::kVBytes, &p.tma_v, bar.vraw_full(rs), 0, head, key0);
+            }
+          } else {
+            mbar_wait(bar.v_empty(s), phase);
+            if (lane == 0) {
+              mbar_arrive_expect_tx(bar.v_full(s), L::kVBytes);
+              if constexpr (L::kFp8) {
+                // V^T: column blocks of kCbV keys, all d_v rows each.
+                const int col0 = vt0 + (key0 - qt.seq.k_start);
 #pragma unroll
-              for (int cb = 0; cb < Cfg::kBlockN / L::kCbV; ++cb)
-                load_kv_box<Cfg, Cfg::kSwV, Cfg::kDV>(smem + L::kV + s * L::kVBytes + cb * L::kVCbBytes, &p.tma_v,
-                                                      bar.v_full(s), col0 + cb * L::kCbV, head, 0);
-            } else {
+                for (int cb = 0; cb < Cfg::kBlockN / L::kCbV; ++cb)
+                  load_kv_box<Cfg, Cfg::kSwV, Cfg::kDV>(smem + L::kV + s * L::kVBytes + cb * L::kVCbBytes, &p.tma_v,
+                                                        bar.v_full(s), col0 + cb * L::kCbV, head, 0);
+              } else {
 #pragma unroll
-              for (int cb = 0; cb < Cfg::kDV / L::kCbV; ++cb)
-                load_kv_box<Cfg, Cfg::kSwV>(smem + L::kV + s * L::kVBytes + cb * L::kVCbBytes, &p.tma_v,
-                                            bar.v_full(s), cb * L::kCbV, head, key0);
+                for (int cb = 0; cb < Cfg::kDV / L::kCbV; ++cb)
+                  load_kv_box<Cfg, Cfg::kSwV>(smem + L::kV + s * L::kVBytes + cb * L::kVCbBytes, &p.tma_v,
+                                              bar.v_full(s), cb * L::kCbV, head, key0);
+              }
             }
           }
         }
@@ -782,13 +894,19 @@ __device__ __forceinline__ Barriers init_barriers(u32 smem) {
     for (int s = 0; s < Cfg::kStages; ++s) {
       mbar_init(bar.k_full(s), 1);
       mbar_init(bar.k_empty(s), kv_release_count<Cfg>());
-      mbar_init(bar.v_full(s), 1);
+      // The V loader's expect_tx, or every lane of the transposing warps (its V tile then lands on vraw_full).
+      mbar_init(bar.v_full(s), L::kVtInKernel ? 32 * L::kTransposeWarps : 1);
       mbar_init(bar.v_empty(s), kv_release_count<Cfg>());
+    }
+    for (int s = 0; s < L::kRawStages; ++s) {
+      mbar_init(bar.vraw_full(s), 1);
+      mbar_init(bar.vraw_empty(s), Cfg::kCluster * L::kTransposeWarps);  // a lane per transposing warp and CTA
     }
     for (int s = 0; s < 2; ++s) {
       mbar_init(bar.tile_full(s), 1);
-      // Every consumer thread and, when it is a warp of its own, the V producer warp.
-      mbar_init(bar.tile_empty(s), Cfg::kConsumers * 128 + (Cfg::kLoadWarps == 2 ? 32 : 0));
+      // Every consumer thread and, when they are warps of their own, the V producer warp and the
+      // transposing warps.
+      mbar_init(bar.tile_empty(s), Cfg::kConsumers * 128 + (Cfg::kLoadWarps == 2 ? 32 : 0) + 32 * L::kTransposeWarps);
     }
     fence_barrier_init();
   }

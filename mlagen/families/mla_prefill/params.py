@@ -3,7 +3,8 @@
 * ``simt``: pointer-and-stride parameters; cp.async loads (sm80 kernel, any NVIDIA target).
 * ``simt_fp8``: the same with fp8 e4m3 inputs and descale factors (gfx9 FP8 kernels).
 * ``tma``: TMA descriptors for Q, K, K-rope, V and O (sm90 warp-specialized kernel).
-* ``tma_fp8``: the same over e4m3 inputs (``tma_v`` describes V^T, see tma.py: transpose_v),
+* ``tma_fp8``: the same over e4m3 inputs (``tma_v`` describes V as stored, or V^T for a
+  ``v_transpose: prepass`` variant, see tma.py: transpose_v),
   plus the descale factors.
 """
 

@@ -107,6 +107,14 @@ __device__ __forceinline__ void release_kv(u32 bar) {
   }
 }
 
+// Release a V stage. With V^T made in the kernel each CTA writes its own V^T slots (only the raw V
+// tiles are multicast, and released by the transposing warps), so the release stays in the CTA.
+template <class Cfg>
+__device__ __forceinline__ void release_v(u32 bar) {
+  if constexpr (Cfg::kVtInKernel) mbar_arrive(bar);
+  else release_kv<Cfg>(bar);
+}
+
 // Load rows [row0, row0 + ROWS) of one column block of K or V (ROWS = BLOCK_N key rows; d_v rows
 // of V^T with FP8) into a ring slot. In a cluster, each CTA loads its share of the rows and
 // multicasts it to the same slot of every CTA.
@@ -256,12 +264,15 @@ __device__ void transposer(const Params& p, u32 smem, const Barriers& bar, int t
   int kv_iter = 0, id_iter = 0;
   for (int t = sched.first(); t < sched.total;) {
     int head, kv_blocks;
-    query_tile<Cfg>(p, t, head, kv_blocks);
+    const QueryTile qt = query_tile<Cfg>(p, t, head, kv_blocks);
+    // The tiles the consumers only release (the cluster streams them for the other CTA's rows, or
+    // this CTA has no rows) come first: they are passed on untransposed.
+    const int skip = kv_blocks - (qt.rows > 0 && qt.n_blocks > 0 ? qt.n_blocks : 0);
     for (int i = 0; i < kv_blocks; ++i, ++kv_iter) {
       const int s = kv_iter % Cfg::kStages, rs = kv_iter % L::kRawStages;
       mbar_wait(bar.vraw_full(rs), (kv_iter / L::kRawStages) & 1);
       mbar_wait(bar.v_empty(s), ((kv_iter / Cfg::kStages) & 1) ^ 1);
-      transpose_v_tile<Cfg>(smem + L::kVRaw + rs * L::kVBytes, smem + L::kV + s * L::kVBytes, tw);
+      if (i >= skip) transpose_v_tile<Cfg>(smem + L::kVRaw + rs * L::kVBytes, smem + L::kV + s * L::kVBytes, tw);
       fence_async_shared();  // the generic-proxy stores, before wgmma reads them
       mbar_arrive(bar.v_full(s));
       __syncwarp();  // every lane's reads of the raw tile are done
@@ -745,7 +756,7 @@ __device__ __forceinline__ void epilogue(const Params& p, ConsumerRegs<Cfg>& r, 
     }
   }
   if constexpr (Cfg::kTmaEpilogue) mbar_arrive(bar.q_empty());
-  if constexpr (Cfg::kVtmaEpilogue) release_kv<Cfg>(bar.v_empty(v_stage));
+  if constexpr (Cfg::kVtmaEpilogue) release_v<Cfg>(bar.v_empty(v_stage));
 }
 
 // One key step without overlap: S = Q K^T, softmax, and (without overlap) P V. With overlap this
@@ -773,7 +784,7 @@ __device__ __forceinline__ void serial_step(const Params& p, ConsumerRegs<Cfg>& 
     else issue_pv<Cfg>(r, smem, s);
     turn_pass<Cfg>(wg);
     wgmma_wait<0>();
-    release_kv<Cfg>(bar.v_empty(s));
+    release_v<Cfg>(bar.v_empty(s));
   }
 }
 
@@ -800,7 +811,7 @@ __device__ void consumer(const Params& p, u32 smem, const Barriers& bar, int wg)
       mbar_wait(bar.k_full(s), phase);
       release_kv<Cfg>(bar.k_empty(s));
       mbar_wait(bar.v_full(s), phase);
-      release_kv<Cfg>(bar.v_empty(s));
+      release_v<Cfg>(bar.v_empty(s));
     }
     if (computes) {
       mbar_wait(bar.q_full(), tile_iter & 1);
@@ -852,7 +863,7 @@ __device__ void consumer(const Params& p, u32 smem, const Barriers& bar, int wg)
           scores_to_probabilities<Cfg>(r, qt, n, row_base, scale_log2, corr);
           if constexpr (Cfg::kPvWaitLate) schedule_boundary(p.num_heads);
           wgmma_wait<0>();
-          release_kv<Cfg>(bar.v_empty(prev_stage));
+          release_v<Cfg>(bar.v_empty(prev_stage));
           finish_step<Cfg>(r, corr);
         } else {
           serial_step<Cfg>(p, r, qt, bar, smem, wg, row_base, n, s, phase, scale_log2, corr);
@@ -867,7 +878,7 @@ __device__ void consumer(const Params& p, u32 smem, const Barriers& bar, int wg)
         else issue_pv<Cfg>(r, smem, s);
         turn_pass<Cfg>(wg);
         wgmma_wait<0>();
-        if constexpr (!Cfg::kVtmaEpilogue) release_kv<Cfg>(bar.v_empty(s));  // else after the store
+        if constexpr (!Cfg::kVtmaEpilogue) release_v<Cfg>(bar.v_empty(s));  // else after the store
       }
       pin_registers(r.o);
       epilogue<Cfg>(p, r, qt, head, wg, smem, bar, s);
@@ -896,7 +907,7 @@ __device__ __forceinline__ Barriers init_barriers(u32 smem) {
       mbar_init(bar.k_empty(s), kv_release_count<Cfg>());
       // The V loader's expect_tx, or every lane of the transposing warps (its V tile then lands on vraw_full).
       mbar_init(bar.v_full(s), L::kVtInKernel ? 32 * L::kTransposeWarps : 1);
-      mbar_init(bar.v_empty(s), kv_release_count<Cfg>());
+      mbar_init(bar.v_empty(s), L::kVtInKernel ? Cfg::kConsumers * 128 : kv_release_count<Cfg>());
     }
     for (int s = 0; s < L::kRawStages; ++s) {
       mbar_init(bar.vraw_full(s), 1);

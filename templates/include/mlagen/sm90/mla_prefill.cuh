@@ -25,8 +25,8 @@
 // the producer loads each V tile as stored into a ring of its own and its warps that issue no
 // loads write V^T from it (transpose_v_tile); else V^T is a [heads, d_v, columns] copy the
 // launcher makes before the kernel (tma.py: transpose_v), each sequence starting on a 16-column
-// boundary (vt_column), loaded by TMA. q_descale * k_descale is folded into the softmax scale, v_descale into the output
-// normalisation; P (in [0, 1]) is rounded to e4m3.
+// boundary (vt_column), loaded by TMA. q_descale * k_descale is folded into the softmax scale,
+// v_descale into the output normalisation; P (in [0, 1]) is rounded to e4m3.
 #pragma once
 #include "mlagen/cuda/online_softmax.cuh"
 #include "mlagen/common/tile_index.cuh"
@@ -116,7 +116,7 @@ __device__ __forceinline__ void release_v(u32 bar) {
 }
 
 // Load rows [row0, row0 + ROWS) of one column block of K or V (ROWS = BLOCK_N key rows; d_v rows
-// of V^T with FP8) into a ring slot. In a cluster, each CTA loads its share of the rows and
+// of V^T with the FP8 pre-pass) into a ring slot. In a cluster, each CTA loads its share of the rows and
 // multicasts it to the same slot of every CTA.
 template <class Cfg, int SW, int ROWS = Cfg::kBlockN>
 __device__ __forceinline__ void load_kv_box(u32 dst, const TensorMap* map, u32 bar, int col, int head, int row0) {

@@ -35,6 +35,28 @@ struct RowStats {
 // it: probabilities then reach at most 2^8 = 256, which bf16, e4m3 (448) and the fp32 sums hold.
 constexpr float kLazyMaxMargin = 8.f;
 
+// The largest of this thread's scores of row r (g or g+8), elements [LO, LO + N) of the row in
+// fragment order, as a balanced tree: the softmax waits for it before its first exponential, and
+// a tree is about log2(2 N_FRAGS) FMNMX deep where a running maximum is N_FRAGS deep. fmaxf is
+// exact, so the order does not change the result. (Templates, not a loop: every index is a
+// compile-time constant, so the scores stay in registers.)
+template <int N_FRAGS, int LO, int N>
+struct RowMaxTree {
+  static __device__ __forceinline__ float run(const float (&s)[N_FRAGS * 4], int r) {
+    return fmaxf(RowMaxTree<N_FRAGS, LO, N / 2>::run(s, r), RowMaxTree<N_FRAGS, LO + N / 2, N - N / 2>::run(s, r));
+  }
+};
+template <int N_FRAGS, int LO>
+struct RowMaxTree<N_FRAGS, LO, 1> {
+  static __device__ __forceinline__ float run(const float (&s)[N_FRAGS * 4], int r) {
+    return s[4 * (LO / 2) + 2 * r + LO % 2];
+  }
+};
+template <int N_FRAGS>
+__device__ __forceinline__ float thread_row_max(const float (&s)[N_FRAGS * 4], int r) {
+  return RowMaxTree<N_FRAGS, 0, 2 * N_FRAGS>::run(s, r);
+}
+
 // Rescale-and-exponentiate one tile of scores in place: s becomes exp2(s*scale_log2 - new_max).
 // Returns the factor by which the output accumulator of each row must be multiplied.
 // A row that has seen only masked keys keeps max = -inf; its factors and probabilities are 0.
@@ -48,25 +70,23 @@ __device__ __forceinline__ void softmax_update(float (&s)[N_FRAGS * 4], RowStats
   float mx[2];
   bool keep = false;  // LAZY: every row of the warp keeps its maximum
   if constexpr (LAZY) {
+    // Whether some row rises past its kept maximum by the margin is decided on each thread's own
+    // maximum (the scale is positive, so max(m) * scale = max(m * scale)) and one vote: the quad
+    // shuffles for the row maximum run only when some row moves, not on the common path.
+    float m[2];
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      float m = neg_inf();
-#pragma unroll
-      for (int j = 0; j < N_FRAGS; ++j) m = fmaxf(m, fmaxf(s[4 * j + 2 * r], s[4 * j + 2 * r + 1]));
-      mx[r] = quad_max(m) * scale_log2;
-    }
+    for (int r = 0; r < 2; ++r) m[r] = thread_row_max<N_FRAGS>(s, r);
     // -inf + margin is -inf, so a row's first visible score always moves it.
-    keep = !__any_sync(0xffffffffu, mx[0] > st.max_scaled[0] + kLazyMaxMargin ||
-                                        mx[1] > st.max_scaled[1] + kLazyMaxMargin);
+    keep = !__any_sync(0xffffffffu, m[0] * scale_log2 > st.max_scaled[0] + kLazyMaxMargin ||
+                                        m[1] * scale_log2 > st.max_scaled[1] + kLazyMaxMargin);
+    if (!keep) {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) mx[r] = quad_max(m[r]) * scale_log2;
+    }
   }
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    if constexpr (!LAZY) {
-      float m = neg_inf();
-#pragma unroll
-      for (int j = 0; j < N_FRAGS; ++j) m = fmaxf(m, fmaxf(s[4 * j + 2 * r], s[4 * j + 2 * r + 1]));
-      mx[r] = quad_max(m) * scale_log2;
-    }
+    if constexpr (!LAZY) mx[r] = quad_max(thread_row_max<N_FRAGS>(s, r)) * scale_log2;
     const float new_max = keep ? st.max_scaled[r] : fmaxf(st.max_scaled[r], mx[r]);
     // -inf - (-inf) is NaN: subtract 0 instead while the row has seen nothing.
     const float base = new_max == neg_inf() ? 0.f : new_max;

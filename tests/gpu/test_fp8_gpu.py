@@ -305,3 +305,37 @@ def test_sm90_fp8_v_transpose_in_kernel_equals_the_pre_pass(schedule):
     assert torch.equal(got[0][0], got[1][0]) and torch.equal(got[0][1], got[1][1])
     check = FAMILY.compare(got[0], FAMILY.reference(shape, inputs, heads=None), dtype="fp8_e4m3")
     assert check.ok, check.problem
+
+
+@needs_sm90_fp8
+@pytest.mark.xfail(strict=True, raises=AssertionError,
+                   reason="known defect (nineteenth session, docs/notes.md): O accumulates in the FP8 wgmma "
+                          "accumulator, whose limited-precision adds lose the small terms of long sums of one "
+                          "sign, so out is biased low when V's channels have a mean (0.85-0.87x at 8192 keys)")
+@pytest.mark.parametrize("causal", [False, True])
+def test_sm90_fp8_out_unbiased_when_v_has_a_channel_mean(causal):
+    """V = 1 + 0.1 N(0, 1) on one 8192-key sequence: out must be the float32 reference on the same e4m3
+    values within the FP8 tolerance and without bias (least-squares ratio of out to the reference within
+    1%). The random test data elsewhere draws zero-mean V, which hides the defect this test records."""
+    torch.manual_seed(3)
+    n, heads = 8192, 2
+    e4 = torch.float8_e4m3fn
+    q = torch.randn(n, heads, 192, device="cuda").to(e4)
+    k = torch.randn(n, heads, 128, device="cuda").to(e4)
+    k_rope = torch.randn(n, 1, 64, device="cuda").to(e4)
+    v = (1.0 + 0.1 * torch.randn(n, heads, 128, device="cuda")).to(e4)
+    cu = torch.tensor([0, n], dtype=torch.int32, device="cuda")
+    out = torch.full((n, heads, 128), float("nan"), dtype=torch.bfloat16, device="cuda")
+    got, _ = mlagen.mla_prefill(q, k, v, k_rope=k_rope, cu_seqlens_q=cu, cu_seqlens_k=cu, causal=causal,
+                                max_seqlen_q=n, max_seqlen_k=n, out=out, kernel="mla_prefill_sm90_fp8")
+    torch.cuda.synchronize()
+    rows = torch.arange(0, n, 16, device="cuda")
+    kk = torch.cat([k.float(), k_rope.float().expand(n, heads, 64)], -1)
+    s = torch.einsum("rhd,nhd->hrn", q.float()[rows], kk) / 192 ** 0.5
+    if causal:
+        s = s.masked_fill(torch.arange(n, device="cuda")[None, None, :] > rows[None, :, None], float("-inf"))
+    ref = torch.einsum("hrn,nhd->rhd", torch.softmax(s, -1), v.float())
+    o = got.float()[rows]
+    ratio = float((o * ref).sum() / (ref * ref).sum())
+    rel = float((o - ref).norm() / ref.norm())
+    assert abs(ratio - 1.0) < 0.01 and rel < 0.04, f"out / reference {ratio:.4f}, relative L2 {rel:.4f}"

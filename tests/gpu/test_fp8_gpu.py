@@ -146,6 +146,12 @@ SM90_FP8_SCHEDULES = [
     {**_C3, "producer_regs": 32, "rescale": "lazy", "pv_wait": "late", "epilogue": "direct", "diagonal": "half",
      "stages": 2},
     {"order": "none", "overlap": False, "block_n": 64, "swizzle_v": 64, "diagonal": "half"},
+    # Two-level accumulation of O (an fp32 copy every o_flush tiles): with and without overlap, the
+    # lazy maximum, the half diagonal.
+    {"block_n": 128, "swizzle_v": 32, "consumer_regs": 240, "o_flush": 1},
+    {"block_n": 96, "swizzle_v": 32, "consumer_regs": 240, "o_flush": 4, "order": "none", "rescale": "lazy",
+     "pv_wait": "late", "diagonal": "half", "load_warps": 1},
+    {"block_n": 64, "swizzle_v": 64, "consumer_regs": 240, "o_flush": 2, "order": "none", "overlap": False},
 ]
 
 
@@ -307,16 +313,9 @@ def test_sm90_fp8_v_transpose_in_kernel_equals_the_pre_pass(schedule):
     assert check.ok, check.problem
 
 
-@needs_sm90_fp8
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="known defect (nineteenth session, docs/notes.md): O accumulates in the FP8 wgmma "
-                          "accumulator, whose limited-precision adds lose the small terms of long sums of one "
-                          "sign, so out is biased low when V's channels have a mean (0.85-0.87x at 8192 keys)")
-@pytest.mark.parametrize("causal", [False, True])
-def test_sm90_fp8_out_unbiased_when_v_has_a_channel_mean(causal):
-    """V = 1 + 0.1 N(0, 1) on one 8192-key sequence: out must be the float32 reference on the same e4m3
-    values within the FP8 tolerance and without bias (least-squares ratio of out to the reference within
-    1%). The random test data elsewhere draws zero-mean V, which hides the defect this test records."""
+def _biased_v_case(causal, variant=None):
+    """V = 1 + 0.1 N(0, 1) on one 8192-key sequence, 2 heads: (least-squares ratio of out to the float32
+    reference on the same e4m3 values, relative L2 error)."""
     torch.manual_seed(3)
     n, heads = 8192, 2
     e4 = torch.float8_e4m3fn
@@ -327,7 +326,8 @@ def test_sm90_fp8_out_unbiased_when_v_has_a_channel_mean(causal):
     cu = torch.tensor([0, n], dtype=torch.int32, device="cuda")
     out = torch.full((n, heads, 128), float("nan"), dtype=torch.bfloat16, device="cuda")
     got, _ = mlagen.mla_prefill(q, k, v, k_rope=k_rope, cu_seqlens_q=cu, cu_seqlens_k=cu, causal=causal,
-                                max_seqlen_q=n, max_seqlen_k=n, out=out, kernel="mla_prefill_sm90_fp8")
+                                max_seqlen_q=n, max_seqlen_k=n, out=out,
+                                kernel=variant if variant is not None else "mla_prefill_sm90_fp8")
     torch.cuda.synchronize()
     rows = torch.arange(0, n, 16, device="cuda")
     kk = torch.cat([k.float(), k_rope.float().expand(n, heads, 64)], -1)
@@ -336,6 +336,33 @@ def test_sm90_fp8_out_unbiased_when_v_has_a_channel_mean(causal):
         s = s.masked_fill(torch.arange(n, device="cuda")[None, None, :] > rows[None, :, None], float("-inf"))
     ref = torch.einsum("hrn,nhd->rhd", torch.softmax(s, -1), v.float())
     o = got.float()[rows]
-    ratio = float((o * ref).sum() / (ref * ref).sum())
-    rel = float((o - ref).norm() / ref.norm())
+    return float((o * ref).sum() / (ref * ref).sum()), float((o - ref).norm() / ref.norm())
+
+
+@needs_sm90_fp8
+@pytest.mark.parametrize("o_flush", [1, 4])
+@pytest.mark.parametrize("causal", [False, True])
+def test_sm90_fp8_two_level_accumulation_is_unbiased(causal, o_flush):
+    """With O added into an fp32 copy every o_flush key tiles, out has no bias from the FP8 wgmma
+    accumulator on V with a channel mean (the default records, without it, are 0.85x: the xfail below)."""
+    from mlagen import spec, variant
+
+    v = variant.make(spec.load("mla_prefill_sm90_fp8"),
+                     {"block_n": 128, "swizzle_v": 32, "consumer_regs": 240, "o_flush": o_flush,
+                      "mask": "causal" if causal else "none"})
+    ratio, rel = _biased_v_case(causal, v)
+    assert abs(ratio - 1.0) < 0.01 and rel < 0.04, f"out / reference {ratio:.4f}, relative L2 {rel:.4f}"
+
+
+@needs_sm90_fp8
+@pytest.mark.xfail(strict=True, raises=AssertionError,
+                   reason="known defect (nineteenth session, docs/notes.md): O accumulates in the FP8 wgmma "
+                          "accumulator, whose limited-precision adds lose the small terms of long sums of one "
+                          "sign, so out is biased low when V's channels have a mean (0.85-0.87x at 8192 keys)")
+@pytest.mark.parametrize("causal", [False, True])
+def test_sm90_fp8_out_unbiased_when_v_has_a_channel_mean(causal):
+    """V = 1 + 0.1 N(0, 1) on one 8192-key sequence through dispatch (the shipped records, o_flush 0): out
+    must be the float32 reference on the same e4m3 values within the FP8 tolerance and without bias
+    (least-squares ratio within 1%). The random test data elsewhere draws zero-mean V, which hides it."""
+    ratio, rel = _biased_v_case(causal)
     assert abs(ratio - 1.0) < 0.01 and rel < 0.04, f"out / reference {ratio:.4f}, relative L2 {rel:.4f}"

@@ -420,6 +420,13 @@ struct ConsumerRegs {
   float o[kOFrags * 4];
   u32 p[Cfg::kBlockN / kMmaK][4];
   u32 q[Cfg::kQInRegs ? Cfg::kDQk / kMmaK : 1][4];  // Q as wgmma A fragments (QK with A in registers)
+  // FP8 two-level accumulation (O_FLUSH > 0): the FP8 wgmma accumulator adds with about 14 bits, so a
+  // long sum of one sign loses its small terms (out 0.85x the reference at 8192 keys with V = 1 +
+  // noise, nineteenth session). Every O_FLUSH completed P V, o is added into this fp32 copy and the
+  // next P V starts afresh (scale-d 0), so the tensor cores sum at most O_FLUSH tiles.
+  float oacc[Cfg::kOFlush > 0 ? kOFrags * 4 : 1];
+  int since_flush;
+  bool fresh;  // the next P V ignores o (it was flushed into oacc)
   RowStats stats;
 };
 
@@ -496,8 +503,10 @@ __device__ __forceinline__ void issue_pv(ConsumerRegs<Cfg>& r, u32 smem, int sta
 #pragma unroll
     for (int kt = 0; kt < (KEYS + L::kMmaK - 1) / L::kMmaK; ++kt) {
       const int col = kt * L::kMmaK;
-      WgmmaE4m3<Cfg::kDV>::rs(r.o, r.p[kt], desc_advance(v_desc, (col / L::kCbV) * L::kVCbBytes + col % L::kCbV), 1);
+      const int acc = Cfg::kOFlush > 0 ? (kt > 0 || !r.fresh) : 1;
+      WgmmaE4m3<Cfg::kDV>::rs(r.o, r.p[kt], desc_advance(v_desc, (col / L::kCbV) * L::kVCbBytes + col % L::kCbV), acc);
     }
+    if constexpr (Cfg::kOFlush > 0) r.fresh = false;
   } else {
     const u64 v_desc = opaque(desc_mn_major<Cfg::kSwV>(smem + L::kV + stage * L::kVBytes, L::kVCbBytes));
     wgmma_fence();
@@ -579,6 +588,29 @@ __device__ __forceinline__ void rescale_o(ConsumerRegs<Cfg>& r, const float (&co
     r.o[4 * j + 1] *= corr[0];
     r.o[4 * j + 2] *= corr[1];
     r.o[4 * j + 3] *= corr[1];
+  }
+  if constexpr (Cfg::kOFlush > 0) {
+#pragma unroll
+    for (int j = 0; j < ConsumerRegs<Cfg>::kOFrags; ++j) {
+      r.oacc[4 * j + 0] *= corr[0];
+      r.oacc[4 * j + 1] *= corr[0];
+      r.oacc[4 * j + 2] *= corr[1];
+      r.oacc[4 * j + 3] *= corr[1];
+    }
+  }
+}
+
+// Two-level accumulation (FP8, O_FLUSH > 0): after a P V has completed, every O_FLUSH-th time (or
+// always when FORCE, after the tile's last one) o joins the fp32 copy and the next P V starts afresh.
+template <class Cfg, bool FORCE = false>
+__device__ __forceinline__ void flush_o(ConsumerRegs<Cfg>& r) {
+  if constexpr (Cfg::kOFlush > 0) {
+    if (FORCE || ++r.since_flush == Cfg::kOFlush) {
+      r.since_flush = 0;
+#pragma unroll
+      for (int i = 0; i < ConsumerRegs<Cfg>::kOFrags * 4; ++i) r.oacc[i] += r.o[i];
+      r.fresh = true;
+    }
   }
 }
 
@@ -784,6 +816,7 @@ __device__ __forceinline__ void serial_step(const Params& p, ConsumerRegs<Cfg>& 
     else issue_pv<Cfg>(r, smem, s);
     turn_pass<Cfg>(wg);
     wgmma_wait<0>();
+    flush_o<Cfg>(r);
     release_v<Cfg>(bar.v_empty(s));
   }
 }
@@ -827,6 +860,12 @@ __device__ void consumer(const Params& p, u32 smem, const Barriers& bar, int wg)
       }
 #pragma unroll
       for (int i = 0; i < ConsumerRegs<Cfg>::kOFrags * 4; ++i) r.o[i] = 0.f;
+      if constexpr (Cfg::kOFlush > 0) {
+#pragma unroll
+        for (int i = 0; i < ConsumerRegs<Cfg>::kOFrags * 4; ++i) r.oacc[i] = 0.f;
+        r.since_flush = 0;
+        r.fresh = false;
+      }
       r.stats.init();
       const float scale_log2 = tile_scale_log2<Cfg>(p, head);
       float corr[2];
@@ -863,6 +902,7 @@ __device__ void consumer(const Params& p, u32 smem, const Barriers& bar, int wg)
           scores_to_probabilities<Cfg>(r, qt, n, row_base, scale_log2, corr);
           if constexpr (Cfg::kPvWaitLate) schedule_boundary(p.num_heads);
           wgmma_wait<0>();
+          flush_o<Cfg>(r);
           release_v<Cfg>(bar.v_empty(prev_stage));
           finish_step<Cfg>(r, corr);
         } else {
@@ -879,6 +919,12 @@ __device__ void consumer(const Params& p, u32 smem, const Barriers& bar, int wg)
         turn_pass<Cfg>(wg);
         wgmma_wait<0>();
         if constexpr (!Cfg::kVtmaEpilogue) release_v<Cfg>(bar.v_empty(s));  // else after the store
+      }
+      if constexpr (Cfg::kOFlush > 0) {
+        // The whole of O is in the fp32 copy once the tile's last P V has joined it.
+        if (!r.fresh) flush_o<Cfg, true>(r);
+#pragma unroll
+        for (int i = 0; i < ConsumerRegs<Cfg>::kOFrags * 4; ++i) r.o[i] = r.oacc[i];
       }
       pin_registers(r.o);
       epilogue<Cfg>(p, r, qt, head, wg, smem, bar, s);

@@ -220,7 +220,7 @@ def _worker_main(conn, spec_path: str, shape, seed: int, warmup: int, visible: s
                 samples = measure.time_calls(lambda: trial.call(v, outputs), msg["iters"], flush)
                 med = measure.median(samples)
                 conn.send({"outcome": "ok", "time_ms": med * 1e3, "tflops": trial.flops() / med / 1e12,
-                           "max_error": max(done.values()) if done else None,
+                           "max_error": max((e for e in done.values() if e is not None), default=None),
                            "registers": sel.binary.resources.registers,
                            "spills": sel.binary.resources.spill_stores + sel.binary.resources.spill_loads,
                            "load_s": t1 - t0, "verify_s": t2 - t1, "time_s": time.perf_counter() - t2,

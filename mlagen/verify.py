@@ -3,7 +3,9 @@
 The family supplies the inputs, the high-precision reference, the public call and the
 comparison; this module holds the procedure ``tune`` applies to every variant before timing it:
 first a small problem of awkward sizes (empty, length-1 and off-tile pieces; the family's
-``check_shape``), then the real shape, each with NaN-poisoned outputs so that an element the
+``check_shape``), then the real shape, then the real shape on the family's ``stress_inputs`` where it
+has them (values that random zero-mean data would never show a defect on: V with a channel mean for
+the FP8 prefill), each with NaN-poisoned outputs so that an element the
 kernel never writes shows up, each call reading its offsets back (``check=True``). Accuracy is
 compared on the first ``CHECK_HEADS`` heads of the real shape (the reference of a large shape is
 costly), coverage on all of them.
@@ -14,7 +16,9 @@ from __future__ import annotations
 from typing import Any
 
 CHECK_HEADS = 2     # heads of the real shape compared with the reference (every head is checked for coverage)
-PARTS = ("check problem", "shape")   # the checks of a variant, in order; each can run on its own
+# The checks of a variant, in order; each can run on its own. "stress" is the real shape on the family's
+# stress_inputs (values random zero-mean data cannot show a defect on), where the family has them.
+PARTS = ("check problem", "shape", "stress")
 
 
 class Verifier:
@@ -31,6 +35,8 @@ class Verifier:
         self.small = family.check_shape(shape)
         self.small_inputs = family.make_inputs(self.small, device, seed + 1, **self._dtype)
         self.small_ref = family.reference(self.small, self.small_inputs)
+        self.stress = family.stress_inputs(shape, device, seed + 2, **self._dtype)
+        self.stress_ref = None if self.stress is None else family.reference(shape, self.stress, heads)
 
     def verify(self, variant: Any = None, kernel: str | None = None,
                parts: tuple[str, ...] = PARTS) -> tuple[str | None, float | None]:
@@ -43,8 +49,9 @@ class Verifier:
             raise ValueError(f"parts: {unknown[0]!r} is not one of {list(PARTS)}")
         errors = []
         for label, shape, inputs, ref in (("check problem", self.small, self.small_inputs, self.small_ref),
-                                          ("shape", self.shape, self.inputs, self.ref)):
-            if label not in parts:
+                                          ("shape", self.shape, self.inputs, self.ref),
+                                          ("stress", self.shape, self.stress, self.stress_ref)):
+            if label not in parts or inputs is None:
                 continue
             outputs = self.family.make_outputs(shape, self.device)
             got = self.family.call(inputs, variant=variant, kernel=kernel, outputs=outputs, check=True)

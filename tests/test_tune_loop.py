@@ -866,7 +866,7 @@ def test_worker_protocol_verifies_once_then_times(monkeypatch):
             verified.append((v, parts))
             if v["block_n"] == 64 and "shape" in parts:
                 return "shape: relative L2 error 5e-01 > 2e-02", 0.5
-            return None, {"check problem": 1e-3, "shape": 2e-3}[parts[0]]
+            return None, {"check problem": 1e-3, "shape": 2e-3, "stress": None}[parts[0]]  # no stress inputs
 
         def outputs(self):
             return None
@@ -907,7 +907,7 @@ def test_worker_protocol_verifies_once_then_times(monkeypatch):
     assert ok["spills"] == 4 and ok["max_error"] == 2e-3
     assert all(ok[k] >= 0 for k in ("load_s", "verify_s", "time_s")) and set(ok["checks_s"]) == set(PARTS)
     assert ask(DEFAULT, iters=20)["outcome"] == "ok"
-    assert verified == [(DEFAULT, ("check problem",)), (DEFAULT, ("shape",))]   # each check once
+    assert verified == [(DEFAULT, ("check problem",)), (DEFAULT, ("shape",)), (DEFAULT, ("stress",))]  # each once
     assert len(timed) == (2 + 5) + (2 + 20)                                       # warmup + iters
     # the tuner's requests: the checks to run here (none: time at once), the warm-up calls
     other = DEFAULT.with_values(block_n=96)

@@ -146,3 +146,35 @@ def test_verifier_checks_the_small_problem_then_the_shape(how, verdict):
     v.call("variant-x", out)
     assert family.calls[-1] == ("variant-x", False)                          # timed calls do not read back
     assert v.flops() == TINY["ragged_prefix"].flops()
+
+
+class BiasedFp8(Dense):
+    """An FP8 'kernel' that writes the reference but loses 10% of out when V has a channel mean, as an
+    FP8 wgmma accumulator summing whole rows does (nineteenth session)."""
+
+    def call(self, inputs, *, variant=None, kernel=None, outputs=None, check=False):
+        outputs = super().call(inputs, variant=variant, kernel=kernel, outputs=outputs, check=check)
+        if float(inputs["v"].float().mean()) > 10.0:   # the stored e4m3 values (descaled) of V = 1 + noise
+            outputs[0].mul_(0.9)
+        return outputs
+
+
+def test_verifier_checks_fp8_variants_on_v_with_a_channel_mean():
+    """The family's stress inputs (FP8: V = 1 + 0.1 N, make_stress_inputs) catch what zero-mean data
+    cannot; bf16 has none, so its verifier runs the two other checks only."""
+    from mlagen.families.mla_prefill.reference import make_stress_inputs
+
+    shape = TINY["ragged_prefix"]
+    stress = make_stress_inputs(shape, "cpu", 0, "fp8_e4m3")
+    v = stress["v"].float() * stress["v_descale"].reshape(1, -1, 1)
+    assert abs(float(v.mean()) - 1.0) < 0.02 and 0.05 < float(v.std()) < 0.15
+    assert make_stress_inputs(shape, "cpu", 0, "bf16") is None
+    family = BiasedFp8("right")
+    ver = verify.Verifier(family, shape, "cpu", seed=0, dtype="fp8_e4m3")
+    problem, _ = ver.verify("variant-x", parts=("check problem", "shape"))
+    assert problem is None, problem                     # zero-mean V hides the loss
+    problem, err = ver.verify("variant-x")
+    assert problem.startswith("stress: relative L2 error") and err > 0.05, problem
+    bf = Dense("right")
+    assert verify.Verifier(bf, shape, "cpu", seed=0).stress is None
+    assert verify.Verifier(bf, shape, "cpu", seed=0).verify("variant-x")[0] is None

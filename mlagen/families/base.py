@@ -168,6 +168,13 @@ class Family(ABC):
         with specs for other input types than bf16 also takes ``dtype`` (the spec's
         ``problem.dtype``) here and in :meth:`compare`; ``tune`` passes it for those specs."""
 
+    def stress_inputs(self, shape, device, seed: int = 0, **dtype) -> dict[str, Any] | None:
+        """Inputs of ``shape`` whose values stress what :meth:`make_inputs`' zero-mean random data
+        cannot (a kernel correct on that but wrong on these), or None (the default): the tuner
+        checks every variant on them too (``mlagen.verify.PARTS``: "stress"). ``dtype`` as in
+        :meth:`make_inputs`."""
+        return None
+
     @abstractmethod
     def make_outputs(self, shape, device, fill: float = float("nan")):
         """Preallocated outputs of ``shape`` filled with ``fill`` (NaN: an element a kernel never

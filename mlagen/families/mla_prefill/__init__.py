@@ -88,6 +88,12 @@ class MlaPrefillFamily(Family):
 
         return make_inputs(shape, device, seed, dtype)
 
+    def stress_inputs(self, shape, device, seed: int = 0, dtype: str = "bf16") -> dict | None:
+        """FP8: V with a channel mean (reference.make_stress_inputs); None for bf16."""
+        from .reference import make_stress_inputs
+
+        return make_stress_inputs(shape, device, seed, dtype)
+
     def make_outputs(self, shape, device, fill: float = float("nan")):
         import torch
 

@@ -27,6 +27,7 @@ struct Config {
   static constexpr bool kRescaleUnderQk = true;
   static constexpr bool kLazyRescale = false;
   static constexpr int kOFlush = 0;  // FP8: two-level accumulation of O
+  static constexpr bool kOCopySmem = false;  // its fp32 copy in shared memory
   static constexpr mlagen::sm90::Scheduler kScheduler = mlagen::sm90::Scheduler::kDynamic;
   static constexpr int kSwQ = 128;
   static constexpr int kSwK = 128;

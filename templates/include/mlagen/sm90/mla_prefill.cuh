@@ -76,7 +76,14 @@ struct Layout {
   static constexpr int kTileIds = kBarriers + 8 * kNumBarriers;
   static constexpr int kEnd = kTileIds + 8;
   static constexpr int kReserved = 1024;  // barriers and tile ids, rounded up
-  static constexpr int kSmemBytes = kBarriers + kReserved + 1024;  // + slack to align the base to 1024
+  // FP8 two-level accumulation with the fp32 copy of O in shared memory (o_copy: smem): 16-byte
+  // groups of a thread's 64 values, group-major, so a warp's 32 groups are 512 contiguous bytes.
+  static constexpr int kOCopy = kBarriers + kReserved;
+  static constexpr int kOCopyBytes = Cfg::kOCopySmem ? Cfg::kConsumers * 128 * (Cfg::kDV / 2) * 4 : 0;
+  // ... and there each consumer thread's product of corrections since its last flush (8 bytes).
+  static constexpr int kOCorr = kOCopy + kOCopyBytes;
+  static constexpr int kOCorrBytes = Cfg::kOCopySmem ? Cfg::kConsumers * 128 * 8 : 0;
+  static constexpr int kSmemBytes = kOCorr + kOCorrBytes + 1024;  // + slack to align the base to 1024
   static_assert(kEnd - kBarriers <= kReserved, "barrier area overflows its reservation");
   // A swizzled box must start where its pattern starts: on its swizzle atom (8 rows of SW bytes).
   static_assert(kQCbBytes % (8 * Cfg::kSwQ) == 0 && kKCbBytes % (8 * Cfg::kSwK) == 0 &&
@@ -424,9 +431,16 @@ struct ConsumerRegs {
   // long sum of one sign loses its small terms (out 0.85x the reference at 8192 keys with V = 1 +
   // noise, nineteenth session). Every O_FLUSH completed P V, o is added into this fp32 copy and the
   // next P V starts afresh (scale-d 0), so the tensor cores sum at most O_FLUSH tiles.
-  float oacc[Cfg::kOFlush > 0 ? kOFrags * 4 : 1];
-  int since_flush;
-  bool fresh;  // the next P V ignores o (it was flushed into oacc)
+  // With o_copy: smem the copy lives in shared memory instead (ocopy: this thread's first group).
+  float oacc[Cfg::kOFlush > 0 && !Cfg::kOCopySmem ? kOFrags * 4 : 1];
+  // One register of state: bits 0-2 the P Vs since the last flush, kFresh (the next P V ignores o:
+  // it was flushed into the copy), kBased (o_copy: smem: the copy holds this tile's values).
+  int oflush;
+  static constexpr int kFresh = 8, kBased = 16;
+  // The product of the corrections o took since its last flush (its two rows); with o_copy: smem in
+  // shared memory (ocorr_addr), as three consumer warpgroups have no two registers to spare (the
+  // causal kernel spilled 48 bytes with them).
+  float ocorr[Cfg::kOCopySmem ? 1 : 2];
   RowStats stats;
 };
 
@@ -503,10 +517,10 @@ __device__ __forceinline__ void issue_pv(ConsumerRegs<Cfg>& r, u32 smem, int sta
 #pragma unroll
     for (int kt = 0; kt < (KEYS + L::kMmaK - 1) / L::kMmaK; ++kt) {
       const int col = kt * L::kMmaK;
-      const int acc = Cfg::kOFlush > 0 ? (kt > 0 || !r.fresh) : 1;
+      const int acc = Cfg::kOFlush > 0 ? (kt > 0 || !(r.oflush & ConsumerRegs<Cfg>::kFresh)) : 1;
       WgmmaE4m3<Cfg::kDV>::rs(r.o, r.p[kt], desc_advance(v_desc, (col / L::kCbV) * L::kVCbBytes + col % L::kCbV), acc);
     }
-    if constexpr (Cfg::kOFlush > 0) r.fresh = false;
+    if constexpr (Cfg::kOFlush > 0) r.oflush &= ~ConsumerRegs<Cfg>::kFresh;
   } else {
     const u64 v_desc = opaque(desc_mn_major<Cfg::kSwV>(smem + L::kV + stage * L::kVBytes, L::kVCbBytes));
     wgmma_fence();
@@ -574,6 +588,40 @@ __device__ __forceinline__ void half_scores_to_probabilities(ConsumerRegs<Cfg>& 
   for (int i = 0; i < R::kSFrags * 4; ++i) r.s[i] = i < R::kHalfFrags * 4 ? s[i] : 0.f;
 }
 
+// o_copy: smem: this consumer thread's first 16-byte group of the fp32 copy of O (consumer warpgroup
+// threadIdx.x / 128 - 1: the producer is warpgroup 0), formed where used rather than held in a register.
+template <class Cfg>
+__device__ __forceinline__ u32 ocopy_addr() {
+  extern __shared__ __align__(1024) u8 smem_raw[];
+  const u32 base = (smem_u32(smem_raw) + 1023) & ~1023u;
+  return base + Layout<Cfg>::kOCopy + ((threadIdx.x / 128 - 1) * (Cfg::kDV / 8) * 128 + threadIdx.x % 128) * 16;
+}
+
+// The correction product of two-level accumulation (ConsumerRegs::ocorr): read, and set.
+template <class Cfg>
+__device__ __forceinline__ void ocorr_get(const ConsumerRegs<Cfg>& r, float& c0, float& c1) {
+  if constexpr (Cfg::kOCopySmem) {
+    extern __shared__ __align__(1024) u8 smem_raw[];
+    const u32 a = ((smem_u32(smem_raw) + 1023) & ~1023u) + Layout<Cfg>::kOCorr + (threadIdx.x - 128) * 8;
+    asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];" : "=f"(c0), "=f"(c1) : "r"(a));
+  } else {
+    c0 = r.ocorr[0];
+    c1 = r.ocorr[1];
+  }
+}
+
+template <class Cfg>
+__device__ __forceinline__ void ocorr_set(ConsumerRegs<Cfg>& r, float c0, float c1) {
+  if constexpr (Cfg::kOCopySmem) {
+    extern __shared__ __align__(1024) u8 smem_raw[];
+    const u32 a = ((smem_u32(smem_raw) + 1023) & ~1023u) + Layout<Cfg>::kOCorr + (threadIdx.x - 128) * 8;
+    asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(a), "f"(c0), "f"(c1) : "memory");
+  } else {
+    r.ocorr[0] = c0;
+    r.ocorr[1] = c1;
+  }
+}
+
 // O *= the softmax correction of its rows (the running max moved). With the lazy maximum most
 // steps move no row of the warp, and the 64 multiplies are skipped (a warp-uniform branch).
 template <class Cfg>
@@ -589,27 +637,49 @@ __device__ __forceinline__ void rescale_o(ConsumerRegs<Cfg>& r, const float (&co
     r.o[4 * j + 2] *= corr[1];
     r.o[4 * j + 3] *= corr[1];
   }
+  // The copy of o_flush is rescaled when o joins it, by the product of the corrections o took since.
   if constexpr (Cfg::kOFlush > 0) {
-#pragma unroll
-    for (int j = 0; j < ConsumerRegs<Cfg>::kOFrags; ++j) {
-      r.oacc[4 * j + 0] *= corr[0];
-      r.oacc[4 * j + 1] *= corr[0];
-      r.oacc[4 * j + 2] *= corr[1];
-      r.oacc[4 * j + 3] *= corr[1];
-    }
+    float c0, c1;
+    ocorr_get(r, c0, c1);
+    ocorr_set(r, c0 * corr[0], c1 * corr[1]);
   }
 }
 
 // Two-level accumulation (FP8, O_FLUSH > 0): after a P V has completed, every O_FLUSH-th time (or
-// always when FORCE, after the tile's last one) o joins the fp32 copy and the next P V starts afresh.
+// always when FORCE, after the tile's last one) o joins the fp32 copy, copy = copy * ocorr + o (the
+// corrections o took since the last flush bring the copy to o's maximum), and the next P V starts afresh.
 template <class Cfg, bool FORCE = false>
 __device__ __forceinline__ void flush_o(ConsumerRegs<Cfg>& r) {
   if constexpr (Cfg::kOFlush > 0) {
-    if (FORCE || ++r.since_flush == Cfg::kOFlush) {
-      r.since_flush = 0;
+    using R = ConsumerRegs<Cfg>;
+    r.oflush += 1;
+    if (FORCE || (r.oflush & 7) == Cfg::kOFlush) {
+      const bool based = r.oflush & R::kBased;
+      r.oflush = R::kFresh | R::kBased;  // count 0
+      float c0, c1;
+      ocorr_get(r, c0, c1);
+      ocorr_set(r, 1.f, 1.f);
+      if constexpr (Cfg::kOCopySmem) {
+        const u32 base = ocopy_addr<Cfg>();
 #pragma unroll
-      for (int i = 0; i < ConsumerRegs<Cfg>::kOFrags * 4; ++i) r.oacc[i] += r.o[i];
-      r.fresh = true;
+        for (int j = 0; j < R::kOFrags; ++j) {
+          const u32 a = base + j * 128 * 16;
+          float x0 = 0.f, x1 = 0.f, x2 = 0.f, x3 = 0.f;
+          if (based)
+            asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(x0), "=f"(x1), "=f"(x2), "=f"(x3) : "r"(a));
+          asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};" ::"r"(a), "f"(fmaf(x0, c0, r.o[4 * j])),
+                       "f"(fmaf(x1, c0, r.o[4 * j + 1])), "f"(fmaf(x2, c1, r.o[4 * j + 2])), "f"(fmaf(x3, c1, r.o[4 * j + 3]))
+                       : "memory");
+        }
+      } else {
+#pragma unroll
+        for (int j = 0; j < R::kOFrags; ++j) {
+          r.oacc[4 * j + 0] = fmaf(r.oacc[4 * j + 0], c0, r.o[4 * j + 0]);
+          r.oacc[4 * j + 1] = fmaf(r.oacc[4 * j + 1], c0, r.o[4 * j + 1]);
+          r.oacc[4 * j + 2] = fmaf(r.oacc[4 * j + 2], c1, r.o[4 * j + 2]);
+          r.oacc[4 * j + 3] = fmaf(r.oacc[4 * j + 3], c1, r.o[4 * j + 3]);
+        }
+      }
     }
   }
 }
@@ -861,10 +931,12 @@ __device__ void consumer(const Params& p, u32 smem, const Barriers& bar, int wg)
 #pragma unroll
       for (int i = 0; i < ConsumerRegs<Cfg>::kOFrags * 4; ++i) r.o[i] = 0.f;
       if constexpr (Cfg::kOFlush > 0) {
+        if constexpr (!Cfg::kOCopySmem) {
 #pragma unroll
-        for (int i = 0; i < ConsumerRegs<Cfg>::kOFrags * 4; ++i) r.oacc[i] = 0.f;
-        r.since_flush = 0;
-        r.fresh = false;
+          for (int i = 0; i < ConsumerRegs<Cfg>::kOFrags * 4; ++i) r.oacc[i] = 0.f;
+        }
+        r.oflush = 0;
+        ocorr_set(r, 1.f, 1.f);
       }
       r.stats.init();
       const float scale_log2 = tile_scale_log2<Cfg>(p, head);
@@ -922,9 +994,18 @@ __device__ void consumer(const Params& p, u32 smem, const Barriers& bar, int wg)
       }
       if constexpr (Cfg::kOFlush > 0) {
         // The whole of O is in the fp32 copy once the tile's last P V has joined it.
-        if (!r.fresh) flush_o<Cfg, true>(r);
+        if (!(r.oflush & ConsumerRegs<Cfg>::kFresh)) flush_o<Cfg, true>(r);
+        if constexpr (Cfg::kOCopySmem) {
+          const u32 base = ocopy_addr<Cfg>();
 #pragma unroll
-        for (int i = 0; i < ConsumerRegs<Cfg>::kOFrags * 4; ++i) r.o[i] = r.oacc[i];
+          for (int j = 0; j < ConsumerRegs<Cfg>::kOFrags; ++j)
+            asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];"
+                         : "=f"(r.o[4 * j]), "=f"(r.o[4 * j + 1]), "=f"(r.o[4 * j + 2]), "=f"(r.o[4 * j + 3])
+                         : "r"(base + j * 128 * 16));
+        } else {
+#pragma unroll
+          for (int i = 0; i < ConsumerRegs<Cfg>::kOFrags * 4; ++i) r.o[i] = r.oacc[i];
+        }
       }
       pin_registers(r.o);
       epilogue<Cfg>(p, r, qt, head, wg, smem, bar, s);

@@ -60,6 +60,8 @@ from .shapes import WorkloadItem, parse_shape
 STRATEGIES = ("auto", "global", "exhaustive", "coordinate")
 FINALISTS = 4           # variants re-timed at the end, besides the spec default
 FINAL_ROUNDS = 3        # interleaved rounds of the final re-timing
+FINALIST_DISTANCE = 3   # tunables in which a finalist differs from every faster one (while the ranking has such)
+KNOWN_REPAIRS = 3       # fitting neighbours measured for a known winner that the fixed values make unfit
 NOISE_FLOOR = 0.005     # finalists closer than this (or their measured spread) are tied ...
 NOISE_CAP = 0.015       # ... but never when further apart than this
 FINAL_SHARE = 0.1       # part of a class's budget kept for the final re-timing
@@ -1333,8 +1335,12 @@ def known_starts(spec, fixed: dict, target, database: db.TuningDB | None, key: d
             v = variant_mod.make(spec, {**b.variant, **fixed})
         except MlagenError:
             continue
-        if v not in out and resources.check(v, target).ok:
-            out.append(v)
+        # A winner that no longer fits as ``fixed`` leaves it (a tunable held at a value its schedule
+        # cannot take: the FP8 records with o_flush 4 need o_copy smem, twentieth session) stands in
+        # for its nearest fitting neighbours.
+        for n in variant_mod.feasible_neighbours(v, target, keep=fixed, max_changes=2, limit=20_000)[:KNOWN_REPAIRS]:
+            if n not in out:
+                out.append(n)
     return out
 
 
@@ -1560,10 +1566,6 @@ def _log_trial(progress, n: int, r: TrialResult) -> None:
     progress(f"  [{n}] {r.outcome:13s}{speed} {r.variant.symbol}{note}{' (resumed)' if r.resumed else ''}")
 
 
-def _distance_from_default(v: variant_mod.Variant, default: variant_mod.Variant) -> int:
-    return sum(v[k] != default[k] for k in v.tunables)
-
-
 def _final_round(spec, fixed, trials, search, runner: TrialRunner, config: TuneConfig, progress):
     """Re-time the fastest correct variants (and the default) in interleaved rounds, each
     re-timing in equal shares on every GPU (so every finalist sees the same chips); returns
@@ -1576,7 +1578,7 @@ def _final_round(spec, fixed, trials, search, runner: TrialRunner, config: TuneC
         return [], None
     estimate = {t.variant: search.seen.get(t.variant, t.time_ms) for t in eligible}
     ranked = sorted(eligible, key=lambda t: (estimate[t.variant], t.variant.symbol))
-    picked = ranked[:max(1, config.finalists)]
+    picked = diverse_finalists(ranked, max(1, config.finalists))
     default_v = variant_mod.make(spec, fixed)
     default = next((t for t in eligible if t.variant == default_v), None)
     if default is not None and default not in picked:
@@ -1606,6 +1608,27 @@ def _final_round(spec, fixed, trials, search, runner: TrialRunner, config: TuneC
     return finals, best
 
 
+def diverse_finalists(ranked: list, n: int, distance: int = FINALIST_DISTANCE) -> list:
+    """The first ``n`` of ``ranked`` (trials, fastest first) that differ from every one picked before
+    in at least ``distance`` tunables, then the next fastest if too few do. Near copies of one
+    schedule time alike in the search and would fill every place, while another schedule whose
+    single pass came out a few percent slow never gets the interleaved re-timing that would have
+    shown it faster (twentieth session: D3's FP8 search ranked five variants of one two-warpgroup
+    schedule first; in one process the 13th, of another schedule, was 4% faster than all of them)."""
+    picked = []
+    for t in ranked:
+        if len(picked) < n and all(_distance(t.variant, p.variant) >= distance for p in picked):
+            picked.append(t)
+    for t in ranked:
+        if len(picked) < n and t not in picked:
+            picked.append(t)
+    return picked
+
+
+def _distance(a: variant_mod.Variant, b: variant_mod.Variant) -> int:
+    return sum(a[k] != b[k] for k in a.tunables)
+
+
 def choose(finals: list[Final], default: variant_mod.Variant) -> Final:
     """The fastest finalist; those within the measured noise of it (the larger spread of the two
     between rounds, at least NOISE_FLOOR, at most NOISE_CAP) are tied, and a tie goes to the
@@ -1616,4 +1639,4 @@ def choose(finals: list[Final], default: variant_mod.Variant) -> Final:
         return min(NOISE_CAP, max(NOISE_FLOOR, fastest.noise, f.noise))
 
     tied = [f for f in finals if f.median_ms <= fastest.median_ms * (1 + tolerance(f))]
-    return min(tied, key=lambda f: (_distance_from_default(f.variant, default), f.variant.symbol))
+    return min(tied, key=lambda f: (_distance(f.variant, default), f.variant.symbol))

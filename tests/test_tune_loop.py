@@ -166,6 +166,44 @@ def test_global_search_measures_known_starts_first():
     assert g.population[:2] == [DEFAULT, FAR]
 
 
+def test_known_winners_that_fixed_values_make_unfit_are_repaired_to_their_nearest_neighbours():
+    """The FP8 records of the nineteenth session (three consumer warpgroups, no two-level accumulation)
+    with o_flush 4 held fixed do not fit 160 registers with the copy in registers; their nearest fitting
+    neighbour (the copy in shared memory) is measured in their place, not dropped."""
+    from mlagen.tune import known_starts
+
+    fp8 = spec_mod.load("mla_prefill_sm90_fp8")
+    old = {"block_n": 96, "cluster": 1, "consumer_regs": 160, "consumers": 3, "diagonal": "half", "epilogue": "direct",
+           "load_warps": 1, "order": "none", "overlap": True, "producer_regs": 32, "pv_wait": "late",
+           "q_operand": "smem", "rescale": "lazy", "scheduler": "dynamic", "stages": 2, "swizzle_k": 64,
+           "swizzle_q": 64, "swizzle_v": 32, "v_transpose": "kernel", "o_flush": 0}
+
+    class Db:
+        def bests(self, **_):
+            return [type("B", (), {"variant": old})()]
+
+    key = type("K", (), {"device": "none such", "sm_count": 132})()
+    fixed = {"mask": "none", "o_flush": 4}
+    starts = known_starts(fp8, fixed, SM90A, Db(), key)
+    assert not resources.check(variant_mod.make(fp8, {**old, **fixed}), SM90A).ok
+    assert variant_mod.make(fp8, {**old, **fixed, "o_copy": "smem"}) in starts
+    assert all(resources.check(v, SM90A).ok and v["o_flush"] == 4 for v in starts)
+
+
+def test_finalists_are_the_fastest_of_different_schedules():
+    """Near copies of one schedule (one or two tunables apart) do not crowd out the next schedule;
+    the places left are filled by rank."""
+    from mlagen.tune import diverse_finalists
+
+    a = DEFAULT
+    trials = [type("T", (), {"variant": v})() for v in
+              (a, a.with_values(swizzle_q=64), a.with_values(swizzle_q=64, stages=3), FAR, FAR.with_values(stages=2))]
+    picked = diverse_finalists(trials, 3)
+    assert [t.variant for t in picked] == [a, FAR, a.with_values(swizzle_q=64)]
+    assert diverse_finalists(trials, 1) == trials[:1]
+    assert len(diverse_finalists(trials, 9)) == 5
+
+
 def test_halving_retimes_survivors_with_more_calls():
     g = Global(S90, FIXED, SM90A, 30, seed=0, samples=26)
     first = g.next_batch()

@@ -1320,8 +1320,6 @@ def _record_key(spec, problem: str, target, infos: list[dict], devices) -> db.Re
 def known_starts(spec, fixed: dict, target, database: db.TuningDB | None, key: db.RecordKey | None) -> list:
     """Winners recorded for this spec on this kind of GPU (other shape classes too), as variants
     with ``fixed`` applied: good regions found before are worth measuring whatever the seed."""
-    from . import resources
-
     records = []
     if database is not None and key is not None:
         try:

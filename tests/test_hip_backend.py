@@ -4,7 +4,6 @@ disassembly checks, the gfx9 specs' resource model, and the clear no-ROCm errors
 from __future__ import annotations
 
 import shutil
-import struct
 import subprocess
 
 import pytest

@@ -6,7 +6,6 @@ from __future__ import annotations
 import copy
 import pickle
 import re
-from pathlib import Path
 
 import pytest
 import yaml

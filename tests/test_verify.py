@@ -149,13 +149,17 @@ def test_verifier_checks_the_small_problem_then_the_shape(how, verdict):
 
 
 class BiasedFp8(Dense):
-    """An FP8 'kernel' that writes the reference but loses 10% of out when V has a channel mean, as an
-    FP8 wgmma accumulator summing whole rows does (nineteenth session)."""
+    """An FP8 'kernel' that writes the reference but loses a share of out when V has a channel mean, as an
+    FP8 wgmma accumulator summing whole rows does (nineteenth session: 15% at 8192 keys, less on shorter rows)."""
+
+    def __init__(self, how, factor=0.9):
+        super().__init__(how)
+        self.factor = factor
 
     def call(self, inputs, *, variant=None, kernel=None, outputs=None, check=False):
         outputs = super().call(inputs, variant=variant, kernel=kernel, outputs=outputs, check=check)
         if float(inputs["v"].float().mean()) > 10.0:   # the stored e4m3 values (descaled) of V = 1 + noise
-            outputs[0].mul_(0.9)
+            outputs[0].copy_((outputs[0].float() * self.factor).to(outputs[0].dtype))
         return outputs
 
 
@@ -175,6 +179,10 @@ def test_verifier_checks_fp8_variants_on_v_with_a_channel_mean():
     assert problem is None, problem                     # zero-mean V hides the loss
     problem, err = ver.verify("variant-x")
     assert problem.startswith("stress: relative L2 error") and err > 0.05, problem
+    # 1.5% low passes the FP8 tolerance on the relative L2 error (5e-2) but not the stress check's bias bound
+    problem, err = verify.Verifier(BiasedFp8("right", 0.985), shape, "cpu", seed=0, dtype="fp8_e4m3").verify("v")
+    assert err < 0.05 and problem.startswith("stress: out / reference 0.98") and "a bias" in problem, problem
+    assert verify.Verifier(BiasedFp8("right", 0.998), shape, "cpu", seed=0, dtype="fp8_e4m3").verify("v")[0] is None
     bf = Dense("right")
     assert verify.Verifier(bf, shape, "cpu", seed=0).stress is None
     assert verify.Verifier(bf, shape, "cpu", seed=0).verify("variant-x")[0] is None

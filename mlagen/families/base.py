@@ -202,6 +202,11 @@ class Family(ABC):
         """Compare outputs with the reference; returns an object with ``ok``, ``rel_l2`` and
         ``problem`` (None when it passes, else a sentence)."""
 
+    def compare_stress(self, got, ref, **dtype):
+        """How outputs on :meth:`stress_inputs` compare with their reference (default: :meth:`compare`;
+        a family may ask more there, such as no bias)."""
+        return self.compare(got, ref, **dtype)
+
     @abstractmethod
     def flops(self, shape) -> int:
         """FLOPs of one call by the BENCHMARKS.md convention."""

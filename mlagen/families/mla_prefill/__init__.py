@@ -131,6 +131,13 @@ class MlaPrefillFamily(Family):
 
         return compare(got[0], got[1], ref[0], ref[1], rel_tol=REL_TOL if dtype == "bf16" else FP8_REL_TOL)
 
+    def compare_stress(self, got, ref, dtype: str = "bf16"):
+        """:meth:`compare`, and no bias beyond reference.STRESS_BIAS (for the stress inputs: V with a
+        channel mean)."""
+        from .reference import compare_bias
+
+        return compare_bias(got[0], ref[0], self.compare(got, ref, dtype=dtype))
+
     def flops(self, shape) -> int:
         return flops(_problem.shape_sequences(shape), shape.heads, shape.causal)
 

@@ -464,6 +464,14 @@ def format_tune_results(results, top: int) -> str:
             lines.append("no variant passed; nothing recorded as winner")
         elif r.best:
             lines.append(f"winner {r.best.variant.symbol}")
+        if r.kept:
+            lines.append(f"kept the record in use, {r.in_use}: no variant was faster beyond the noise; "
+                         "nothing recorded")
+        elif r.in_use and r.best:
+            final = {f.variant: f.median_ms for f in r.finals}
+            before = next((ms for v, ms in final.items() if r.in_use.startswith(v.symbol + " ")), None)
+            lines.append(f"replaces the record in use, {r.in_use}"
+                         + (f": {before / r.best.time_ms:.2f}x its time" if before else ""))
     return "\n".join(lines)
 
 

@@ -108,22 +108,33 @@ def candidate_variants(spec: spec_mod.KernelSpec, problem: str, specialization: 
     if not knobs.no_tuned():
         key = record_key(spec, problem, device=info.name, sm_count=info.sm_count, driver=info.driver_version,
                          target=info.target)
-        family = families.get(spec.family, spec.path)
-        ranked = db.candidates(key, family.problem_distance, database if database is not None else db.TuningDB(),
-                               include_shipped=not knobs.no_shipped(),
-                               same_arch=lambda rk: record_target(spec, rk.device) == info.target.name)
-        for best in ranked:
-            try:
-                tuned = variant_mod.make(spec, {**best.variant, **specialization})
-            except SpecError as exc:
-                log.warning("ignoring tuning record %s for %s: %s", best.symbol, problem, exc)
-                continue
-            if resources.check(tuned, info.target).ok:
-                yield tuned, best.origin
+        for tuned, best in recorded_variants(spec, key, specialization, info.target, database):
+            yield tuned, best.origin
     chosen = variant_mod.feasible_default(spec, info.target, specialization)
     if chosen is None:
         raise SpecError(spec.path, "tune", f"no variant of {spec.name} fits {info.target.name}")
     yield chosen, "default"
+
+
+def recorded_variants(spec: spec_mod.KernelSpec, key: db.RecordKey, specialization: dict, target: arch.Target,
+                      database: db.TuningDB | None = None):
+    """(variant, record) for each tuning record usable for ``key``, in the order dispatch tries them
+    (:func:`mlagen.db.candidates`, the shipped records unless ``MLAGEN_NO_SHIPPED``), with
+    ``specialization`` applied; records whose variant is no longer valid are skipped with a warning,
+    those that do not fit ``target`` silently. Dispatch and the tuner (the record a tune competes
+    with) read the records through this one function."""
+    family = families.get(spec.family, spec.path)
+    ranked = db.candidates(key, family.problem_distance, database if database is not None else db.TuningDB(),
+                           include_shipped=not knobs.no_shipped(),
+                           same_arch=lambda rk: record_target(spec, rk.device) == target.name)
+    for best in ranked:
+        try:
+            tuned = variant_mod.make(spec, {**best.variant, **specialization})
+        except SpecError as exc:
+            log.warning("ignoring tuning record %s for %s: %s", best.symbol, key.problem, exc)
+            continue
+        if resources.check(tuned, target).ok:
+            yield tuned, best
 
 
 def choose_variant(spec: spec_mod.KernelSpec, problem: str, specialization: dict, info: DeviceInfo,

@@ -60,6 +60,7 @@ from .shapes import WorkloadItem, parse_shape
 STRATEGIES = ("auto", "global", "exhaustive", "coordinate")
 FINALISTS = 4           # variants re-timed at the end, besides the spec default
 FINAL_ROUNDS = 3        # interleaved rounds of the final re-timing
+EXTRA_ROUNDS = 3        # more rounds for the finalists whose rounds still overlap the fastest's
 FINALIST_DISTANCE = 3   # tunables in which a finalist differs from every faster one (while the ranking has such)
 KNOWN_REPAIRS = 3       # fitting neighbours measured for a known winner that the fixed values make unfit
 NOISE_FLOOR = 0.005     # finalists closer than this (or their measured spread) are tied ...
@@ -132,6 +133,8 @@ class TuneResult:
     weight: float = 1.0
     finals: list[Final] = field(default_factory=list)
     stopped: str = ""   # why the search stopped early ("budget"), empty if it finished
+    in_use: str = ""    # the record calls used before the tune (symbol and origin), empty if none
+    kept: bool = False  # that record won the final re-timing and stays: nothing was recorded
 
 
 def _median(xs: list[float]) -> float:
@@ -1342,6 +1345,26 @@ def known_starts(spec, fixed: dict, target, database: db.TuningDB | None, key: d
     return out
 
 
+def record_in_use(spec, shape, target, config: TuneConfig, database: db.TuningDB | None,
+                  key: db.RecordKey | None) -> tuple[variant_mod.Variant, db.Best] | None:
+    """The tuning record a call of this shape class runs before the tune (what dispatch picks: the
+    user's database and the shipped records, nearest class first), if it agrees with the tunables
+    held fixed. The tune measures it and re-times it with the finalists, and a tie keeps it, so a
+    tune never records a winner slower than what the calls already get (a user record for the
+    class would then shadow a faster shipped one)."""
+    if key is None or knobs.no_tuned():
+        return None
+    specialization = family_of(spec).specialization(shape)
+    try:
+        for v, best in dispatch.recorded_variants(spec, key, specialization, target, database):
+            if all(v.get(k) == value for k, value in config.fixed.items()):
+                return v, best
+            return None   # dispatch would run this one: a record behind it is not what calls get
+    except MlagenError:
+        return None
+    return None
+
+
 def _class_search(spec, shape, target, config: TuneConfig, database: db.TuningDB, key: db.RecordKey):
     """(the tunables held fixed, a new search) for one shape class: the same search whenever
     the arguments are the same (the first batch can be compiled before the class is tuned)."""
@@ -1366,9 +1389,12 @@ def tune_class(spec, shape_class: ShapeClass, target, config: TuneConfig, databa
     run_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
     fixed, search = _class_search(spec, shape, target, config, database, key)
     finished = _finished_trials(database, key) if config.resume else {}
+    in_use = record_in_use(spec, shape, target, config, database, key)
     progress(f"{shape.id} ({problem}, weight {shape_class.weight:g}): tuning {spec.name} on {target.name} with "
              f"{type(search).__name__.lower()} search, {len(runner.workers)} GPU(s), run {run_id}"
              + (f", {len(finished)} finished trial(s) in the database" if config.resume else ""))
+    if in_use is not None:
+        progress(f"  in use for this class: {in_use[0].symbol} ({in_use[1].origin}); it joins the final re-timing")
     if bar is not None:
         bar.start(config.max_trials, label=shape.id, budget_s=budget_s)
 
@@ -1448,21 +1474,46 @@ def tune_class(spec, shape_class: ShapeClass, target, config: TuneConfig, databa
                 trials.append(r)
                 measured[a.variant] = r
             idle = 0 if new else idle + 1
+        if in_use is not None and in_use[0] not in measured:
+            # The search did not reach it (few trials, a budget): checked and timed as a trial.
+            a = Ask(in_use[0])
+            old = finished.get(a.variant.symbol)
+            if old is not None:
+                r = TrialResult(a.variant, old.outcome, old.time_ms, old.tflops, old.max_error, old.registers,
+                                old.spills, old.detail, resumed=True)
+                recorder.add(None, logged(r, f"resumed {r.variant.symbol}"))
+            else:
+                say(f"  measuring the record in use, {a.variant.symbol}")
+                r = runner.run([a], on_result=record)[0]
+            if r is not None:
+                trials.append(r)
+                measured[a.variant] = r
     finally:
         recorder.close()   # every trial in the database before going on (or giving up)
     runner.cancel_prefetch()
     searched = clock() - t0
-    finals, best = _final_round(spec, fixed, trials, search, runner, config, progress)
+    in_use_v = in_use[0] if in_use is not None else None
+    finals, best = _final_round(spec, fixed, trials, search, runner, config, progress, keep=in_use_v)
     _log_time(progress, runner, searched, clock() - t0)
     default_v = variant_mod.make(spec, fixed)
     default = measured.get(default_v)
-    if best is not None:
+    kept = best is not None and in_use is not None and best.variant == in_use_v and \
+        not in_use[1].origin.startswith("user")
+    if in_use is not None and in_use_v in measured and measured[in_use_v].outcome != "ok":
+        progress(f"  the record in use ({in_use[1].origin}) failed here ({measured[in_use_v].outcome}): replaced")
+    if kept:
+        # Nothing faster beyond the noise: calls keep the shipped record (a user record of the same
+        # variant would only shadow the records a later version ships).
+        progress(f"  kept the record in use ({in_use[1].origin}): no variant was faster beyond the noise; "
+                 "nothing recorded as winner")
+    elif best is not None:
         database.set_best(db.Best(key, dict(best.variant.tunables), best.variant.symbol, best.time_ms, best.tflops,
                                   run_id, time.time()))
     if bar is not None:
         bar.finish()
     return TuneResult(shape.id, problem, run_id, trials, best, default, time.time() - wall0, shape_class.weight,
-                      finals, stopped)
+                      finals, stopped, in_use=f"{in_use_v.symbol} ({in_use[1].origin})" if in_use else "",
+                      kept=kept)
 
 
 class _Recorder:
@@ -1564,10 +1615,12 @@ def _log_trial(progress, n: int, r: TrialResult) -> None:
     progress(f"  [{n}] {r.outcome:13s}{speed} {r.variant.symbol}{note}{' (resumed)' if r.resumed else ''}")
 
 
-def _final_round(spec, fixed, trials, search, runner: TrialRunner, config: TuneConfig, progress):
-    """Re-time the fastest correct variants (and the default) in interleaved rounds, each
-    re-timing in equal shares on every GPU (so every finalist sees the same chips); returns
-    (finals, winner as a TrialResult with the re-timed median)."""
+def _final_round(spec, fixed, trials, search, runner: TrialRunner, config: TuneConfig, progress,
+                 keep: variant_mod.Variant | None = None):
+    """Re-time the fastest correct variants (and the default, and ``keep``: the record in use) in
+    interleaved rounds, each re-timing in equal shares on every GPU (so every finalist sees the same
+    chips); then up to EXTRA_ROUNDS more rounds of those whose rounds still overlap the fastest's.
+    Returns (finals, winner as a TrialResult with the re-timed median)."""
     ok = [t for t in trials if t.outcome == "ok"]
     # A variant that spills registers to local memory is recorded but never made the winner
     # (unless nothing else passed): spills make a kernel's speed fragile across inputs.
@@ -1581,26 +1634,38 @@ def _final_round(spec, fixed, trials, search, runner: TrialRunner, config: TuneC
     default = next((t for t in eligible if t.variant == default_v), None)
     if default is not None and default not in picked:
         picked.append(default)
+    kept = next((t for t in eligible if t.variant == keep), None) if keep is not None else None
+    if kept is not None and kept not in picked:
+        picked.append(kept)
     by_variant = {t.variant: t for t in picked}
     if len(picked) < 2 or config.final_rounds < 1:
         return [], picked[0]
-    asks = [Ask(t.variant, retime=True) for _ in range(config.final_rounds) for t in picked]
-    times = runner.run(asks)
     blocks: dict = {t.variant: [] for t in picked}
-    for a, r in zip(asks, times):
-        if r is not None and r.outcome == "ok":
-            blocks[a.variant].append(r.time_ms)
-        elif r is not None:
-            blocks[a.variant] = None  # failed when re-timed: out
+
+    def rounds(variants, n):
+        asks = [Ask(v, retime=True) for _ in range(n) for v in variants]
+        for a, r in zip(asks, runner.run(asks)):
+            if blocks.get(a.variant) is None:
+                continue
+            if r is not None and r.outcome == "ok":
+                blocks[a.variant].append(r.time_ms)
+            elif r is not None:
+                blocks[a.variant] = None  # failed when re-timed: out
+
+    rounds([t.variant for t in picked], config.final_rounds)
+    close = unsettled([Final(v, b) for v, b in blocks.items() if b])
+    if len(close) > 1 and EXTRA_ROUNDS > 0:
+        progress(f"  {len(close)} finalists within each other's rounds: {EXTRA_ROUNDS} more rounds for them")
+        rounds([f.variant for f in close], EXTRA_ROUNDS)
     finals = [Final(v, b) for v, b in blocks.items() if b]
     if not finals:
         return [], None
-    winner = choose(finals, default_v)
+    winner = choose(finals, default_v, keep=keep)
     w = by_variant[winner.variant]
     flops_per_ms = w.tflops * w.time_ms if w.tflops and w.time_ms else None
     best = replace(w, time_ms=winner.median_ms, tflops=flops_per_ms / winner.median_ms if flops_per_ms else None)
     for f in sorted(finals, key=lambda f: f.median_ms):
-        mark = "*" if f is winner else " "
+        mark = "*" if f is winner else ("=" if f.variant == keep else " ")
         progress(f"  final {mark} {f.median_ms:.3f} ms (rounds {min(f.block_ms):.3f}–{max(f.block_ms):.3f}) "
                  f"{f.variant.symbol}")
     return finals, best
@@ -1627,14 +1692,24 @@ def _distance(a: variant_mod.Variant, b: variant_mod.Variant) -> int:
     return sum(a[k] != b[k] for k in a.tunables)
 
 
-def choose(finals: list[Final], default: variant_mod.Variant) -> Final:
+def unsettled(finals: list[Final]) -> list[Final]:
+    """The fastest finalist and those whose rounds overlap its rounds (the slowest round of the
+    fastest is slower than their fastest round): their order is not settled by the rounds."""
+    if not finals:
+        return []
+    fastest = min(finals, key=lambda f: (f.median_ms, f.variant.symbol))
+    return [f for f in finals if f is fastest or min(f.block_ms) <= max(fastest.block_ms)]
+
+
+def choose(finals: list[Final], default: variant_mod.Variant, keep: variant_mod.Variant | None = None) -> Final:
     """The fastest finalist; those within the measured noise of it (the larger spread of the two
-    between rounds, at least NOISE_FLOOR, at most NOISE_CAP) are tied, and a tie goes to the
-    fewest tunables changed from ``default``, then the first symbol in sort order."""
+    between rounds, at least NOISE_FLOOR, at most NOISE_CAP) are tied, and a tie goes to ``keep``
+    (the record in use), then to the fewest tunables changed from ``default``, then the first
+    symbol in sort order."""
     fastest = min(finals, key=lambda f: (f.median_ms, f.variant.symbol))
 
     def tolerance(f: Final) -> float:
         return min(NOISE_CAP, max(NOISE_FLOOR, fastest.noise, f.noise))
 
     tied = [f for f in finals if f.median_ms <= fastest.median_ms * (1 + tolerance(f))]
-    return min(tied, key=lambda f: (_distance(f.variant, default), f.variant.symbol))
+    return min(tied, key=lambda f: (f.variant != keep, _distance(f.variant, default), f.variant.symbol))

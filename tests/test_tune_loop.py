@@ -288,6 +288,101 @@ def test_choose_breaks_ties_within_noise_by_a_stable_key():
     assert choose(finals, DEFAULT).variant == near
 
 
+def test_choose_gives_a_tie_to_the_record_in_use():
+    near = DEFAULT.with_values(stages=3)
+    finals = [Final(near, [1.000, 1.001, 0.999]), Final(FAR, [1.003, 1.003, 1.003])]
+    assert choose(finals, DEFAULT).variant == near
+    assert choose(finals, DEFAULT, keep=FAR).variant == FAR
+    finals = [Final(near, [0.97, 0.97, 0.97]), Final(FAR, [1.0, 1.0, 1.0])]   # 3%: not a tie
+    assert choose(finals, DEFAULT, keep=FAR).variant == near
+
+
+def test_unsettled_finalists_are_those_whose_rounds_overlap_the_fastest():
+    from mlagen.tune import unsettled
+
+    a, b, c = DEFAULT, DEFAULT.with_values(stages=3), FAR
+    finals = [Final(a, [1.00, 1.02, 1.01]), Final(b, [1.015, 1.03, 1.04]), Final(c, [1.03, 1.04, 1.05])]
+    assert [f.variant for f in unsettled(finals)] == [a, b]
+    assert unsettled([]) == [] and len(unsettled(finals[:1])) == 1
+
+
+def _put_in_use(monkeypatch, tmp_path, variant, origin):
+    """``variant`` as the record in use for KEY: a shipped record, or the user's in the tune's database."""
+    best = db.Best(KEY, dict(variant.tunables), variant.symbol, 1.0, None, "r0", 0.0)
+    if origin == "user":
+        db.TuningDB(tmp_path / "t.sqlite").set_best(best)
+        monkeypatch.setattr(db, "shipped_records", lambda: ())
+    else:
+        monkeypatch.setattr(db, "shipped_records", lambda: (replace(best, origin="shipped:h100.json"),))
+
+
+def test_a_tune_keeps_the_shipped_record_in_use_when_nothing_beats_it(tmp_path, monkeypatch):
+    """A near twin of FAR is shipped; the search finds FAR, 0.3% faster (inside the noise): the
+    record stays and nothing is written (a user record would shadow the records a later version
+    ships)."""
+    twin = FAR.with_values(swizzle_q=64)
+    assert resources.check(twin, SM90A).ok
+    _put_in_use(monkeypatch, tmp_path, twin, "shipped")
+    lines = []
+    result = run_class(tmp_path, cost=lambda v: 4.012 if v == twin else two_basins(v), progress=lines.append)
+    assert {FAR, twin} <= {f.variant for f in result.finals}
+    assert result.kept and result.best.variant == twin and result.in_use == f"{twin.symbol} (shipped:h100.json)"
+    assert db.TuningDB(tmp_path / "t.sqlite").bests() == []
+    assert any("kept the record in use" in line for line in lines)
+
+
+def test_a_tune_replaces_the_record_in_use_when_a_variant_is_faster(tmp_path, monkeypatch):
+    slow = DEFAULT.with_values(swizzle_q=64)      # 5.4 ms: the search finds FAR at 4.0
+    assert resources.check(slow, SM90A).ok
+    _put_in_use(monkeypatch, tmp_path, slow, "shipped")
+    result = run_class(tmp_path)
+    assert not result.kept and result.best.variant == FAR
+    assert slow in {f.variant for f in result.finals}
+    assert [b.symbol for b in db.TuningDB(tmp_path / "t.sqlite").bests()] == [FAR.symbol]
+
+
+def test_the_record_in_use_is_measured_when_the_search_does_not_reach_it(tmp_path, monkeypatch):
+    """Coordinate descent from the default never reaches FAR; as the user's record in use it is
+    checked and timed after the search, wins the final, and is written again (a user record)."""
+    _put_in_use(monkeypatch, tmp_path, FAR, "user")
+    lines = []
+    result = run_class(tmp_path, strategy="coordinate", max_trials=20, progress=lines.append)
+    assert FAR in [t.variant for t in result.trials]
+    assert any("measuring the record in use" in line for line in lines)
+    assert result.best.variant == FAR and not result.kept
+    assert [b.symbol for b in db.TuningDB(tmp_path / "t.sqlite").bests()] == [FAR.symbol]
+
+
+def test_a_record_in_use_that_fails_its_check_is_replaced(tmp_path, monkeypatch):
+    _put_in_use(monkeypatch, tmp_path, FAR, "shipped")
+
+    class Wrong(FakeWorker):
+        def run(self, values, iters, **request):
+            r = super().run(values, iters, **request)
+            if variant_mod.make(S90, values) == FAR:
+                r = {**r, "outcome": "wrong_result", "max_error": 1.0}
+            return r
+
+    lines = []
+    result = run_class(tmp_path, workers=[Wrong(two_basins)], progress=lines.append)
+    assert result.best.variant != FAR and not result.kept
+    assert any("failed here (wrong_result): replaced" in line for line in lines)
+    assert [b.symbol for b in db.TuningDB(tmp_path / "t.sqlite").bests()] == [result.best.variant.symbol]
+
+
+def test_a_record_in_use_that_disagrees_with_fixed_values_is_not_a_finalist(tmp_path, monkeypatch):
+    from mlagen.tune import record_in_use
+
+    _put_in_use(monkeypatch, tmp_path, FAR, "shipped")
+    database = db.TuningDB(tmp_path / "t.sqlite")
+    config = TuneConfig(spec=S90.path, shapes=("D1",))
+    assert record_in_use(S90, SHAPES["D1"], SM90A, config, database, KEY)[0] == FAR
+    config = TuneConfig(spec=S90.path, shapes=("D1",), fixed={"swizzle_q": 64})
+    assert record_in_use(S90, SHAPES["D1"], SM90A, config, database, KEY) is None
+    monkeypatch.setenv("MLAGEN_NO_TUNED", "1")
+    assert record_in_use(S90, SHAPES["D1"], SM90A, TuneConfig(spec=S90.path, shapes=("D1",)), database, KEY) is None
+
+
 def test_finalists_are_retimed_in_shares_on_every_gpu_and_the_winner_recorded(tmp_path):
     workers = [FakeWorker(two_basins), FakeWorker(lambda v: 1.1 * two_basins(v))]
     lines = []
@@ -838,6 +933,9 @@ def test_tune_splits_the_budget_by_weight_and_starts_one_worker_per_device(tmp_p
     monkeypatch.setattr(runtime, "device_info", lambda i: type("I", (), {"name": "Fake GPU", "sm_count": 132,
                                                                         "driver_version": "13.0"})())
     monkeypatch.setattr(tune_mod, "CompileQueue", lambda pool, target, jobs: Guesses())
+    # The shipped H100 records would be the records in use on this fake GPU of the same target:
+    # with one as a finalist, a class whose search finds nothing faster records nothing.
+    monkeypatch.setenv("MLAGEN_NO_SHIPPED", "1")
     config = TuneConfig(spec=S90.path, shapes=(WorkloadItem(SHAPES["D1"], 1), WorkloadItem(SHAPES["D2"], 3)),
                         db_path=str(tmp_path / "t.sqlite"), target="sm_90a", devices=(0, 1), budget_s=80.0,
                         jobs=1)

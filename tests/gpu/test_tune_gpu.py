@@ -14,7 +14,7 @@ from mlagen import api, bench, db  # noqa: E402
 from mlagen.families.mla_prefill.peers import FA3  # noqa: E402
 from mlagen.families.mla_prefill.problem import Shape, parse_shape  # noqa: E402
 from mlagen.dispatch import dispatcher  # noqa: E402
-from mlagen.tune import TuneConfig, tune  # noqa: E402
+from mlagen.tune import EXTRA_ROUNDS, TuneConfig, tune  # noqa: E402
 
 FAULTY = Path(__file__).parent / "fixtures" / "faulty_sm80.yaml"
 TINY = Shape("T1", (200,), (200,), 4, True)
@@ -81,13 +81,14 @@ def test_a_worker_runs_the_checks_it_is_asked_for(tmp_path):
 
 
 def test_tuned_winner_is_used_by_later_calls(tmp_path, monkeypatch):
+    # without shipped records in use (one that wins the final stays, and nothing is recorded)
+    monkeypatch.setenv("MLAGEN_NO_SHIPPED", "1")
     path = tmp_path / "tuning.sqlite"
     config = TuneConfig(spec="mla_prefill_sm80", shapes=(TINY,), strategy="exhaustive", fixed=FIXED_SM80,
                         timeout_s=60, iters=5, warmup=1, db_path=str(path))
     (result,) = tune(config, progress=lambda line: None)
     assert sum(t.outcome == "ok" for t in result.trials) >= 2
     monkeypatch.setenv("MLAGEN_TUNING_DB", str(path))
-    monkeypatch.setenv("MLAGEN_NO_SHIPPED", "1")
     dispatcher().clear()
     q = torch.randn(200, 4, 192, device="cuda", dtype=torch.bfloat16)
     k = torch.randn(200, 4, 128, device="cuda", dtype=torch.bfloat16)
@@ -127,18 +128,55 @@ def _hopper():
         pytest.skip("the sm90 kernel needs a Hopper GPU")
 
 
-def test_global_search_on_a_described_shape(tmp_path):
+def test_global_search_on_a_described_shape(tmp_path, monkeypatch):
     """The global strategy end to end: samples, halving re-times, descent, finalists re-timed."""
     _hopper()
+    monkeypatch.setenv("MLAGEN_NO_SHIPPED", "1")   # a shipped record in use may win and stay unrecorded
     config = TuneConfig(spec="mla_prefill_sm90", shapes=(SMALL,), strategy="global", max_trials=16,
                         fixed=FIXED_SM90_FEW, timeout_s=60, iters=3, warmup=1, db_path=str(tmp_path / "t.sqlite"),
                         seed=1)
     (result,) = tune(config, progress=lambda line: None)
     assert result.problem == "causal/h4/q256/k256" and result.best is not None
-    assert 2 <= len(result.finals) and all(len(f.block_ms) == 3 for f in result.finals)
+    assert 2 <= len(result.finals) and all(len(f.block_ms) in (3, 3 + EXTRA_ROUNDS) for f in result.finals)
     assert len(result.trials) <= 16
     (best,) = db.TuningDB(tmp_path / "t.sqlite").bests()
     assert best.symbol == result.best.variant.symbol
+
+
+def test_the_record_in_use_is_checked_and_retimed_with_the_finalists(tmp_path, monkeypatch):
+    """A user record for the class (one a two-trial search may not reach): measured once, checked
+    against the reference like every trial, re-timed in the final rounds and named in the result;
+    whichever wins is what the database holds afterwards, with its re-timed time."""
+    _hopper()
+    from mlagen import dispatch, runtime
+    from mlagen import spec as spec_mod
+    from mlagen import variant as variant_mod
+    from mlagen.tune import family_of, problem_of
+
+    monkeypatch.setenv("MLAGEN_NO_SHIPPED", "1")
+    spec = spec_mod.load("mla_prefill_sm90")
+    target = runtime.device_info(0).target
+    keep = {**FIXED_SM90_FEW, "mask": "causal"}
+    base = variant_mod.make(spec, {**FIXED_SM90_FEW, "mask": "causal"})
+    record = variant_mod.nearest_feasible(base.with_values(block_n=96 if base["block_n"] != 96 else 128), target,
+                                          keep=keep)
+    assert record != variant_mod.nearest_feasible(base, target, keep=keep)
+    info = runtime.device_info(0)
+    problem = problem_of(parse_shape(SMALL), family_of(spec))
+    key = dispatch.record_key(spec, problem, device=info.name, sm_count=info.sm_count, driver=info.driver_version,
+                              target=target)
+    path = tmp_path / "t.sqlite"
+    db.TuningDB(path).set_best(db.Best(key, dict(record.tunables), record.symbol, 9.9, None, "before", 0.0))
+    lines = []
+    config = TuneConfig(spec="mla_prefill_sm90", shapes=(SMALL,), strategy="coordinate", max_trials=2,
+                        fixed=FIXED_SM90_FEW, timeout_s=60, iters=3, warmup=1, db_path=str(path))
+    (result,) = tune(config, progress=lines.append)
+    assert result.in_use == f"{record.symbol} (user)"
+    mine = [t for t in result.trials if t.variant == record]
+    assert len(mine) == 1 and mine[0].outcome == "ok" and mine[0].max_error < 2e-2
+    assert record in {f.variant for f in result.finals}
+    (best,) = db.TuningDB(path).bests()
+    assert best.symbol == result.best.variant.symbol and best.time_ms < 9.9
 
 
 def test_resume_runs_no_finished_trial_again(tmp_path):

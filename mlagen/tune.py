@@ -1703,13 +1703,26 @@ def unsettled(finals: list[Final]) -> list[Final]:
 
 def choose(finals: list[Final], default: variant_mod.Variant, keep: variant_mod.Variant | None = None) -> Final:
     """The fastest finalist; those within the measured noise of it (the larger spread of the two
-    between rounds, at least NOISE_FLOOR, at most NOISE_CAP) are tied, and a tie goes to ``keep``
-    (the record in use), then to the fewest tunables changed from ``default``, then the first
-    symbol in sort order."""
+    between rounds, at least NOISE_FLOOR, at most NOISE_CAP) are tied, and a tie goes to the fewest
+    tunables changed from ``default``, then the first symbol in sort order. ``keep`` (the record
+    in use) stays unless that choice beats it in every round both ran, by NOISE_FLOOR or more in
+    the median of the rounds' ratios: the rounds are interleaved, so each round compares the two
+    at the same clocks and temperature, which the spread between rounds does not (on the H100 at
+    its power cap one finalist's rounds spread 5-25% in the twenty-first session's short tunes)."""
     fastest = min(finals, key=lambda f: (f.median_ms, f.variant.symbol))
 
     def tolerance(f: Final) -> float:
         return min(NOISE_CAP, max(NOISE_FLOOR, fastest.noise, f.noise))
 
     tied = [f for f in finals if f.median_ms <= fastest.median_ms * (1 + tolerance(f))]
-    return min(tied, key=lambda f: (f.variant != keep, _distance(f.variant, default), f.variant.symbol))
+    winner = min(tied, key=lambda f: (_distance(f.variant, default), f.variant.symbol))
+    kept = next((f for f in finals if f.variant == keep), None)
+    if kept is None or kept is winner or beats(winner, kept):
+        return winner
+    return kept
+
+
+def beats(a: Final, b: Final) -> bool:
+    """``a`` was faster than ``b`` in every round both ran, by NOISE_FLOOR in the median ratio."""
+    ratios = [x / y for x, y in zip(a.block_ms, b.block_ms)]
+    return bool(ratios) and max(ratios) < 1 and _median(ratios) <= 1 - NOISE_FLOOR

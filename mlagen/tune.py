@@ -738,7 +738,14 @@ class _Batch:
                 return
             self.results[i] = r
             if r is not None and self.on_result is not None:
-                self.on_result(self.asks[i], r)
+                try:
+                    self.on_result(self.asks[i], r)
+                except BaseException as exc:
+                    # Recording failed (the database: a full disk, a lock held too long). Called on a
+                    # worker's thread: raised here it would end that thread and leave the batch
+                    # unanswered for ever; the tune stops with the error instead.
+                    self.errors.append(exc)
+                    self.answered.set()
             self.open -= 1
             done = self.open == 0
             if done:

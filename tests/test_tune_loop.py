@@ -399,6 +399,36 @@ def test_a_record_in_use_that_disagrees_with_fixed_values_is_not_a_finalist(tmp_
     assert record_in_use(S90, SHAPES["D1"], SM90A, TuneConfig(spec=S90.path, shapes=("D1",)), database, KEY) is None
 
 
+def test_a_database_that_fails_mid_tune_stops_the_tune_with_its_error(tmp_path, monkeypatch):
+    """A write that fails on the recorder's thread (a full disk, a lock held past the timeout) used
+    to end a GPU-serving thread inside the batch and leave the tune waiting for ever."""
+    from mlagen.errors import DatabaseError
+
+    calls = [0]
+    real = db.TuningDB.add_trials
+
+    def add_trials(self, trials):
+        calls[0] += 1
+        if calls[0] >= 3:
+            raise DatabaseError("database or disk is full")
+        return real(self, trials)
+
+    monkeypatch.setattr(db.TuningDB, "add_trials", add_trials)
+    outcome = []
+
+    def tune_it():
+        try:
+            run_class(tmp_path, workers=[FakeWorker(two_basins, delay=0.002)])
+        except DatabaseError as exc:
+            outcome.append(exc)
+
+    t = threading.Thread(target=tune_it, daemon=True)
+    t.start()
+    t.join(30)
+    assert not t.is_alive(), "the tune hung after the database failed"
+    assert outcome and "disk is full" in str(outcome[0])
+
+
 def test_finalists_are_retimed_in_shares_on_every_gpu_and_the_winner_recorded(tmp_path):
     workers = [FakeWorker(two_basins), FakeWorker(lambda v: 1.1 * two_basins(v))]
     lines = []

@@ -8,6 +8,7 @@ implement the same ``device_info``/``load``/``launch`` on ``backends/hip.py`` (h
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import threading
@@ -227,6 +228,7 @@ class CudaRuntime:
 
     def __init__(self):
         self._kernels: dict[tuple[int, str], CudaKernel] = {}
+        self._contexts: dict[int, object] = {}
         self._lock = threading.Lock()
 
     def current_device(self) -> int:
@@ -234,16 +236,40 @@ class CudaRuntime:
 
         return torch.cuda.current_device()
 
-    def _make_current(self, index: int) -> None:
-        d = _driver()
-        ctx = check(d.cuCtxGetCurrent(), "cuCtxGetCurrent")
-        if ctx is None or int(ctx) == 0:
+    def _primary(self, index: int):
+        """Device ``index``'s primary context (the one torch's runtime uses), retained once."""
+        ctx = self._contexts.get(index)
+        if ctx is None:
+            d = _driver()
             dev = check(d.cuDeviceGet(index), "cuDeviceGet")
-            primary = check(d.cuDevicePrimaryCtxRetain(dev), "cuDevicePrimaryCtxRetain")
-            check(d.cuCtxSetCurrent(primary), "cuCtxSetCurrent")
+            ctx = self._contexts[index] = check(d.cuDevicePrimaryCtxRetain(dev), "cuDevicePrimaryCtxRetain")
+        return ctx
+
+    @contextlib.contextmanager
+    def _context(self, index: int):
+        """Device ``index``'s primary context current inside: made current where the thread has
+        none (and left so, as torch's runtime would), else pushed over the caller's and popped."""
+        d = _driver()
+        target = self._primary(index)
+        current = check(d.cuCtxGetCurrent(), "cuCtxGetCurrent")
+        if current is None or int(current) == 0:
+            check(d.cuCtxSetCurrent(target), "cuCtxSetCurrent")
+            yield
+        elif int(current) == int(target):
+            yield
+        else:
+            check(d.cuCtxPushCurrent(target), "cuCtxPushCurrent")
+            try:
+                yield
+            finally:
+                check(d.cuCtxPopCurrent(), "cuCtxPopCurrent")
 
     def load(self, binary: Binary, device: int | None = None) -> CudaKernel:
-        """Load (once per device) and return the kernel; later calls are a dictionary lookup."""
+        """Load (once per device) and return the kernel; later calls are a dictionary lookup.
+
+        The module goes into ``device``'s primary context, whichever context is current on the
+        calling thread (tensors on cuda:1 while torch's current device is 0), and the caller's
+        context is current again afterwards."""
         index = self.current_device() if device is None else device
         cache_key = (index, binary.key)
         kernel = self._kernels.get(cache_key)
@@ -253,11 +279,11 @@ class CudaRuntime:
             kernel = self._kernels.get(cache_key)
             if kernel is None:
                 _init()
-                self._make_current(index)
-                d = _driver()
-                module = check(d.cuModuleLoadData(binary.data), f"cuModuleLoadData({binary.symbol})")
-                function = check(d.cuModuleGetFunction(module, binary.symbol.encode()),
-                                 f"cuModuleGetFunction({binary.symbol})")
+                with self._context(index):
+                    d = _driver()
+                    module = check(d.cuModuleLoadData(binary.data), f"cuModuleLoadData({binary.symbol})")
+                    function = check(d.cuModuleGetFunction(module, binary.symbol.encode()),
+                                     f"cuModuleGetFunction({binary.symbol})")
                 info = device_info(index)
                 kernel = CudaKernel(module, function, binary, info.smem_per_block_optin)
                 self._kernels[cache_key] = kernel

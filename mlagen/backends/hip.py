@@ -443,11 +443,17 @@ def device_properties(index: int = 0) -> dict:
 
 
 def module_load(data: bytes, symbol: str, device: int):
-    """Load a code object on HIP device ``device``: (module, function)."""
+    """Load a code object on HIP device ``device``: (module, function). The caller's current
+    device is current again afterwards (tensors on another device than torch's current one)."""
     hip, _ = _hip_modules()
+    caller = _call(hip.hipGetDevice, what="hipGetDevice")
     _call(hip.hipSetDevice, device, what="hipSetDevice")
-    module = _call(hip.hipModuleLoadData, data, what=f"hipModuleLoadData({symbol})")
-    function = _call(hip.hipModuleGetFunction, module, symbol.encode(), what=f"hipModuleGetFunction({symbol})")
+    try:
+        module = _call(hip.hipModuleLoadData, data, what=f"hipModuleLoadData({symbol})")
+        function = _call(hip.hipModuleGetFunction, module, symbol.encode(), what=f"hipModuleGetFunction({symbol})")
+    finally:
+        if caller != device:
+            _call(hip.hipSetDevice, caller, what="hipSetDevice")
     return module, function
 
 

@@ -1,0 +1,121 @@
+"""Loading a kernel for a device other than the caller's current one (tensors on cuda:1 while
+torch's current device is 0), GPU-free: the CUDA and HIP loaders against fake drivers that
+record which context or device each module went to. tests/gpu/test_multi_device_gpu.py runs the
+same on two GPUs."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+
+from mlagen import runtime
+from mlagen.backends import hip as hip_backend
+from mlagen.compiler import Binary, KernelResources
+
+
+def _binary(symbol="k"):
+    return Binary(data=b"\0", target="sm_90a", symbol=symbol, key=symbol, resources=KernelResources(), compiler="x")
+
+
+class FakeCudaDriver:
+    """Contexts are ints (device + 1); a thread's context stack is a list; modules remember the
+    context they were loaded into."""
+
+    def __init__(self, current: int):
+        self.stack = [current] if current else []
+        self.loaded = []
+
+    def _ok(self, *rest):
+        return (0, *rest) if rest else (0,)
+
+    def cuDeviceGet(self, index):
+        return self._ok(index)
+
+    def cuDevicePrimaryCtxRetain(self, dev):
+        return self._ok(dev + 1)
+
+    def cuCtxGetCurrent(self):
+        return self._ok(self.stack[-1] if self.stack else 0)
+
+    def cuCtxSetCurrent(self, ctx):
+        if self.stack:
+            self.stack[-1] = ctx
+        else:
+            self.stack.append(ctx)
+        return self._ok()
+
+    def cuCtxPushCurrent(self, ctx):
+        self.stack.append(ctx)
+        return self._ok()
+
+    def cuCtxPopCurrent(self):
+        return self._ok(self.stack.pop())
+
+    def cuModuleLoadData(self, data):
+        self.loaded.append(self.stack[-1])
+        return self._ok(100 + self.stack[-1])       # a module handle that names its context
+
+    def cuModuleGetFunction(self, module, name):
+        return self._ok(module + 900)
+
+
+@pytest.fixture
+def cuda(monkeypatch):
+    def make(current):
+        fake = FakeCudaDriver(current)
+        monkeypatch.setattr(runtime, "_driver", lambda: fake)
+        monkeypatch.setattr(runtime, "_init", lambda: None)
+        monkeypatch.setattr(runtime, "check", lambda result, what: result[1] if len(result) == 2 else None)
+        info = types.SimpleNamespace(smem_per_block_optin=227 * 1024)
+        monkeypatch.setattr(runtime, "device_info", lambda index: info)
+        rt = runtime.CudaRuntime()
+        monkeypatch.setattr(rt, "current_device", lambda: current - 1)
+        return fake, rt
+    return make
+
+
+def test_cuda_load_for_another_device_uses_its_context_and_restores_the_callers(cuda):
+    fake, rt = cuda(current=1)                       # device 0's context is current
+    kernel = rt.load(_binary(), device=1)
+    assert fake.loaded == [2]                        # device 1's primary context
+    assert kernel.function == 1002
+    assert fake.stack == [1]                         # the caller's context again
+    assert rt.load(_binary(), device=1) is kernel    # loaded once per device
+    rt.load(_binary(), device=0)
+    assert fake.loaded == [2, 1] and fake.stack == [1]
+
+
+def test_cuda_load_on_a_thread_without_a_context_makes_the_devices_current(cuda):
+    fake, rt = cuda(current=0)                       # no context on this thread
+    rt.load(_binary(), device=1)
+    assert fake.loaded == [2] and fake.stack == [2]
+
+
+class FakeHip:
+    def __init__(self, current: int):
+        self.device = current
+        self.loaded = []
+
+    def hipGetDevice(self):
+        return (0, self.device)
+
+    def hipSetDevice(self, device):
+        self.device = device
+        return (0,)
+
+    def hipModuleLoadData(self, data):
+        self.loaded.append(self.device)
+        return (0, ("module", self.device))
+
+    def hipModuleGetFunction(self, module, name):
+        return (0, ("function", module[1]))
+
+
+@pytest.mark.parametrize("current", [0, 1])
+def test_hip_load_for_a_device_restores_the_callers_device(monkeypatch, current):
+    fake = FakeHip(current)
+    monkeypatch.setattr(hip_backend, "_hip_modules", lambda: (fake, None))
+    module, function = hip_backend.module_load(b"\0", "k", 1)
+    assert fake.loaded == [1] and function == ("function", 1)
+    assert fake.device == current

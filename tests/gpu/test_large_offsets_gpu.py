@@ -114,7 +114,7 @@ def test_dense_fp8_past_2_31():
     for x in (q, k, v):
         x.copy_(torch.randn(x.shape, generator=g, device="cuda").to(f8))
     k_rope = torch.randn((t, 1, 64), generator=g, device="cuda").to(f8)
-    obuf = torch.full((t, heads, 4096), SENTINEL, dtype=torch.bfloat16, device="cuda")   # offsets to 1.3e9 ...
+    obuf = torch.full((t, heads, 4096), SENTINEL, dtype=torch.bfloat16, device="cuda")   # out's offsets to 1.3e9
     out = obuf[..., 2048:2176]
     out.fill_(float("nan"))
     lse = torch.full((t, heads), float("nan"), device="cuda")
@@ -137,27 +137,16 @@ def _sparse_indices(g, sq, topk, n):
     return idx
 
 
-def _sparse_reference(q, rows_of, indices, rows, scale, sink, kv_format="bf16"):
-    """The reference on the sampled query rows, with the table cut down to the rows they use."""
+def _sparse_reference(q, table, indices, rows, scale, sink, kv_format="bf16"):
+    """The reference on the sampled query rows, with ``table`` ([N, row], the cache's own row format)
+    cut down to the rows they use."""
     idx = indices[rows].long()
-    n = rows_of.n
-    valid = (idx >= 0) & (idx < n)
+    valid = (idx >= 0) & (idx < table.shape[0])
     used = torch.unique(idx[valid])
-    table = rows_of.take(used)
     remap = torch.full_like(idx, -1)
     remap[valid] = torch.searchsorted(used, idx[valid])
-    return sparse.reference(q[rows], table, remap.to(torch.int32), softmax_scale=scale, attn_sink=sink,
-                            kv_format=kv_format)
-
-
-class _Rows:
-    """``take(ids)``: the rows ``ids`` of a cache, in the cache's own format and layout of rows."""
-
-    def __init__(self, flat):
-        self.flat, self.n = flat, flat.shape[0]
-
-    def take(self, ids):
-        return self.flat[ids].contiguous()
+    return sparse.reference(q[rows], table[used].contiguous(), remap.to(torch.int32), softmax_scale=scale,
+                            attn_sink=sink, kv_format=kv_format)
 
 
 def _check_sparse(got, ref, rows, rel_tol, stat_tol):
@@ -188,7 +177,7 @@ def test_sparse_bf16_past_2_31(heads):
     got = mlagen.mla_sparse_prefill(q, kv, indices, softmax_scale=scale, attn_sink=sink, out=out)
     torch.cuda.synchronize()
     rows = _rows(sq)
-    ref = _sparse_reference(q, _Rows(kv), indices, rows, scale, sink)
+    ref = _sparse_reference(q, kv, indices, rows, scale, sink)
     _check_sparse(got, ref, rows, sparse.REL_TOL, sparse.STAT_TOL)
     assert bool((buf[..., 1088:] == SENTINEL).all())
 
@@ -217,7 +206,7 @@ def test_sparse_fp8_cache_past_2_31(compute):
     torch.cuda.synchronize()
     rows = _rows(sq)
     qr = q if compute == "bf16" else sparse.quantize_q_fp8(q)
-    ref = _sparse_reference(qr, _Rows(flat), indices, rows, scale, sink, kv_format=fmt.name)
+    ref = _sparse_reference(qr, flat, indices, rows, scale, sink, kv_format=fmt.name)
     if compute == "bf16":
         # bf16 rounding of the dequantized rows on top of the bf16 kernel's own (notes-sparse.md)
         _check_sparse(got, ref, rows, 2e-2, 1e-2)

@@ -488,8 +488,10 @@ def serving_dequant(torch, cache, fmt, out):
     rows = cache.reshape(-1, fmt.row_bytes)
     n = rows.shape[0]
     vals = rows[:, :fmt.values].view(torch.float8_e4m3fn).float()
-    scales = rows[:, fmt.scale_offset:fmt.rope_offset].contiguous().view(torch.float32)
-    out[:n, :fmt.values] = (vals.view(n, fmt.scales, fmt.scale_block) * scales.unsqueeze(-1)).view(n, fmt.values)
+    if fmt.scales:
+        scales = rows[:, fmt.scale_offset:fmt.rope_offset].contiguous().view(torch.float32)
+        vals = (vals.view(n, fmt.scales, fmt.scale_block) * scales.unsqueeze(-1)).view(n, fmt.values)
+    out[:n, :fmt.values] = vals
     out[:n, fmt.values:] = rows[:, fmt.rope_offset:].contiguous().view(torch.bfloat16)
     return out
 

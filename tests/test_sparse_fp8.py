@@ -208,10 +208,12 @@ def test_fp8_variants_compile_without_spills(values):
     assert b.resources.spill_stores == 0 and b.resources.spill_loads == 0, b.log
 
 
-def test_the_benchmarks_serving_pass_makes_the_kernels_bf16_copy():
+@pytest.mark.parametrize("name", ["fp8_v32", "fp8_b64", "fp8_b32", "fp8_b0"])
+def test_the_benchmarks_serving_pass_makes_the_kernels_bf16_copy(name):
     # bench-fp8's stand-in for the serving stacks' gather-and-dequantize must produce exactly the
-    # rows the kernel computes with, so "fp8 vs serving" compares the same arithmetic.
-    fmt = operands.get("fp8_v32")
+    # rows the kernel computes with, so "fp8 vs serving" compares the same arithmetic (every format
+    # bench-fp8 takes: fp8_b0, without scales, once crashed it).
+    fmt = operands.get(name)
     g = torch.Generator().manual_seed(5)
     cache = bench_sparse.make_fp8_kv(torch, "p64", 200, fmt, g, "cpu")
     buf = torch.empty(cache.shape[0] * 64, 576, dtype=torch.bfloat16)

@@ -372,11 +372,10 @@ def check_fp8_case(torch, case: dict, seed: int, kernel=None) -> tuple[bool, str
     ok32, msg32 = judge(torch, got, ref32, FP8_OUT_TOL, bound=bound)
     ok, msg = ok and ok32, f"vs bf16-rounded rows: {msg}; vs fp32-dequantized rows: {msg32}"
     out2, ml2, lse2 = poisoned()
-    # The same kernel on bf16 rows: the spec that served the FP8 call (dispatch may prefer another
-    # spec for bf16 rows, e.g. the H <= 16 kernel, whose sums run in another order).
+    # The same kernel on bf16 rows: dispatch's for the call without ``kernel`` (it stages the rows
+    # into bf16 and runs dispatch's bf16 kernel), else the kernel named (converting in the kernel).
     same = mlagen.mla_sparse_prefill(q, copy, idx, softmax_scale=scale, topk_length=length, attn_sink=sink, out=out2,
-                                     max_logits=ml2, lse=lse2, kernel=kernel if kernel is not None else
-                                     _spec_reading(fmt.name, q.device, heads))
+                                     max_logits=ml2, lse=lse2, kernel=kernel)
     torch.cuda.synchronize()
     equal = all(torch.equal(a, b) for a, b in zip(got, same))
     if not equal:
@@ -546,9 +545,12 @@ def bench_fp8(shapes, rounds, iters, scale_fmts=("ue8m0", "fp32"), formats=("fp8
         copy = operands.dequantize(cache, fmt, round_bf16=True)
         buf = torch.empty_like(copy)
         fl = fam.flops(shape.sq, shape.heads, shape.topk)
-        fns = {
+        in_kernel = _spec_reading(fmt.name, q.device, shape.heads)
+        fns = {   # "fp8": the call as users write it (staged into bf16 first); "fp8_kernel": converted in the kernel
             "fp8": lambda: mlagen.mla_sparse_prefill(q, cache, idx, softmax_scale=sc, attn_sink=sink,
                                                      kv_format=fmt.name),
+            "fp8_kernel": lambda: mlagen.mla_sparse_prefill(q, cache, idx, softmax_scale=sc, attn_sink=sink,
+                                                            kv_format=fmt.name, kernel=in_kernel),
             "bf16_copy": lambda: mlagen.mla_sparse_prefill(q, copy, idx, softmax_scale=sc, attn_sink=sink),
         }
         if fp8_compute:   # the FP8 tensor-core kernel, exactly as a user calls it
@@ -574,12 +576,12 @@ def bench_fp8(shapes, rounds, iters, scale_fmts=("ue8m0", "fp32"), formats=("fp8
             fns["serving"] = lambda: mlagen.mla_sparse_prefill(q, serving_dequant(torch, cache, fmt, buf), idx,
                                                                softmax_scale=sc, attn_sink=sink)
         results = {k: f() for k, f in fns.items()}
-        # Bit for bit against the spec that served the FP8 call on the bf16 copy (dispatch may take
-        # another spec for bf16 rows: the H <= 16 kernel).
-        twin = mlagen.mla_sparse_prefill(q, copy, idx, softmax_scale=sc, attn_sink=sink,
-                                         kernel=_spec_reading(fmt.name, q.device, shape.heads))
+        # Bit for bit: the staged call against dispatch's kernel on the bf16 copy, the in-kernel
+        # conversion against the same spec on the copy (dispatch may take another for bf16 rows).
+        twin = mlagen.mla_sparse_prefill(q, copy, idx, softmax_scale=sc, attn_sink=sink)
+        twin_k = mlagen.mla_sparse_prefill(q, copy, idx, softmax_scale=sc, attn_sink=sink, kernel=in_kernel)
         torch.cuda.synchronize()
-        same = torch.equal(results["fp8"][0], twin[0])
+        same = torch.equal(results["fp8"][0], twin[0]) and torch.equal(results["fp8_kernel"][0], twin_k[0])
         fp8c = {}
         if "fp8_compute" in results:
             refq = fam.reference(fam.quantize_q_fp8(q), cache, idx, softmax_scale=sc, attn_sink=sink,
@@ -595,6 +597,8 @@ def bench_fp8(shapes, rounds, iters, scale_fmts=("ue8m0", "fp32"), formats=("fp8
         row = {"shape": shape.id, "format": fmt.name, "scales": scale_fmt, **{f"{k}_ms": v for k, v in med.items()},
                **{f"{k}_tflops": fl / v / 1e9 for k, v in med.items()},
                "fp8_vs_bf16_copy": med["bf16_copy"] / med["fp8"], "fp8_vs_serving": med["serving"] / med["fp8"],
+               "fp8_kernel_vs_bf16_copy": med["bf16_copy"] / med["fp8_kernel"],
+               "fp8_kernel_vs_serving": med["serving"] / med["fp8_kernel"],
                **({"h16_vs_fp8": med["fp8"] / med["fp8_h16"]} if "fp8_h16" in med else {}),
                "serving_peer": "flashmla" if peer is not None else "ours (bf16)", "fp8_equals_bf16_copy": same,
                **fp8c, "rounds": times}
@@ -606,16 +610,22 @@ def bench_fp8(shapes, rounds, iters, scale_fmts=("ue8m0", "fp32"), formats=("fp8
                 row["fp8_compute_meets_bar"] = row["fp8_compute_vs_flashmla_copy"] >= FP8_COMPUTE_BAR
         rows.append(row)
         print(row, flush=True)
-        fns = results = twin = inp = cache = copy = buf = None   # free the tensors before the next shape
+        fns = results = twin = twin_k = inp = cache = copy = buf = None   # free the tensors before the next shape
         torch.cuda.empty_cache()
     print()
-    print("| shape | format | scales | fp8 ms | fp8 TFLOP/s | bf16 on copy ms | serving ms | fp8 / bf16-copy | "
-          "fp8 / serving | H <= 16 kernel on the FP8 cache ms (x fp8) |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print('compute="bf16" on the FP8 cache: "call" as users write it (staged: the rows dequantized into a bf16 '
+          'workspace first), "in-kernel" with the kernel named (rows converted by its producer warps); '
+          "both bit for bit the bf16 kernel on the dequantized copy (" + ("yes" if all(r["fp8_equals_bf16_copy"]
+                                                                              for r in rows) else "NO") + ")")
+    print("| shape | format | scales | call ms | call TFLOP/s | in-kernel ms | bf16 on copy ms | serving ms | "
+          "call / bf16-copy | call / serving | in-kernel / bf16-copy | in-kernel / serving | "
+          "H <= 16 kernel on the FP8 cache ms (x call) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         old = f"{r['fp8_h16_ms']:.3f} ({r['h16_vs_fp8']:.2f}x)" if "fp8_h16_ms" in r else "-"
-        print(f"| {r['shape']} | {r['format']} | {r['scales']} | {r['fp8_ms']:.3f} | {r['fp8_tflops']:.0f} | {r['bf16_copy_ms']:.3f} | "
-              f"{r['serving_ms']:.3f} | {r['fp8_vs_bf16_copy']:.3f} | {r['fp8_vs_serving']:.3f} | {old} |")
+        print(f"| {r['shape']} | {r['format']} | {r['scales']} | {r['fp8_ms']:.3f} | {r['fp8_tflops']:.0f} | "
+              f"{r['fp8_kernel_ms']:.3f} | {r['bf16_copy_ms']:.3f} | {r['serving_ms']:.3f} | {r['fp8_vs_bf16_copy']:.3f} | "
+              f"{r['fp8_vs_serving']:.3f} | {r['fp8_kernel_vs_bf16_copy']:.3f} | {r['fp8_kernel_vs_serving']:.3f} | {old} |")
     if any("fp8_compute_ms" in r for r in rows):
         print()
         print(f'compute="fp8" (FP8 tensor cores) on the same cache; FlashMLA and our bf16 kernel on the dequantized '

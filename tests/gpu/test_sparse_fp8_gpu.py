@@ -25,13 +25,15 @@ CASES = bench_sparse.fp8_cases()
 
 
 H16 = "mla_sparse_prefill_sm90_h16"
+SM90 = "mla_sparse_prefill_sm90"
 
 
-@pytest.mark.parametrize("kernel", [None, H16], ids=["dispatched", "h16"])
+@pytest.mark.parametrize("kernel", [None, SM90, H16], ids=["staged", "sm90", "h16"])
 @pytest.mark.parametrize("i", range(len(CASES)))
 def test_fp8_cache_matches_reference_and_bf16_kernel(i, kernel):
-    """Dispatch's kernel, and the H <= 16 kernel asked by name (it dequantizes the raw rows in its
-    ring; every H, in groups of 16), each bit for bit against itself on the bf16 copy."""
+    """The call as users write it (rows staged into bf16, then dispatch's bf16 kernel), and the
+    kernels that convert the raw rows themselves, asked by name (the 64-head kernel; the H <= 16
+    kernel, every H in groups of 16): each bit for bit against the same kernel on the bf16 copy."""
     ok, msg = bench_sparse.check_fp8_case(torch, CASES[i], seed=2000 + i, kernel=kernel)
     assert ok, f"{CASES[i]}: {msg}"
 
@@ -53,6 +55,59 @@ def test_fp8_cuda_graph_capture_and_replay():
         inp[k].copy_(new[k])
     g.replay()
     ro, rml, rlse = mlagen.mla_sparse_prefill(**new)
+    torch.cuda.synchronize()
+    assert torch.equal(o, ro) and torch.equal(lse, rlse) and torch.equal(ml, rml)
+
+
+@pytest.mark.parametrize("name", ["fp8_v32", "fp8_b64", "fp8_b32", "fp8_b0"])
+@pytest.mark.parametrize("kv", ["p64_4d", "flat"])
+def test_staging_whole_and_compacted_equal_the_in_kernel_conversion(monkeypatch, name, kv):
+    """Both staging routes (the pool converted whole; the named rows compacted, indices remapped)
+    against the in-kernel conversion, bit for bit, with invalid, negative, duplicate indices and
+    entries past topk_length that name rows (they may be staged, never read)."""
+    from mlagen.families.mla_sparse_prefill import staging
+
+    fmt = operands.get(name)
+    g = torch.Generator(device="cuda").manual_seed(11)
+    sq, heads, topk, n = 7, 64, 96, 64 * 40
+    rows32 = torch.randn((n, 576), generator=g, device="cuda")
+    spread = 10 ** (torch.rand((n, 4), generator=g, device="cuda") * 4 - 2)   # blocks scaled by 10^-2 .. 10^2
+    rows32[:, :512] *= spread.repeat_interleave(128, dim=1)
+    cache = operands.quantize(rows32, fmt)
+    if kv == "p64_4d":
+        cache = cache.view(n // 64, 64, 1, fmt.row_bytes)
+    idx = torch.randint(0, n, (sq, topk), generator=g, device="cuda", dtype=torch.int32)
+    idx[0, :5] = torch.tensor([-1, -7, n, 2**31 - 1, 3], dtype=torch.int32)
+    idx[1, :] = idx[1, 0]                      # all duplicates
+    idx[2, :] = -1                             # an empty row
+    length = torch.full((sq,), topk, dtype=torch.int32, device="cuda")
+    length[3], length[4] = 0, 17
+    q = torch.randn((sq, heads, 576), generator=g, device="cuda").to(torch.bfloat16)
+    sink = torch.randn(heads, generator=g, device="cuda")
+    args = dict(softmax_scale=576 ** -0.5, topk_length=length, attn_sink=sink, kv_format=name)
+    want = mlagen.mla_sparse_prefill(q, cache, idx, **args, kernel=SM90)
+    for fraction, route in ((0, "whole"), (10**9, "compacted")):
+        monkeypatch.setattr(staging, "WHOLE_POOL_FRACTION", fraction)
+        got = mlagen.mla_sparse_prefill(q, cache, idx, **args)
+        for a, b in zip(got, want):
+            assert torch.equal(a, b), (route, (a.float() - b.float()).abs().nan_to_num(0).max().item())
+
+
+def test_staged_compaction_under_graph_capture(monkeypatch):
+    from mlagen.families.mla_sparse_prefill import staging
+
+    monkeypatch.setattr(staging, "WHOLE_POOL_FRACTION", 10**9)   # the route with the scan and the remap
+    inp = _inputs()
+    mlagen.mla_sparse_prefill(**inp)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        o, ml, lse = mlagen.mla_sparse_prefill(**inp)
+    new = _inputs(seed=6)
+    for k in ("q", "kv", "indices", "attn_sink"):
+        inp[k].copy_(new[k])
+    g.replay()
+    ro, rml, rlse = mlagen.mla_sparse_prefill(**new, kernel=SM90)
     torch.cuda.synchronize()
     assert torch.equal(o, ro) and torch.equal(lse, rlse) and torch.equal(ml, rml)
 

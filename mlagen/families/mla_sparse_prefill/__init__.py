@@ -22,6 +22,7 @@ from typing import Any
 from ... import abi, knobs, operands, plans
 from ...errors import LaunchError, NoDeviceError, SpecError
 from ..base import Family, register
+from . import staging
 
 D_V = 512
 D_QK_VALUES = (576, 512)
@@ -1112,6 +1113,15 @@ def run(q, kv, indices, *, softmax_scale, topk_length=None, attn_sink=None, d_v=
         if call.sq:
             fill_empty(call)
         return call.out, call.max_logits, call.lse
+    if staging.applies(call, kernel):   # an FP8 cache in bf16: dequantized first (staging.py says why)
+        index = call.q.device.index
+        if index == torch.cuda.current_device():
+            ws, ws_indices = staging.stage(call)
+        else:
+            with torch.cuda.device(index):
+                ws, ws_indices = staging.stage(call)
+        return run(call.q, ws, ws_indices, softmax_scale=call.scale, topk_length=call.topk_length,
+                   attn_sink=call.attn_sink, d_v=d_v, out=call.out, max_logits=call.max_logits, lse=call.lse)
     device, selection = select(call, kernel)
     stream = current_stream(torch, device)
     if device == torch.cuda.current_device():

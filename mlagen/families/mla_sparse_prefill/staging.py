@@ -1,0 +1,125 @@
+"""An FP8 cache staged into bf16 before the sparse bf16 kernel: what ``compute="bf16"`` runs by
+default (dispatch's choice, no ``kernel=``) on a CUDA device.
+
+The bf16 compute mode is defined as the bf16 kernel's result on the dequantized rows
+(``operands.dequantize(cache, fmt, round_bf16=True)``). Converting the rows inside the kernel
+(``sparse_kv_fp8.cuh``, still what ``kernel="mla_sparse_prefill_sm90"`` or a pinned variant runs)
+costs the producer warps more issue slots than the bf16 kernel has spare: 0.63-0.71x the bf16 kernel
+on a dequantized copy on S1 / S3, where converting first costs a few percent (docs/notes-sparse.md,
+"The FP8 producer"). So the default converts first, into a workspace, with kernels of this module:
+
+- a pool no larger than a quarter of the call's references (sq x topk; S1-S3: 8 K-131 K rows
+  against 8 M references) is converted whole and the indices are used as they are;
+- a larger pool (a serving system's whole paged cache) is compacted: the rows the indices name are
+  marked, listed (an inclusive scan of the marks), converted, and the indices remapped to workspace
+  rows (invalid ones to -1). Nothing is read back to the host (no synchronisation; graph capture
+  works), so the workspace is sized for the worst case, min(pool rows, sq x topk) rows.
+
+The workspace holds ``d_qk`` bf16 values a row (1152 B; the pool's rows are 656 B for fp8_v32), freed
+when the call returns (torch's caching allocator, stream-ordered). The result is bit for bit the
+in-kernel mode's, which is bit for bit the bf16 kernel's on the dequantized rows; the GPU tests hold
+both paths to that.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+
+from ... import abi, knobs, operands, paths
+from ...source import Source
+
+PARAMS = abi.ParamStruct("StageParams", tuple(abi.Field(n, k) for n, k in (
+    ("kv", "const u8*"), ("row_stride", "i64"), ("page_stride", "i64"), ("page_size", "int"), ("num_kv", "int"),
+    ("indices", "const int*"), ("idx_stride", "i64"), ("sq", "int"), ("topk", "int"),
+    ("mark", "int*"), ("slot", "const int*"), ("rows", "int*"), ("bound", "int"),
+    ("ws", "bf16*"), ("remapped", "int*"),
+)))
+
+#: A pool of at most this fraction of the call's references is converted whole (no compaction).
+WHOLE_POOL_FRACTION = 4
+
+_THREADS = 256
+
+
+def source(fmt: operands.KvFormat) -> Source:
+    """The staging kernels of one cache format (four entry points, ``symbol`` + _mark/_rows/_remap)."""
+    from ...render import environment
+
+    symbol = f"mlagen_kv_stage_{fmt.name}"
+    text = environment().get_template("kv_stage.cu.j2").render(
+        fmt=fmt, symbol=symbol, params_decl=PARAMS.c_declaration())
+    return Source(name=f"{symbol}.cu", text=text, symbol=symbol, include_dirs=(str(paths.include_dir()),),
+                  spec_name="kv_stage", variant=fmt.name)
+
+
+_lock = threading.Lock()
+
+
+@functools.lru_cache(maxsize=None)
+def _binary(fmt_name: str, target: str):
+    from ...compiler import for_target
+
+    return for_target(target).compile(source(operands.get(fmt_name)), target)
+
+
+def _kernel(fmt_name: str, device: int):
+    from ...runtime import device_info, runtime
+
+    with _lock:
+        binary = _binary(fmt_name, device_info(device).target.name)
+    return runtime().load(binary, device)
+
+
+def applies(call, kernel) -> bool:
+    """Whether a call takes the staged path: an FP8 cache computed in bf16, the kernel left to
+    dispatch (no ``kernel=``, no MLAGEN_FAMILY), on a CUDA device (elsewhere the in-kernel path
+    says what the device lacks)."""
+    from ...runtime import vendor
+
+    return (kernel is None and call.compute == "bf16" and call.kv_format != "bf16" and knobs.FAMILY.raw() is None
+            and vendor() == "cuda")
+
+
+def stage(call):
+    """(bf16 workspace [rows, d_qk], indices [sq, topk] into it) for a validated call."""
+    import torch
+
+    from ...runtime import current_stream
+
+    fmt = operands.get(call.kv_format, call.d_qk)
+    device = call.q.device
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    n, refs = call.num_kv, call.sq * call.topk
+    kernel = _kernel(fmt.name, index)
+    stream = current_stream(torch, index)
+    values = dict(kv=call.kv.data_ptr(), row_stride=call.kv_row_stride, page_stride=call.kv_page_stride,
+                  page_size=call.page_size, num_kv=n, indices=call.indices.data_ptr(),
+                  idx_stride=call.indices.stride(0), sq=call.sq, topk=call.topk, mark=0, slot=0, rows=0,
+                  bound=n, ws=0, remapped=0)
+
+    def launch(entry, count, per_item=1):
+        blocks = -(-count * per_item // _THREADS)
+        if blocks:
+            k = kernel if entry is None else kernel.entry(f"{kernel.binary.symbol}_{entry}")
+            k.launch((blocks, 1, 1), (_THREADS, 1, 1), 0, stream, PARAMS.pack(values))
+
+    if n * WHOLE_POOL_FRACTION <= refs:
+        ws = torch.empty((n, fmt.d_qk), dtype=torch.bfloat16, device=device)
+        values["ws"] = ws.data_ptr()
+        launch(None, n, 32)
+        return ws, call.indices
+    bound = min(n, refs)
+    mark = torch.zeros(n, dtype=torch.int32, device=device)
+    values["mark"] = mark.data_ptr()
+    launch("mark", refs)
+    slot = torch.cumsum(mark, 0, dtype=torch.int32)
+    rows = torch.empty(bound, dtype=torch.int32, device=device)
+    ws = torch.empty((bound, fmt.d_qk), dtype=torch.bfloat16, device=device)
+    remapped = torch.empty((call.sq, call.topk), dtype=torch.int32, device=device)
+    values.update(slot=slot.data_ptr(), rows=rows.data_ptr(), bound=bound, ws=ws.data_ptr(),
+                  remapped=remapped.data_ptr())
+    launch("rows", n)
+    launch(None, bound, 32)
+    launch("remap", refs)
+    return ws, remapped

@@ -1,0 +1,63 @@
+"""The FP8 cache's staging into bf16 (mlagen/families/mla_sparse_prefill/staging.py) without a GPU:
+its kernels compile for every format and CUDA target without spills, its parameter struct is laid
+out as C lays it out, and the call takes the staged path exactly when dispatch picks the kernel for
+an FP8 cache computed in bf16. The kernels' results are checked on the GPU
+(tests/gpu/test_sparse_fp8_gpu.py: bit for bit the in-kernel conversion and the bf16 kernel on the
+dequantized copy, both routes, graph capture)."""
+
+from __future__ import annotations
+
+import ctypes
+from types import SimpleNamespace
+
+import pytest
+
+from mlagen import operands
+from mlagen.compiler import for_target
+from mlagen.families.mla_sparse_prefill import staging
+from tests.test_abi import as_ctypes
+
+FORMATS = [n for n in operands.NAMES if operands.get(n).quantized]
+
+
+def test_the_staging_params_match_the_c_layout():
+    c = as_ctypes(staging.PARAMS)
+    assert [(f.name, off) for f, off in staging.PARAMS.layout] == [(n, getattr(c, n).offset) for n, _ in c._fields_]
+    assert staging.PARAMS.size == ctypes.sizeof(c)
+
+
+@pytest.mark.parametrize("target", ["sm_90a", "sm_80"])
+@pytest.mark.parametrize("name", FORMATS)
+def test_the_staging_kernels_compile_without_spills(name, target):
+    fmt = operands.get(name)
+    src = staging.source(fmt)
+    for entry in ("", "_mark", "_rows", "_remap"):
+        assert f'extern "C" __global__ void __launch_bounds__(256) {src.symbol}{entry}(' in src.text
+    binary = for_target(target).compile(src, target)
+    assert not binary.resources.spills, binary.log
+    # the format's layout is in the source, not a literal of V3.2's
+    assert f"kScaleBlock = {fmt.scale_block};" in src.text and f"kRopeOffset = {fmt.rope_offset};" in src.text
+
+
+def _call(**kw):
+    base = dict(compute="bf16", kv_format="fp8_v32")
+    return SimpleNamespace(**{**base, **kw})
+
+
+@pytest.mark.parametrize("call, kernel, staged", [
+    (_call(), None, True),
+    (_call(), "mla_sparse_prefill_sm90", False),          # a kernel named: it converts in the kernel
+    (_call(kv_format="bf16"), None, False),               # nothing to stage
+    (_call(compute="fp8"), None, False),                  # the FP8 tensor cores read the cache as it is
+], ids=["default", "named", "bf16", "fp8-mode"])
+def test_which_calls_are_staged(monkeypatch, call, kernel, staged):
+    import mlagen.runtime as runtime
+
+    monkeypatch.setattr(runtime, "vendor", lambda: "cuda")
+    monkeypatch.delenv("MLAGEN_FAMILY", raising=False)
+    assert staging.applies(call, kernel) is staged
+    monkeypatch.setenv("MLAGEN_FAMILY", "mla_sparse_prefill_sm90")   # a spec forced by the environment
+    assert staging.applies(call, kernel) is False
+    monkeypatch.delenv("MLAGEN_FAMILY")
+    monkeypatch.setattr(runtime, "vendor", lambda: "hip")
+    assert staging.applies(call, kernel) is False

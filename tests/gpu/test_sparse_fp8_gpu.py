@@ -93,10 +93,11 @@ def test_staging_whole_and_compacted_equal_the_in_kernel_conversion(monkeypatch,
             assert torch.equal(a, b), (route, (a.float() - b.float()).abs().nan_to_num(0).max().item())
 
 
-def test_staged_compaction_under_graph_capture(monkeypatch):
+@pytest.mark.parametrize("fraction", [0, 10**9], ids=["whole", "compacted"])
+def test_staging_under_graph_capture(monkeypatch, fraction):
     from mlagen.families.mla_sparse_prefill import staging
 
-    monkeypatch.setattr(staging, "WHOLE_POOL_FRACTION", 10**9)   # the route with the scan and the remap
+    monkeypatch.setattr(staging, "WHOLE_POOL_FRACTION", fraction)   # compacted: the route with the scan and remap
     inp = _inputs()
     mlagen.mla_sparse_prefill(**inp)
     torch.cuda.synchronize()

@@ -39,6 +39,11 @@ RECORD_SHAPES = Knob("MLAGEN_RECORD_SHAPES", None,
 HEAD_GROUP = Knob("MLAGEN_HEAD_GROUP", None,
                   "sm90 dense kernels: heads per group of the tile order (1: head after head); default: 8 on "
                   "causal problems without a long prefix (dynamic or static scheduler), else 1 (mla_prefill/tma.py).")
+STAGING_MB = Knob("MLAGEN_STAGING_MB", "512",
+                  "FP8 caches computed in bf16: the most memory (MiB) a call may take to stage its rows into a bf16 "
+                  "workspace (worst case min(pool rows, sq x topk) x 1152 B plus the compaction's tables); a call "
+                  "that could need more converts the rows in the kernel instead (slower); 0: always in the kernel "
+                  "(mla_sparse_prefill/staging.py).")
 PLANS = Knob("MLAGEN_PLANS", "1",
              "0: every eager kernel call takes the full path (checks, dispatch, packing) instead of a launch plan "
              "kept for its signature (mlagen/plans.py).")
@@ -51,7 +56,7 @@ PEERS_DIR = Knob("MLAGEN_PEERS_DIR", None, "Benchmark peers' builds (fa3/); defa
                  "else <repo>/shared/peers.")
 
 ALL = (OUT_DIR, CACHE_DIR, TUNING_DB, NO_TUNED, NO_SHIPPED, FAMILY, COMPILE_WORKERS, LOG, NVRTC_LIBRARY, CHECK_SEQLENS,
-       RECORD_SHAPES, HEAD_GROUP, PLANS, HIP_CLANG, HIP_COMPILER, PEERS_DIR)
+       RECORD_SHAPES, HEAD_GROUP, STAGING_MB, PLANS, HIP_CLANG, HIP_COMPILER, PEERS_DIR)
 
 
 def _flag(knob: Knob) -> bool:
@@ -101,7 +106,7 @@ def plans() -> bool:
 # reads and writes through; a fifth of the cost of os.environ.get, on every eager call).
 _ENV_DATA = getattr(os.environ, "_data", None)
 _ENCODE = getattr(os.environ, "encodekey", None)
-_CALL_KNOBS = (FAMILY, CHECK_SEQLENS, RECORD_SHAPES, HEAD_GROUP)
+_CALL_KNOBS = (FAMILY, CHECK_SEQLENS, RECORD_SHAPES, HEAD_GROUP, STAGING_MB)
 if _ENV_DATA is not None and _ENCODE is not None:
     _CALL_KEYS = tuple(_ENCODE(k.name) for k in _CALL_KNOBS)
     _PLANS_KEY = _ENCODE(PLANS.name)
@@ -121,8 +126,20 @@ def call_state() -> tuple | None:
     get = _ENV_DATA.get
     if get(_PLANS_KEY) not in _PLANS_ON and not plans():   # any other spelling as MLAGEN_PLANS reads it
         return None
-    family, check, record, group = _CALL_KEYS
-    return (get(family), get(check), get(record), get(group))
+    family, check, record, group, staging = _CALL_KEYS
+    return (get(family), get(check), get(record), get(group), get(staging))
+
+
+def staging_bytes() -> int:
+    """MLAGEN_STAGING_MB in bytes (ValueError naming the knob unless a whole number >= 0)."""
+    raw = STAGING_MB.raw()
+    try:
+        value = int(raw)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise ValueError(f"{STAGING_MB.name}={raw!r}: expected a whole number of MiB >= 0 (0: never stage)")
+    return value << 20
 
 
 def forced_family() -> str | None:

@@ -11,7 +11,7 @@ from mlagen import knobs
 
 NAMES = ("MLAGEN_OUT_DIR", "MLAGEN_CACHE_DIR", "MLAGEN_TUNING_DB", "MLAGEN_NO_TUNED", "MLAGEN_NO_SHIPPED",
          "MLAGEN_FAMILY", "MLAGEN_COMPILE_WORKERS", "MLAGEN_LOG", "MLAGEN_NVRTC_LIBRARY", "MLAGEN_CHECK_SEQLENS",
-         "MLAGEN_RECORD_SHAPES", "MLAGEN_HEAD_GROUP", "MLAGEN_PLANS", "MLAGEN_HIP_CLANG", "MLAGEN_HIP_COMPILER", "MLAGEN_PEERS_DIR")
+         "MLAGEN_RECORD_SHAPES", "MLAGEN_HEAD_GROUP", "MLAGEN_STAGING_MB", "MLAGEN_PLANS", "MLAGEN_HIP_CLANG", "MLAGEN_HIP_COMPILER", "MLAGEN_PEERS_DIR")
 
 
 @pytest.fixture
@@ -46,6 +46,7 @@ def test_defaults(clean_env):
     assert knobs.log_level() == "WARNING"
     assert knobs.hip_clang() is None and knobs.hip_compiler() == "auto"
     assert knobs.head_group() is None
+    assert knobs.staging_bytes() == 512 << 20
 
 
 def test_hip_compiler_choice(clean_env):

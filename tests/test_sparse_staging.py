@@ -40,8 +40,29 @@ def test_the_staging_kernels_compile_without_spills(name, target):
 
 
 def _call(**kw):
-    base = dict(compute="bf16", kv_format="fp8_v32")
+    base = dict(compute="bf16", kv_format="fp8_v32", d_qk=576, num_kv=8192, sq=4096, topk=2048)
     return SimpleNamespace(**{**base, **kw})
+
+
+def test_the_workspace_bound_and_the_budget(monkeypatch):
+    import mlagen.runtime as runtime
+
+    monkeypatch.setattr(runtime, "vendor", lambda: "cuda")
+    monkeypatch.delenv("MLAGEN_FAMILY", raising=False)
+    monkeypatch.delenv("MLAGEN_STAGING_MB", raising=False)
+    s1 = _call()                                       # S1: 8192 rows under 8 M references: converted whole
+    assert staging.whole_pool(s1) and staging.workspace_bytes(s1) == 8192 * 1152
+    big = _call(num_kv=1 << 20)                        # a serving pool: compacted, bounded by the pool's rows
+    assert not staging.whole_pool(big)
+    assert staging.workspace_bytes(big) == (1 << 20) * 1152 + 4 * (2 * (1 << 20) + (1 << 20) + 4096 * 2048)
+    assert staging.applies(s1, None) and not staging.applies(big, None)    # 1.2 GiB > the 512 MiB default
+    monkeypatch.setenv("MLAGEN_STAGING_MB", "2048")
+    assert staging.applies(big, None)
+    monkeypatch.setenv("MLAGEN_STAGING_MB", "0")
+    assert not staging.applies(s1, None)
+    monkeypatch.setenv("MLAGEN_STAGING_MB", "lots")
+    with pytest.raises(ValueError, match="MLAGEN_STAGING_MB='lots': expected a whole number"):
+        staging.applies(s1, None)
 
 
 @pytest.mark.parametrize("call, kernel, staged", [
@@ -55,6 +76,7 @@ def test_which_calls_are_staged(monkeypatch, call, kernel, staged):
 
     monkeypatch.setattr(runtime, "vendor", lambda: "cuda")
     monkeypatch.delenv("MLAGEN_FAMILY", raising=False)
+    monkeypatch.delenv("MLAGEN_STAGING_MB", raising=False)
     assert staging.applies(call, kernel) is staged
     monkeypatch.setenv("MLAGEN_FAMILY", "mla_sparse_prefill_sm90")   # a spec forced by the environment
     assert staging.applies(call, kernel) is False

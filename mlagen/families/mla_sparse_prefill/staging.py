@@ -16,7 +16,10 @@ on a dequantized copy on S1 / S3, where converting first costs a few percent (do
   works), so the workspace is sized for the worst case, min(pool rows, sq x topk) rows.
 
 The workspace holds ``d_qk`` bf16 values a row (1152 B; the pool's rows are 656 B for fp8_v32), freed
-when the call returns (torch's caching allocator, stream-ordered). The result is bit for bit the
+when the call returns (torch's caching allocator, stream-ordered). A call whose worst case
+(``workspace_bytes``) is over MLAGEN_STAGING_MB (512 MiB unless set; S1 needs 9 MiB, S3 151 MiB, a
+1 M-row pool under 8 M references 1.2 GiB) converts in the kernel instead, so a server that sized its
+memory without this path is not surprised by a large transient allocation. The result is bit for bit the
 in-kernel mode's, which is bit for bit the bf16 kernel's on the dequantized rows; the GPU tests hold
 both paths to that.
 """
@@ -43,6 +46,10 @@ PARAMS = abi.ParamStruct("StageParams", tuple(abi.Field(n, k) for n, k in (
 WHOLE_POOL_FRACTION = 32
 
 _THREADS = 256
+#: The conversion's grid at most (warps stride over the rows): 16 K warps, enough bytes in flight to
+#: stream at HBM speed, without a warp per row of the compacted route's worst case (a 1 M-row pool
+#: under 8 M references launched 1 M warps for 8 K rows: 0.085 ms for 0.005 ms of work).
+_CONVERT_BLOCKS = 2048
 
 
 def source(fmt: operands.KvFormat) -> Source:
@@ -74,14 +81,31 @@ def _kernel(fmt_name: str, device: int):
     return runtime().load(binary, device)
 
 
+def whole_pool(call) -> bool:
+    """The route: the pool converted whole (True) or the named rows compacted."""
+    return call.num_kv * WHOLE_POOL_FRACTION <= call.sq * call.topk
+
+
+def workspace_bytes(call) -> int:
+    """The most device memory staging takes for a call (it cannot know how many distinct rows the
+    indices name without reading them back): the bf16 rows, and for the compacted route the marks,
+    their scan, the row list and the remapped indices."""
+    n, refs = call.num_kv, call.sq * call.topk
+    row = 2 * operands.get(call.kv_format, call.d_qk).d_qk
+    if whole_pool(call):
+        return n * row
+    bound = min(n, refs)
+    return bound * row + 4 * (2 * n + bound + refs)
+
+
 def applies(call, kernel) -> bool:
     """Whether a call takes the staged path: an FP8 cache computed in bf16, the kernel left to
     dispatch (no ``kernel=``, no MLAGEN_FAMILY), on a CUDA device (elsewhere the in-kernel path
-    says what the device lacks)."""
+    says what the device lacks), and a workspace within MLAGEN_STAGING_MB."""
     from ...runtime import vendor
 
     return (kernel is None and call.compute == "bf16" and call.kv_format != "bf16" and knobs.FAMILY.raw() is None
-            and vendor() == "cuda")
+            and vendor() == "cuda" and workspace_bytes(call) <= knobs.staging_bytes())
 
 
 def stage(call):
@@ -101,16 +125,18 @@ def stage(call):
                   idx_stride=call.indices.stride(0), sq=call.sq, topk=call.topk, mark=0, slot=0, rows=0,
                   bound=n, ws=0, remapped=0)
 
-    def launch(entry, count, per_item=1):
+    def launch(entry, count, per_item=1, most=None):
         blocks = -(-count * per_item // _THREADS)
+        if most is not None:
+            blocks = min(blocks, most)
         if blocks:
             k = kernel if entry is None else kernel.entry(f"{kernel.binary.symbol}_{entry}")
             k.launch((blocks, 1, 1), (_THREADS, 1, 1), 0, stream, PARAMS.pack(values))
 
-    if n * WHOLE_POOL_FRACTION <= refs:
+    if whole_pool(call):
         ws = torch.empty((n, fmt.d_qk), dtype=torch.bfloat16, device=device)
         values["ws"] = ws.data_ptr()
-        launch(None, n, 32)
+        launch(None, n, 32, _CONVERT_BLOCKS)
         return ws, call.indices
     bound = min(n, refs)
     mark = torch.zeros(n, dtype=torch.int32, device=device)
@@ -123,6 +149,6 @@ def stage(call):
     values.update(slot=slot.data_ptr(), rows=rows.data_ptr(), bound=bound, ws=ws.data_ptr(),
                   remapped=remapped.data_ptr())
     launch("rows", n)
-    launch(None, bound, 32)
+    launch(None, bound, 32, _CONVERT_BLOCKS)
     launch("remap", refs)
     return ws, remapped

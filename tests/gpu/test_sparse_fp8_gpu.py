@@ -43,7 +43,13 @@ def _inputs(seed=4):
                            seed=seed)
 
 
-def test_fp8_cuda_graph_capture_and_replay():
+@pytest.mark.parametrize("fraction", [0, 10**9], ids=["whole", "compacted"])
+def test_fp8_cuda_graph_capture_and_replay(monkeypatch, fraction):
+    """The staged call (both routes: the pool converted whole; the rows compacted, with the scan and
+    the remap) captured and replayed on new inputs, against the in-kernel conversion eagerly."""
+    from mlagen.families.mla_sparse_prefill import staging
+
+    monkeypatch.setattr(staging, "WHOLE_POOL_FRACTION", fraction)
     inp = _inputs()
     mlagen.mla_sparse_prefill(**inp)
     torch.cuda.synchronize()
@@ -54,7 +60,7 @@ def test_fp8_cuda_graph_capture_and_replay():
     for k in ("q", "kv", "indices", "attn_sink"):
         inp[k].copy_(new[k])
     g.replay()
-    ro, rml, rlse = mlagen.mla_sparse_prefill(**new)
+    ro, rml, rlse = mlagen.mla_sparse_prefill(**new, kernel=SM90)
     torch.cuda.synchronize()
     assert torch.equal(o, ro) and torch.equal(lse, rlse) and torch.equal(ml, rml)
 
@@ -91,26 +97,6 @@ def test_staging_whole_and_compacted_equal_the_in_kernel_conversion(monkeypatch,
         got = mlagen.mla_sparse_prefill(q, cache, idx, **args)
         for a, b in zip(got, want):
             assert torch.equal(a, b), (route, (a.float() - b.float()).abs().nan_to_num(0).max().item())
-
-
-@pytest.mark.parametrize("fraction", [0, 10**9], ids=["whole", "compacted"])
-def test_staging_under_graph_capture(monkeypatch, fraction):
-    from mlagen.families.mla_sparse_prefill import staging
-
-    monkeypatch.setattr(staging, "WHOLE_POOL_FRACTION", fraction)   # compacted: the route with the scan and remap
-    inp = _inputs()
-    mlagen.mla_sparse_prefill(**inp)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        o, ml, lse = mlagen.mla_sparse_prefill(**inp)
-    new = _inputs(seed=6)
-    for k in ("q", "kv", "indices", "attn_sink"):
-        inp[k].copy_(new[k])
-    g.replay()
-    ro, rml, rlse = mlagen.mla_sparse_prefill(**new, kernel=SM90)
-    torch.cuda.synchronize()
-    assert torch.equal(o, ro) and torch.equal(lse, rlse) and torch.equal(ml, rml)
 
 
 def test_fp8_through_the_torch_op():

@@ -1,6 +1,12 @@
-"""Build many variants: prune with the resource model, then render and compile in parallel.
+"""Build kernels: the one compile step every kernel goes through, and many variants in parallel.
 
-Compilation needs no GPU. Work runs in spawned worker processes (NVRTC is CPU-bound and a
+:func:`compile_source` is the one way rendered source becomes a binary: a spec's variant (here,
+in dispatch, in the tuner's workers) and a family's helper kernel that no spec describes (the FP8
+staging kernels, through :func:`helper_kernel`, which also loads it), so all of them share the
+compile cache, the errors (CompileError with the compiler's log) and the per-device loading.
+
+Building many variants prunes them with the resource model, then renders and compiles them in
+parallel. Compilation needs no GPU. Work runs in spawned worker processes (NVRTC is CPU-bound and a
 spawned process never inherits a CUDA context); results, failures included, come back as data.
 """
 
@@ -9,6 +15,7 @@ from __future__ import annotations
 import collections
 import concurrent.futures as cf
 import heapq
+import logging
 import multiprocessing
 import signal
 import threading
@@ -17,12 +24,55 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Iterable
 
-from . import arch, knobs, resources
+from . import arch, knobs, resources, runtime
 from . import spec as spec_mod
 from . import variant as variant_mod
 from .compiler import Binary, KernelResources, for_target, save_binary, spill_reason
-from .errors import CompileError, MlagenError
+from .errors import CompileError, MlagenError, NoDeviceError
 from .render import render
+from .runtime import Kernel
+from .source import Source
+
+log = logging.getLogger("mlagen")
+
+
+def compile_source(source: Source, target: str) -> Binary:
+    """Compile rendered ``source`` for ``target`` with its vendor's compiler, through the compile
+    cache; CompileError (with the compiler's log and the source's path) if it fails."""
+    return for_target(target).compile(source, target)
+
+
+_helpers: dict[tuple, Binary] = {}
+_helpers_lock = threading.Lock()
+
+
+def helper_kernel(make_source: Callable[..., Source], *args, device: int) -> Kernel:
+    """A kernel no spec describes (a family's helper, such as the FP8 staging kernels), built
+    for device ``device``'s target and loaded into that device's context: compiled by
+    :func:`compile_source` and loaded by the runtime as dispatch loads a spec's kernel (once per
+    device, into that device's context whichever device is current).
+
+    ``make_source(*args)`` renders it, once per (``make_source``, ``args``, target) in a process;
+    ``args`` must be hashable. A helper that spills is run and logged, not rejected: there is no
+    other kernel to take its place."""
+    info = runtime.device_info(device)
+    target = info.target
+    if target is None:
+        raise NoDeviceError(f"{info.name} (compute {info.compute[0]}.{info.compute[1]}) is not a known target")
+    key = (make_source, args, target.name)
+    binary = _helpers.get(key)
+    if binary is None:
+        with _helpers_lock:
+            binary = _helpers.get(key)
+            if binary is None:
+                binary = compile_source(make_source(*args), target.name)
+                r = binary.resources
+                if r.spills:
+                    log.warning("helper kernel %s spills registers under %s (%d bytes spill stores, %d bytes "
+                                "spill loads); running it anyway", binary.symbol, binary.compiler, r.spill_stores,
+                                r.spill_loads)
+                _helpers[key] = binary
+    return runtime.runtime().load(binary, device)
 
 
 @dataclass(frozen=True)
@@ -57,7 +107,7 @@ def _compile_one(spec: spec_mod.KernelSpec, values: dict, target: str, out_dir: 
     t0 = time.perf_counter()
     v = variant_mod.make(spec, values)
     try:
-        binary = for_target(target).compile(render(v), target)
+        binary = compile_source(render(v), target)
     except CompileError as exc:
         return "compile_error", (str(exc),), None, None, time.perf_counter() - t0
     spilled = spill_reason(binary)

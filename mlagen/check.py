@@ -24,7 +24,7 @@ from . import arch, db, families, variant
 from . import spec as spec_mod
 from .build import BuildResult, build_many
 from .cache import atomic_write
-from .compiler import NvrtcCompiler
+from .backends.cuda import NvrtcCompiler
 from .errors import MlagenError
 
 EXPECTATIONS_DIR = Path(__file__).resolve().parent / "expectations"

@@ -570,7 +570,7 @@ def check_cmd(update, gpu, tolerance, junit_path, specs, archs, jobs):
 @_friendly
 def info_cmd():
     """Show compilers, devices and the environment variables mlagen reads."""
-    from .compiler import NvrtcCompiler
+    from .backends.cuda import NvrtcCompiler
 
     rows = [["mlagen", __version__]]
     try:

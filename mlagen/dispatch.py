@@ -18,10 +18,11 @@ from dataclasses import dataclass, field
 from . import arch, db, families, knobs, resources
 from . import spec as spec_mod
 from . import variant as variant_mod
+from .build import compile_source
 from .compiler import Binary, for_target, spill_reason
 from .errors import ArgumentError, MlagenError, NoDeviceError, SpecError, VariantError
 from .render import render
-from .runtime import CudaKernel, DeviceInfo, device_info, runtime
+from .runtime import DeviceInfo, Kernel, device_info, runtime
 
 log = logging.getLogger("mlagen")
 
@@ -31,7 +32,7 @@ class Selection:
     spec: spec_mod.KernelSpec
     variant: variant_mod.Variant
     binary: Binary
-    kernel: CudaKernel
+    kernel: Kernel
     resources: resources.Resources
     origin: str  # "default", "explicit", "user" or "shipped:<file>", + " (other device: <name>)"
     env: dict    # variant.env(), computed once: launches read block sizes from it
@@ -150,7 +151,7 @@ def build(variant: variant_mod.Variant, target: arch.Target, allow_spills: bool 
     if not verdict.ok:
         raise SpecError(variant.spec.path, "tune", f"variant {variant.symbol} cannot run on {target.name}: "
                         + "; ".join(verdict.reasons))
-    binary = for_target(target.name).compile(render(variant), target.name)
+    binary = compile_source(render(variant), target.name)
     spilled = spill_reason(binary)
     if spilled and not allow_spills:
         raise VariantError(f"{variant.symbol} {spilled}")

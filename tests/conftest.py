@@ -68,7 +68,7 @@ def pytest_collection_modifyitems(config, items):
 def _toolchain() -> str:
     """Which NVRTC the compile tests use (CI runs them under the oldest and the newest allowed)."""
     try:
-        from mlagen.compiler import NvrtcCompiler
+        from mlagen.backends.cuda import NvrtcCompiler
 
         return f"NVRTC {NvrtcCompiler().version()} from {NvrtcCompiler.library_path()}"
     except Exception as exc:  # no cuda-bindings: the compile tests say so themselves

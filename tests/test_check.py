@@ -10,7 +10,7 @@ from click.testing import CliRunner
 
 from mlagen import check
 from mlagen.cli import cli
-from mlagen.compiler import NvrtcCompiler
+from mlagen.backends.cuda import NvrtcCompiler
 
 NVRTC = NvrtcCompiler().version()
 SUBSET = {"specs": ["mla_prefill_sm80"], "targets": ["sm_80"]}  # a few quick compiles

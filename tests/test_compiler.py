@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from mlagen import compiler, render
+from mlagen.backends import cuda
 from mlagen.families.mla_prefill import schedule
 from mlagen import spec as spec_mod
 from mlagen import variant
@@ -45,7 +46,7 @@ def tiny(text=TINY, symbol="k_smem", include_dirs=()):
 
 @pytest.fixture
 def nvrtc(tmp_path):
-    return compiler.NvrtcCompiler(cache_dir=tmp_path / "cache", source_dir=tmp_path / "src")
+    return cuda.NvrtcCompiler(cache_dir=tmp_path / "cache", source_dir=tmp_path / "src")
 
 
 def entries(cache_root: Path) -> list[Path]:
@@ -60,8 +61,8 @@ def entries(cache_root: Path) -> list[Path]:
 def test_parse_report_of_a_real_log(nvrtc):
     b = nvrtc.compile(tiny(), "sm_80")
     assert "Compiling entry function 'k_smem'" in b.log
-    smem = compiler.parse_ptxas_report(b.log, "k_smem")
-    plain = compiler.parse_ptxas_report(b.log, "k_plain")
+    smem = cuda.parse_ptxas_report(b.log, "k_smem")
+    plain = cuda.parse_ptxas_report(b.log, "k_plain")
     assert b.resources == smem
     assert smem.smem_static == 1024 and smem.barriers == 1
     assert smem.stack_bytes > 0 and not smem.spills
@@ -95,7 +96,7 @@ ptxas         .     16 bytes stack frame, 0 bytes spill stores, 0 bytes spill lo
     ("third", dict(registers=32, barriers=0, smem_static=512, stack_bytes=0, spill_stores=0, spill_loads=0)),
 ])
 def test_parse_report_of_a_multi_kernel_log(symbol, expected):
-    r = compiler.parse_ptxas_report(SYNTHETIC, symbol)
+    r = cuda.parse_ptxas_report(SYNTHETIC, symbol)
     for key, value in expected.items():
         assert getattr(r, key) == value, key
     assert r.spills == (symbol == "second")
@@ -110,14 +111,14 @@ def test_wgmma_serialisation_is_a_warning():
            "registers defined by GMMA in function 'k'\n"
            "ptxas info    : Compiling entry function 'k' for 'sm_90a'\n"
            "ptxas info    : Used 168 registers, used 16 barriers\n")
-    r = compiler.parse_ptxas_report(log, "k")
+    r = cuda.parse_ptxas_report(log, "k")
     assert r.registers == 168
     assert r.warnings == ("ptxas (C7517) warpgroup.wait is injected in around line 1578 by compiler to allow use "
                           "of registers defined by GMMA",)
 
 
 def test_parse_report_of_an_empty_log():
-    assert compiler.parse_ptxas_report("", "k") == compiler.KernelResources()
+    assert cuda.parse_ptxas_report("", "k") == compiler.KernelResources()
 
 
 # --- the generated kernels compile ----------------------------------------------------------
@@ -340,7 +341,7 @@ def test_use_cache_false_neither_reads_nor_writes(nvrtc):
 
 
 def test_key_is_stable_and_independent_of_where_things_go(tmp_path, nvrtc):
-    other = compiler.NvrtcCompiler(cache_dir=tmp_path / "elsewhere", source_dir=tmp_path / "src2")
+    other = cuda.NvrtcCompiler(cache_dir=tmp_path / "elsewhere", source_dir=tmp_path / "src2")
     assert nvrtc.key(tiny(), "sm_80") == other.key(tiny(), "sm_80")
     assert len(nvrtc.key(tiny(), "sm_80")) == 40
 
@@ -349,9 +350,9 @@ def test_key_changes_with_source_options_target_and_version(nvrtc, tmp_path, mon
     base = nvrtc.key(tiny(), "sm_80")
     assert nvrtc.key(tiny(TINY + "\n// changed\n"), "sm_80") != base
     assert nvrtc.key(tiny(), "sm_90a") != base
-    fast_math = compiler.NvrtcCompiler(cache_dir=tmp_path / "c", extra_options=("--use_fast_math",))
+    fast_math = cuda.NvrtcCompiler(cache_dir=tmp_path / "c", extra_options=("--use_fast_math",))
     assert fast_math.key(tiny(), "sm_80") != base
-    monkeypatch.setattr(compiler.NvrtcCompiler, "version", lambda self: "99.9")
+    monkeypatch.setattr(cuda.NvrtcCompiler, "version", lambda self: "99.9")
     assert nvrtc.key(tiny(), "sm_80") != base
 
 
@@ -400,7 +401,7 @@ def test_packaged_headers_are_part_of_the_key(nvrtc, tmp_path):
 
 
 def _compile_in_process(cache_dir, source_dir, barrier, queue):
-    c = compiler.NvrtcCompiler(cache_dir=cache_dir, source_dir=source_dir)
+    c = cuda.NvrtcCompiler(cache_dir=cache_dir, source_dir=source_dir)
     barrier.wait()
     b = c.compile(tiny(), "sm_80")
     queue.put((b.data, b.from_cache, b.key))
@@ -444,7 +445,7 @@ def test_save_binary(nvrtc, tmp_path):
 
 
 def test_for_target():
-    assert isinstance(compiler.for_target("sm_90a"), compiler.NvrtcCompiler)
+    assert isinstance(compiler.for_target("sm_90a"), cuda.NvrtcCompiler)
     with pytest.raises(KeyError, match="unknown target 'sm_7'"):
         compiler.for_target("sm_7")
 
@@ -454,7 +455,7 @@ def test_the_nvrtc_library_in_use_is_the_one_named():
     import os
 
     named = os.environ.get("MLAGEN_NVRTC_LIBRARY")
-    used = Path(compiler.NvrtcCompiler.library_path())
+    used = Path(cuda.NvrtcCompiler.library_path())
     if named:
         assert used.resolve() == Path(named).resolve()
     else:

@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from mlagen import db, dispatch
+from mlagen import build, db, dispatch
 from mlagen import spec as spec_mod
 from mlagen import variant
 from mlagen.compiler import Binary, KernelResources
@@ -48,6 +48,7 @@ def dispatch_with(monkeypatch):
 
     def setup(records, spilling):
         monkeypatch.setattr(dispatch, "for_target", lambda target: FakeCompiler(spilling))
+        monkeypatch.setattr(build, "for_target", lambda target: FakeCompiler(spilling))
         monkeypatch.setattr(dispatch.db, "candidates", lambda *a, **k: list(records))
         dispatch._compiler_id.cache_clear()
         return dispatch.Dispatcher()
@@ -87,7 +88,7 @@ def test_explicit_variant_that_spills_is_refused(monkeypatch):
     from mlagen.errors import VariantError
 
     v = variant.make(S80, {"block_n": 32})
-    monkeypatch.setattr(dispatch, "for_target", lambda target: FakeCompiler({v.symbol}))
+    monkeypatch.setattr(build, "for_target", lambda target: FakeCompiler({v.symbol}))
     with pytest.raises(VariantError, match=f"{v.symbol} spills registers under nvrtc 13.9"):
         dispatch.build(v, H100.target)
     assert dispatch.build(v, H100.target, allow_spills=True).resources.spills

@@ -12,7 +12,7 @@ from click.testing import CliRunner
 from mlagen import arch, compiler, render, resources
 from mlagen import spec as spec_mod
 from mlagen import variant as variant_mod
-from mlagen.backends import hip
+from mlagen.backends import cuda, hip
 from mlagen.cli import cli
 from mlagen.errors import CompileError, NoDeviceError
 from mlagen.render import Source
@@ -31,7 +31,7 @@ SPECS = {"mla_prefill_gfx942": ("gfx942", ("v_mfma_f32_32x32x8_bf16",)),
 
 @pytest.fixture
 def clang(tmp_path):
-    return compiler.OfflineClangCompiler(cache_dir=tmp_path / "cache", source_dir=tmp_path / "src")
+    return hip.OfflineClangCompiler(cache_dir=tmp_path / "cache", source_dir=tmp_path / "src")
 
 
 def tiny(body: str = "out[mlagen::thread_x()] = 1.f;", name: str = "tiny") -> Source:
@@ -100,17 +100,17 @@ def test_for_target_routes_gfx_to_an_amd_compiler(monkeypatch):
         with pytest.raises(NoDeviceError, match="no clang >= 20 with the AMDGPU backend"):
             compiler.for_target("gfx950")
     else:
-        assert isinstance(compiler.for_target("gfx950"), compiler.OfflineClangCompiler)
-    assert isinstance(compiler.for_target("sm_90a"), compiler.NvrtcCompiler)
+        assert isinstance(compiler.for_target("gfx950"), hip.OfflineClangCompiler)
+    assert isinstance(compiler.for_target("sm_90a"), cuda.NvrtcCompiler)
 
 
 @needs_clang
 def test_cache_key_names_the_compiler(clang, tmp_path):
     first = clang.compile(tiny(), "gfx942")
     assert first.compiler == f"{CLANG.name} {CLANG.version}" and not first.from_cache
-    again = compiler.OfflineClangCompiler(cache_dir=tmp_path / "cache", source_dir=tmp_path / "src").compile(tiny(), "gfx942")
+    again = hip.OfflineClangCompiler(cache_dir=tmp_path / "cache", source_dir=tmp_path / "src").compile(tiny(), "gfx942")
     assert again.from_cache and again.data == first.data and again.resources == first.resources
-    other = compiler.OfflineClangCompiler(clang=hip.Clang(CLANG.argv, CLANG.version + "-other", CLANG.ld_lld, CLANG.objdump),
+    other = hip.OfflineClangCompiler(clang=hip.Clang(CLANG.argv, CLANG.version + "-other", CLANG.ld_lld, CLANG.objdump),
                                      cache_dir=tmp_path / "cache", source_dir=tmp_path / "src")
     assert other.key(tiny(), "gfx942") != clang.key(tiny(), "gfx942")
     assert clang.key(tiny(), "gfx942") != clang.key(tiny(), "gfx950")
@@ -234,7 +234,7 @@ def test_ziglang_fallback_compiles(tmp_path):
     pytest.importorskip("ziglang", reason="the ziglang wheel is not installed (it is an optional fallback)")
     z = hip.find_clang("ziglang")
     assert z is not None and z.name == "zig-clang" and int(z.version.split(".")[0]) >= hip.MIN_CLANG_MAJOR
-    c = compiler.OfflineClangCompiler(clang=z, cache_dir=tmp_path / "cache", source_dir=tmp_path / "src")
+    c = hip.OfflineClangCompiler(clang=z, cache_dir=tmp_path / "cache", source_dir=tmp_path / "src")
     s = spec_mod.load("mla_prefill_gfx950")
     b = c.compile(render.render(variant_mod.make(s, {"block_n": 32})), "gfx950")
     assert b.compiler.startswith("zig-clang ") and b.resources.stack_bytes == 0

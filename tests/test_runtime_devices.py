@@ -9,9 +9,9 @@ import types
 
 import pytest
 
-from mlagen import runtime
+from mlagen.backends import cuda as cuda_backend
 from mlagen.backends import hip as hip_backend
-from mlagen.compiler import Binary, KernelResources
+from mlagen.backends.base import Binary, KernelResources
 
 
 def _binary(symbol="k"):
@@ -64,12 +64,12 @@ class FakeCudaDriver:
 def cuda(monkeypatch):
     def make(current):
         fake = FakeCudaDriver(current)
-        monkeypatch.setattr(runtime, "_driver", lambda: fake)
-        monkeypatch.setattr(runtime, "_init", lambda: None)
-        monkeypatch.setattr(runtime, "check", lambda result, what: result[1] if len(result) == 2 else None)
+        monkeypatch.setattr(cuda_backend, "_driver", lambda: fake)
+        monkeypatch.setattr(cuda_backend, "_init", lambda: None)
+        monkeypatch.setattr(cuda_backend, "check", lambda result, what: result[1] if len(result) == 2 else None)
         info = types.SimpleNamespace(smem_per_block_optin=227 * 1024)
-        monkeypatch.setattr(runtime, "device_info", lambda index: info)
-        rt = runtime.CudaRuntime()
+        rt = cuda_backend.CudaRuntime()
+        monkeypatch.setattr(rt, "_device_info", lambda index: info)
         monkeypatch.setattr(rt, "current_device", lambda: current - 1)
         return fake, rt
     return make

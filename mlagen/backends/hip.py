@@ -1,7 +1,8 @@
-"""AMD Instinct support below the compiler and runtime: toolchains, code objects, hip-python calls.
+"""AMD Instinct (gfx942, gfx950): the HIP backend, the sibling of ``cuda.py``.
 
-What ``compiler.py`` (``HiprtcCompiler``, ``OfflineClangCompiler``) and ``runtime.py``
-(``HipRuntime``) are built on, as the CUDA classes there are built on cuda-bindings:
+Its compilers (:class:`HiprtcCompiler`, :class:`OfflineClangCompiler`), runtime
+(:class:`HipRuntime`, :class:`HipKernel`) and what they are built on, as the CUDA classes are
+built on cuda-bindings:
 
 * the offline clang (Debian's ``clang-22`` or the ``ziglang`` wheel's clang) that compiles gfx
   targets on any machine, and :func:`clang_compile`;
@@ -13,7 +14,8 @@ What ``compiler.py`` (``HiprtcCompiler``, ``OfflineClangCompiler``) and ``runtim
 Sources for gfx targets include no HIP header (``mlagen/gfx9/prelude.cuh`` defines what they need
 from clang builtins), so hipRTC and the offline clang compile the same text. ``hip-python``
 imports without ROCm; its first call needs ``libamdhip64.so`` / ``libhiprtc.so``, and every call
-goes through :func:`_call`, which turns a missing runtime into a NoDeviceError that says so.
+goes through :func:`_call` and its :func:`_check` (a hipRTC failure raises CompileError with the
+compile log), which turns a missing runtime into a NoDeviceError that says so.
 """
 
 from __future__ import annotations
@@ -30,7 +32,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import arch, knobs
+from ..abi import PackedParams
 from ..errors import CompileError, DriverError, NoDeviceError
+from ..source import Source
+from .base import Backend, Binary, Compiler, DeviceInfo, Kernel, KernelResources, Runtime
 
 NO_ROCM = ("no ROCm runtime was found ({what}: {why}); AMD GPUs need ROCm (libamdhip64.so, libhiprtc.so) "
            "on the library path. Without one, mlagen can still compile for gfx942/gfx950 "
@@ -352,18 +357,26 @@ def _hip_modules():
     return hip, hiprtc
 
 
-def _check(result, what: str):
-    """Unwrap a hip-python result tuple; raise with the error's name when it failed."""
+def _check(result, what: str, log: str = "", source_path: str | None = None, message: str | None = None):
+    """Unwrap a hip-python result tuple; raise with the error's name when it failed: CompileError
+    (with the compile log, where there is one) for hipRTC calls, DriverError for the others.
+    ``message`` replaces "<what> failed: <error>" (the compile's own sentence)."""
     err, rest = (result[0], result[1:]) if isinstance(result, tuple) else (result, ())
     code = int(getattr(err, "value", err))
     if code != 0:
         name = getattr(err, "name", str(code))
-        raise (CompileError if "hiprtc" in what else DriverError)(f"{what} failed: {name} ({code})")
+        text = message if message is not None else f"{what} failed: {name} ({code})"
+        if "hiprtc" in what:
+            raise CompileError(text, log, source_path)
+        raise DriverError(text)
+    if not rest:
+        return None
     return rest[0] if len(rest) == 1 else rest
 
 
-def _call(fn, *args, what: str):
-    """Call a hip-python function; a ROCm library that cannot be loaded becomes a NoDeviceError."""
+def _call(fn, *args, what: str, log: str = "", source_path: str | None = None, message: str | None = None):
+    """Call a hip-python function through :func:`_check`; a ROCm library that cannot be loaded
+    becomes a NoDeviceError."""
     try:
         result = fn(*args)
     except RuntimeError as exc:
@@ -371,7 +384,7 @@ def _call(fn, *args, what: str):
             why = re.sub(r"b'([^']*)'", r"\1", str(exc)).strip()  # hip-python prints bytes reprs
             raise NoDeviceError(NO_ROCM.format(what=what, why=why)) from None
         raise
-    return _check(result, what)
+    return _check(result, what, log, source_path, message)
 
 
 def hiprtc_version() -> str:
@@ -397,15 +410,14 @@ def hiprtc_compile(text: str, name: str, target: str, options: list[str], source
         buf = bytearray(int(size) + 1)
         _call(hiprtc.hiprtcGetProgramLog, prog, buf, what="hiprtcGetProgramLog")
         log = bytes(buf).rstrip(b"\0 ").decode(errors="replace")
-        err = compiled[0] if isinstance(compiled, tuple) else compiled
-        if int(getattr(err, "value", err)) != 0:
-            raise CompileError(f"hipRTC failed to compile {name} for {target}", log, source_path)
-        size = _call(hiprtc.hiprtcGetCodeSize, prog, what="hiprtcGetCodeSize")
+        _check(compiled, "hiprtcCompileProgram", log, source_path,
+               message=f"hipRTC failed to compile {name} for {target}")
+        size = _call(hiprtc.hiprtcGetCodeSize, prog, what="hiprtcGetCodeSize", log=log, source_path=source_path)
         code = bytearray(int(size))
-        _call(hiprtc.hiprtcGetCode, prog, code, what="hiprtcGetCode")
+        _call(hiprtc.hiprtcGetCode, prog, code, what="hiprtcGetCode", log=log, source_path=source_path)
         return bytes(code), log
     finally:
-        hiprtc.hiprtcDestroyProgram(prog)
+        _call(hiprtc.hiprtcDestroyProgram, prog, what="hiprtcDestroyProgram")
 
 
 def rocm_available() -> bool:
@@ -442,6 +454,12 @@ def device_properties(index: int = 0) -> dict:
             "driver_version": f"hip {version}"}
 
 
+def device_count() -> int:
+    """HIP devices the runtime sees (after ``HIP_VISIBLE_DEVICES``)."""
+    hip, _ = _hip_modules()
+    return int(_call(hip.hipGetDeviceCount, what="hipGetDeviceCount"))
+
+
 def module_load(data: bytes, symbol: str, device: int):
     """Load a code object on HIP device ``device``: (module, function). The caller's current
     device is current again afterwards (tensors on another device than torch's current one)."""
@@ -457,6 +475,12 @@ def module_load(data: bytes, symbol: str, device: int):
     return module, function
 
 
+def module_function(module, symbol: str):
+    """Entry point ``symbol`` of a loaded module."""
+    hip, _ = _hip_modules()
+    return _call(hip.hipModuleGetFunction, module, symbol.encode(), what=f"hipModuleGetFunction({symbol})")
+
+
 def launch(function, symbol: str, grid, block, dynamic_lds: int, stream: int, kernel_params: int) -> None:
     """hipModuleLaunchKernel on ``stream`` (a hipStream_t as an int; 0: the null stream) with the
     ``void*[]`` at ``kernel_params``: HIP copies each argument by the size in the kernel's metadata."""
@@ -464,3 +488,103 @@ def launch(function, symbol: str, grid, block, dynamic_lds: int, stream: int, ke
     _call(hip.hipModuleLaunchKernel, function, *grid, *block, dynamic_lds,
           hip.ihipStream_t.fromObj(stream) if stream else None, kernel_params, None,
           what=f"hipModuleLaunchKernel({symbol})")
+
+
+# --- the backend -------------------------------------------------------------------------------
+
+
+class _AmdCompiler(Compiler):
+    """What the AMD compilers share: the code object's metadata is their resource report."""
+
+    def parse_resources(self, data: bytes, log: str, symbol: str, target: str) -> KernelResources:
+        warnings = tuple(line.strip() for line in log.splitlines() if "warning:" in line)
+        return KernelResources(**code_object_resources(data, symbol, target), warnings=warnings)
+
+
+class OfflineClangCompiler(_AmdCompiler):
+    """HIP source to an AMDGPU code object with an offline clang (>= 20); no ROCm needed."""
+
+    def __init__(self, *args, clang: Clang | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.clang = clang or find_clang()
+        if self.clang is None:
+            raise NoDeviceError(
+                f"no clang >= {MIN_CLANG_MAJOR} with the AMDGPU backend was found to compile for AMD targets: "
+                "apt-get install clang-22 lld-22 llvm-22, or pip install ziglang, or set MLAGEN_HIP_CLANG")
+        self.name = self.clang.name
+
+    def version(self) -> str:
+        return self.clang.version
+
+    def options(self, target: str) -> list[str]:
+        return clang_options(target)
+
+    def _compile(self, source: Source, target: str, options: list[str], source_path: str) -> tuple[bytes, str]:
+        return clang_compile(self.clang, source.text, source.name, target, options, source_path)
+
+
+class HiprtcCompiler(_AmdCompiler):
+    """HIP source to an AMDGPU code object through hipRTC (ROCm's runtime compiler, hip-python)."""
+
+    name = "hiprtc"
+
+    def version(self) -> str:
+        return hiprtc_version()
+
+    def options(self, target: str) -> list[str]:
+        return hiprtc_options(target)
+
+    def _compile(self, source: Source, target: str, options: list[str], source_path: str) -> tuple[bytes, str]:
+        return hiprtc_compile(source.text, source.name, target, options, source_path)
+
+
+class HipKernel(Kernel):
+    """A loaded AMD kernel; ``launch`` has the same signature as CudaKernel's."""
+
+    def _entry(self, name: str) -> HipKernel:
+        return HipKernel(self.module, module_function(self.module, name), self.binary)
+
+    def launch(self, grid: tuple[int, int, int], block: tuple[int, int, int], smem: int, stream: int,
+               params: PackedParams) -> None:
+        """Launch on ``stream`` (ROCm torch's ``torch.cuda`` stream handles are HIP streams). The
+        gfx9 kernels declare their LDS statically, so only what a launch asks beyond that is
+        passed as dynamic LDS."""
+        dynamic = max(0, smem - self.binary.resources.smem_static)
+        launch(self.function, self.binary.symbol, grid, block, dynamic, stream, params.kernel_params)
+
+
+class HipRuntime(Runtime):
+    """Loads AMDGPU code objects on a HIP device (ROCm torch's ``torch.cuda`` devices)."""
+
+    vendor = "hip"
+
+    def device_count(self) -> int:
+        return device_count()
+
+    def _device_info(self, index: int) -> DeviceInfo:
+        p = device_properties(index)
+        return DeviceInfo(index=index, name=p["name"], compute=p["compute"], sm_count=p["sm_count"],
+                          driver_version=p["driver_version"], smem_per_block_optin=p["smem_per_block"],
+                          l2_bytes=p["l2_bytes"], arch_name=p["arch_name"])
+
+    def _load(self, binary: Binary, index: int) -> HipKernel:
+        module, function = module_load(binary.data, binary.symbol, index)
+        return HipKernel(module, function, binary)
+
+
+class HipBackend(Backend):
+    vendor = "hip"
+
+    def compiler(self, **kwargs) -> Compiler:
+        """hipRTC where ROCm loads (MLAGEN_HIP_COMPILER=auto), else the offline clang;
+        ``hiprtc`` / ``clang`` force one."""
+        choice = knobs.hip_compiler()
+        if choice == "hiprtc" or (choice == "auto" and rocm_available()):
+            return HiprtcCompiler(**kwargs)
+        return OfflineClangCompiler(**kwargs)
+
+    def _new_runtime(self) -> HipRuntime:
+        return HipRuntime()
+
+
+BACKEND = HipBackend()

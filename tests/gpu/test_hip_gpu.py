@@ -17,7 +17,7 @@ from mlagen import render  # noqa: E402
 from mlagen import spec as spec_mod  # noqa: E402
 from mlagen import variant as variant_mod  # noqa: E402
 from mlagen.backends import hip  # noqa: E402
-from mlagen.compiler import HiprtcCompiler  # noqa: E402
+from mlagen.backends.hip import HiprtcCompiler  # noqa: E402
 from mlagen.runtime import device_info, runtime  # noqa: E402
 
 

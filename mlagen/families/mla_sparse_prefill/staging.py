@@ -26,9 +26,6 @@ both paths to that.
 
 from __future__ import annotations
 
-import functools
-import threading
-
 from ... import abi, knobs, operands, paths
 from ...source import Source
 
@@ -63,22 +60,10 @@ def source(fmt: operands.KvFormat) -> Source:
                   spec_name="kv_stage", variant=fmt.name)
 
 
-_lock = threading.Lock()
-
-
-@functools.lru_cache(maxsize=None)
-def _binary(fmt_name: str, target: str):
-    from ...compiler import for_target
-
-    return for_target(target).compile(source(operands.get(fmt_name)), target)
-
-
 def _kernel(fmt_name: str, device: int):
-    from ...runtime import device_info, runtime
+    from ...build import helper_kernel
 
-    with _lock:
-        binary = _binary(fmt_name, device_info(device).target.name)
-    return runtime().load(binary, device)
+    return helper_kernel(source, operands.get(fmt_name), device=device)
 
 
 def whole_pool(call) -> bool:

@@ -280,3 +280,71 @@ def test_compile_queue_fails_waiting_builds_when_the_pool_breaks_and_refuses_lat
             queue.build([a], built.append)
     finally:
         queue.close()
+
+
+# --- the one build path for kernels no spec describes ----------------------------------------
+
+
+class _FakeRuntime:
+    """Records which device each binary was loaded on; device 0 is an H100, device 1 an A100."""
+
+    def __init__(self):
+        from mlagen.backends.base import DeviceInfo
+
+        self.infos = {0: DeviceInfo(0, "NVIDIA H100 80GB HBM3", (9, 0), 132, "13.0", 232448, 50 << 20),
+                      1: DeviceInfo(1, "NVIDIA A100-SXM4-80GB", (8, 0), 108, "13.0", 166912, 40 << 20)}
+        self.loads = []
+
+    def device_info(self, index):
+        return self.infos[index]
+
+    def load(self, binary, device):
+        self.loads.append((binary.symbol, binary.target, device))
+        return ("kernel", binary.target, device)
+
+
+@pytest.fixture
+def fake_runtime(monkeypatch):
+    from mlagen import runtime
+
+    rt = _FakeRuntime()
+    monkeypatch.setattr(runtime, "runtime", lambda: rt)
+    monkeypatch.setattr(runtime, "device_info", rt.device_info)
+    monkeypatch.setattr(build, "_helpers", {})
+    return rt
+
+
+def test_the_staging_kernels_build_through_the_build_path_once_per_target(fake_runtime, monkeypatch):
+    from mlagen.families.mla_sparse_prefill import staging
+
+    compiled = []
+    real = build.compile_source
+    monkeypatch.setattr(build, "compile_source", lambda src, target: compiled.append((src.symbol, target))
+                        or real(src, target))
+    assert staging._kernel("fp8_v32", 1) == ("kernel", "sm_80", 1)      # device 1's target, loaded on device 1
+    assert staging._kernel("fp8_v32", 0) == ("kernel", "sm_90a", 0)
+    assert staging._kernel("fp8_v32", 1) == ("kernel", "sm_80", 1)
+    assert compiled == [("mlagen_kv_stage_fp8_v32", "sm_80"), ("mlagen_kv_stage_fp8_v32", "sm_90a")]
+    # every call goes to the runtime, whose load is once per (device, binary): one cache of loaded kernels
+    assert fake_runtime.loads == [("mlagen_kv_stage_fp8_v32", "sm_80", 1), ("mlagen_kv_stage_fp8_v32", "sm_90a", 0),
+                                  ("mlagen_kv_stage_fp8_v32", "sm_80", 1)]
+    # the same compile cache as a spec's kernels: the entry is on disk, under the shared key
+    src = staging.source(staging.operands.get("fp8_v32"))
+    from mlagen.compiler import for_target
+
+    assert for_target("sm_80").compile(src, "sm_80").from_cache
+
+
+def test_a_helper_that_fails_to_compile_raises_with_the_log_and_is_not_remembered(fake_runtime):
+    from mlagen.errors import CompileError
+    from mlagen.source import Source
+
+    def bad():
+        return Source("helper_bad.cu", 'extern "C" __global__ void helper_bad() { no_such_name(); }', "helper_bad",
+                      (), "helper", "bad")
+
+    for _ in range(2):   # a failure is not memoised: the second call compiles (and fails) again
+        with pytest.raises(CompileError, match="NVRTC failed to compile helper_bad.cu for sm_90a") as e:
+            build.helper_kernel(bad, device=0)
+        assert "no_such_name" in e.value.log and e.value.source_path.endswith("helper_bad.cu")
+    assert build._helpers == {} and fake_runtime.loads == []

@@ -119,3 +119,40 @@ def test_hip_load_for_a_device_restores_the_callers_device(monkeypatch, current)
     module, function = hip_backend.module_load(b"\0", "k", 1)
     assert fake.loaded == [1] and function == ("function", 1)
     assert fake.device == current
+
+
+def test_hip_runtime_loads_once_per_device_and_finds_other_entries(monkeypatch):
+    fake = FakeHip(0)
+    monkeypatch.setattr(hip_backend, "_hip_modules", lambda: (fake, None))
+    rt = hip_backend.HipRuntime()
+    monkeypatch.setattr(rt, "current_device", lambda: 0)
+    kernel = rt.load(_binary(), device=1)
+    assert isinstance(kernel, hip_backend.HipKernel) and fake.loaded == [1] and fake.device == 0
+    assert rt.load(_binary(), device=1) is kernel and fake.loaded == [1]
+    assert rt.load(_binary()) is not kernel and fake.loaded == [1, 0]     # the current device's own copy
+    other = kernel.entry("k_mark")
+    assert other.function == ("function", 1) and other.binary is kernel.binary and kernel.entry("k_mark") is other
+
+
+def test_cuda_kernel_entries_come_from_its_module_once(cuda):
+    fake, rt = cuda(current=1)
+    kernel = rt.load(_binary(), device=1)
+    calls = []
+    real = fake.cuModuleGetFunction
+    fake.cuModuleGetFunction = lambda module, name: calls.append(name) or real(module, name)
+    mark = kernel.entry("k_mark")
+    assert isinstance(mark, cuda_backend.CudaKernel) and mark.module == kernel.module
+    assert kernel.entry("k_mark") is mark and calls == [b"k_mark"]
+
+
+def test_the_backend_is_chosen_by_the_vendor():
+    from mlagen import backends
+    from mlagen.errors import NoDeviceError
+
+    assert backends.for_target("sm_90a") is backends.get("cuda") is cuda_backend.BACKEND
+    assert backends.for_target("gfx942") is backends.get("hip") is hip_backend.BACKEND
+    assert isinstance(backends.get("cuda").runtime(), cuda_backend.CudaRuntime)
+    assert isinstance(backends.get("hip").runtime(), hip_backend.HipRuntime)
+    assert backends.get("hip").runtime() is backends.get("hip").runtime()      # one per process
+    with pytest.raises(NoDeviceError, match="no backend for vendor 'metal' \\(known: cuda, hip\\)"):
+        backends.get("metal")

@@ -184,7 +184,6 @@ class Kernel(ABC):
     def __init__(self, module, function, binary: Binary):
         self.module = module
         self.function = function
-        self._handle = int(function)  # the function's address, for a ctypes launch
         self.binary = binary
         self._lock = threading.Lock()
         self._entries: dict[str, Kernel] = {}

@@ -244,6 +244,7 @@ class CudaKernel(Kernel):
 
     def __init__(self, module, function, binary: Binary, smem_limit: int):
         super().__init__(module, function, binary)
+        self._handle = int(function)  # the CUfunction's address, for the ctypes launch
         self._smem_configured = 0
         self._smem_limit = smem_limit
 

@@ -468,7 +468,7 @@ def module_load(data: bytes, symbol: str, device: int):
     _call(hip.hipSetDevice, device, what="hipSetDevice")
     try:
         module = _call(hip.hipModuleLoadData, data, what=f"hipModuleLoadData({symbol})")
-        function = _call(hip.hipModuleGetFunction, module, symbol.encode(), what=f"hipModuleGetFunction({symbol})")
+        function = module_function(module, symbol)
     finally:
         if caller != device:
             _call(hip.hipSetDevice, caller, what="hipSetDevice")

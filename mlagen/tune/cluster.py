@@ -297,7 +297,9 @@ def tune(config: TuneConfig, scheduler, device_kind: str | None = None, progress
 
 def _tune_class(spec, c: ShapeClass, kind: Kind, target, config: TuneConfig, database, client, build: ClusterBuild,
                 say, bar, budget, measure_fn, probe_fn, clock) -> TuneResult:
-    args = (spec.path, c.shape, config.seed, config.warmup, config.timeout_s)
+    # A packaged spec by name: the workers' hosts hold it at paths of their own.
+    packaged = str(spec.path) in map(str, spec_mod.available())
+    args = (spec.name if packaged else spec.path, c.shape, config.seed, config.warmup, config.timeout_s)
     bound = set(kind.workers)
     workers = [ClusterGpu(client, a, args, config.timeout_s, measure_fn, kind, bound, probe_fn) for a in kind.workers]
     key = dispatch.record_key(spec, c.problem, device=kind.device, sm_count=kind.sm_count, driver=kind.driver,

@@ -138,10 +138,10 @@ def test_a_worker_that_dies_fails_its_trial_and_loses_none(tmp_path, client):
 def test_the_cli_takes_device_kind_only_with_a_scheduler():
     from click.testing import CliRunner
 
-    from mlagen.cli import main
+    from mlagen.cli import cli
 
-    out = CliRunner().invoke(main, ["tune", "mla_prefill_sm90", "--shape", "D1", "--device-kind", "H200"])
+    out = CliRunner().invoke(cli, ["tune", "mla_prefill_sm90", "--shape", "D1", "--device-kind", "H200"])
     assert out.exit_code != 0 and "--device-kind: only with --scheduler" in out.output
-    out = CliRunner().invoke(main, ["tune", "mla_prefill_sm90", "--shape", "D1", "--devices", "0",
+    out = CliRunner().invoke(cli, ["tune", "mla_prefill_sm90", "--shape", "D1", "--devices", "0",
                                     "--scheduler", "tcp://127.0.0.1:1"])
     assert out.exit_code != 0 and "--devices: not with --scheduler" in out.output

@@ -70,8 +70,8 @@ def client():
         yield c
 
 
-def _config(tmp_path, name):
-    return TuneConfig(spec=S90.path, shapes=("D1",), strategy="exhaustive", max_trials=8, fixed=FIXED,
+def _config(tmp_path, name, strategy="exhaustive"):
+    return TuneConfig(spec=S90.path, shapes=("D1",), strategy=strategy, max_trials=8, fixed=FIXED,
                       db_path=str(tmp_path / name), target="sm_90a", iters=4, finalists=2, final_rounds=1)
 
 
@@ -91,14 +91,15 @@ def test_compiles_on_the_workers_match_a_local_build(client):
         assert (r.binary.data if r.binary else None) == (l.binary.data if l.binary else None), r.variant.symbol
 
 
-def test_a_cluster_tune_makes_the_trials_and_winner_of_a_local_tune(tmp_path, client):
+@pytest.mark.parametrize("strategy", ["exhaustive", "coordinate"])   # coordinate: guesses compiled ahead
+def test_a_cluster_tune_makes_the_trials_and_winner_of_a_local_tune(tmp_path, client, strategy):
     lines = []
-    results = cluster.tune(_config(tmp_path, "c.sqlite"), client, progress=lines.append, probe_fn=fake_probe,
+    results = cluster.tune(_config(tmp_path, "c.sqlite", strategy), client, progress=lines.append, probe_fn=fake_probe,
                            measure_fn=fake_measure)
     assert len(results) == 1 and results[0].shape.startswith("Fake GPU: ")
     assert any(line.startswith("[Fake GPU] ") for line in lines)
 
-    config = _config(tmp_path, "l.sqlite")
+    config = _config(tmp_path, "l.sqlite", strategy)
     c = shape_classes(config.shapes, cluster.family_of(S90))[0]
     key = dispatch.record_key(S90, c.problem, device=FAKE["device"], sm_count=FAKE["sm_count"],
                               driver=FAKE["driver"], target=SM90A)

@@ -218,10 +218,29 @@ class ClusterGpu:
 class ClusterBuild:
     """Compiles on the cluster's workers: ``build(variants, on_built)`` as
     :meth:`mlagen.build.CompileQueue.build`, each compile a task on any worker; the resource
-    model prunes on the client first, as the local queue does."""
+    model prunes on the client first, as the local queue does. Called with variants (the
+    trial runner's guesses at the next batches), it starts their compiles at a lower priority,
+    and a build that asks for one later takes that task; :meth:`cancel` drops the guesses no
+    build took."""
 
     def __init__(self, client, target: str):
         self.client, self.target = client, target
+        self._guessed: dict = {}   # variant -> its compile task, begun as a guess
+
+    def _submit(self, v, priority: int):
+        return self.client.submit(_compile_one, v.spec, dict(v.values), self.target, None, pure=False,
+                                  priority=priority)
+
+    def __call__(self, variants) -> None:
+        t = arch.target(self.target)
+        for v in variants:
+            if v not in self._guessed and resources.check(v, t).ok:
+                self._guessed[v] = self._submit(v, -1)
+
+    def cancel(self) -> None:
+        if self._guessed:
+            self.client.cancel(list(self._guessed.values()))
+            self._guessed.clear()
 
     def build(self, variants, on_built: Callable[[BuildResult], None]) -> None:
         from distributed import as_completed
@@ -233,16 +252,17 @@ class ClusterBuild:
             if not verdict.ok:
                 on_built(BuildResult(v, self.target, verdict.resources, "pruned", verdict.reasons))
                 continue
-            futures[self.client.submit(_compile_one, v.spec, dict(v.values), self.target, None, pure=False)] = v
+            guessed = self._guessed.pop(v, None)
+            futures[guessed or self._submit(v, 0)] = (v, guessed is not None)
         for fut in as_completed(list(futures)):
-            v = futures[fut]
+            v, ahead = futures[fut]
             try:
                 status, reasons, binary, artifact, seconds = fut.result()
             except Exception as exc:   # lost on every worker it ran on (Dask's allowed failures)
                 status, reasons, binary, artifact, seconds = "compile_error", (f"{type(exc).__name__}: {exc}",), \
                     None, None, 0.0
             on_built(BuildResult(v, self.target, resources.estimate(v), status, tuple(reasons), binary, artifact,
-                                 seconds))
+                                 seconds, ahead=ahead))
 
 
 def compile_all(client, variants, target: str) -> list[BuildResult]:
@@ -304,7 +324,7 @@ def _tune_class(spec, c: ShapeClass, kind: Kind, target, config: TuneConfig, dat
     workers = [ClusterGpu(client, a, args, config.timeout_s, measure_fn, kind, bound, probe_fn) for a in kind.workers]
     key = dispatch.record_key(spec, c.problem, device=kind.device, sm_count=kind.sm_count, driver=kind.driver,
                               target=target)
-    runner = TrialRunner(workers, build.build, config.iters, warmup=config.warmup)
+    runner = TrialRunner(workers, build.build, config.iters, prefetch=build, warmup=config.warmup)
     try:
         r = tune_class(spec, c, target, config, database, runner, key, say, bar=bar, budget_s=budget, clock=clock)
     finally:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from xml.etree import ElementTree
 
-from . import arch, db, families, variant
+from . import arch, db, families, resources, variant
 from . import spec as spec_mod
 from .build import BuildResult, build_many
 from .cache import atomic_write
@@ -73,7 +73,7 @@ def items(specs: list[str] | None = None, targets: list[str] | None = None) -> l
                 continue
             axes = [k for k, _ in s.specialize]
             for combo in itertools.product(*(values for _, values in s.specialize)):
-                v = variant.feasible_default(s, t, dict(zip(axes, combo))) or variant.make(s, dict(zip(axes, combo)))
+                v = resources.feasible_default(s, t, dict(zip(axes, combo))) or variant.make(s, dict(zip(axes, combo)))
                 _add(out, Item(s.name, target, v), "default")
             for r in records:
                 if r.key.spec != s.name:

@@ -399,9 +399,14 @@ def db_import(database, path, replace):
 @click.option("--top", default=10, show_default=True, help="Rows of the results table per shape.")
 @click.option("--progress/--no-progress", "show_bar", default=None,
               help="Progress bar on stderr (default: only on a terminal; plain lines otherwise).")
+@click.option("--scheduler", default=None, metavar="tcp://HOST:8786",
+              help="Tune on this Dask cluster (pip install 'mlagen[cluster]'): compiles on any worker, "
+                   "measurements on the workers started with --resources \"GPU=1\" (docs/cluster.md).")
+@click.option("--device-kind", "device_kind", default=None, metavar="NAME",
+              help="With --scheduler: tune only on the GPUs whose name (or target) matches; default: every kind.")
 @_friendly
 def tune_cmd(spec, shapes, workload, strategy, max_trials, budget_min, resume, seed, devices, assignments,
-             timeout_s, iters, jobs, db_path, target, top, show_bar):
+             timeout_s, iters, jobs, db_path, target, top, show_bar, scheduler, device_kind):
     """Search SPEC's variants per shape class on this GPU; record every trial and the winner.
 
     Every variant is checked against the reference before it is timed; compile errors, wrong
@@ -432,8 +437,19 @@ def tune_cmd(spec, shapes, workload, strategy, max_trials, budget_min, resume, s
     # With the bar on, trial lines would scroll it away: only the stage lines are printed.
     log = (lambda line: None if line.startswith("  [") else bar.message(line)) if bar.enabled else \
         (lambda line: click.echo(line, err=True))
-    results = tune(config, progress=log, bar=bar)
+    if scheduler is None:
+        if device_kind is not None:
+            raise click.ClickException("--device-kind: only with --scheduler (locally --devices picks the GPUs)")
+        results = tune(config, progress=log, bar=bar)
+        click.echo(format_tune_results(results, top))
+        return
+    if devices:
+        raise click.ClickException("--devices: not with --scheduler (the cluster's GPU workers measure)")
+    from .tune import cluster
+
+    results = cluster.tune(config, scheduler, device_kind, progress=log, bar=bar)
     click.echo(format_tune_results(results, top))
+    click.echo("\n" + cluster.summary(results))
 
 
 def format_tune_results(results, top: int) -> str:

@@ -111,7 +111,7 @@ def candidate_variants(spec: spec_mod.KernelSpec, problem: str, specialization: 
                          target=info.target)
         for tuned, best in recorded_variants(spec, key, specialization, info.target, database):
             yield tuned, best.origin
-    chosen = variant_mod.feasible_default(spec, info.target, specialization)
+    chosen = resources.feasible_default(spec, info.target, specialization)
     if chosen is None:
         raise SpecError(spec.path, "tune", f"no variant of {spec.name} fits {info.target.name}")
     yield chosen, "default"

@@ -9,7 +9,7 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Any, Iterator, Mapping
 
 from .errors import SpecError
 from .spec import KernelSpec
@@ -136,54 +136,6 @@ def from_symbol(spec: KernelSpec, symbol: str) -> Variant:
 
 def default(spec: KernelSpec, **specialization: Any) -> Variant:
     return make(spec, specialization)
-
-
-def feasible_default(spec: KernelSpec, target, specialization: Mapping[str, Any] | None = None,
-                     limit: int = 100_000) -> Variant | None:
-    """The spec's default if it fits ``target``, else the variant closest to it that does.
-
-    Closest means fewest tunables changed, then the earliest values in each tunable's list (specs
-    list preferred values first). Searches at most ``limit`` candidates; None if none fits.
-    """
-    return nearest_feasible(make(spec, dict(specialization or {})), target, limit=limit)
-
-
-def nearest_feasible(base: Variant, target, keep: Iterable[str] = (), max_changes: int | None = None,
-                     limit: int = 100_000) -> Variant | None:
-    """``base`` if it fits ``target``, else the closest variant that does without touching the
-    tunables named in ``keep``: fewest tunables changed (at most ``max_changes``), then the
-    earliest values in each tunable's list. Searches at most ``limit`` candidates; None if none
-    fits."""
-    return next(iter(feasible_neighbours(base, target, keep, max_changes, limit)), None)
-
-
-def feasible_neighbours(base: Variant, target, keep: Iterable[str] = (), max_changes: int | None = None,
-                        limit: int = 100_000) -> list[Variant]:
-    """``[base]`` if it fits ``target``; else every fitting variant at the smallest number of
-    changed tunables (at most ``max_changes``, never those in ``keep``), nearest first: in the
-    order of the changed tunables and of their value lists. Checks at most ``limit`` candidates."""
-    from . import resources
-
-    if resources.check(base, target).ok:
-        return [base]
-    kept = set(keep)
-    free = [t for t in base.spec.tunables if len(t.values) > 1 and t.name not in kept]
-    most = len(free) if max_changes is None else min(max_changes, len(free))
-    tried = 0
-    for changed in range(1, most + 1):
-        found = []
-        for axes in itertools.combinations(free, changed):
-            choices = [[v for v in t.values if v != base[t.name]] for t in axes]
-            for combo in itertools.product(*choices):
-                candidate = base.with_values(**{t.name: v for t, v in zip(axes, combo)})
-                if resources.check(candidate, target).ok:
-                    found.append(candidate)
-                tried += 1
-                if tried >= limit:
-                    return found
-        if found:
-            return found
-    return []
 
 
 def sample_space(spec: KernelSpec, count: int, fixed: Mapping[str, Any] | None = None,

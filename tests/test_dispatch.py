@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from mlagen import arch, db, dispatch, variant
+from mlagen import arch, db, dispatch, resources, variant
 from mlagen import spec as spec_mod
 from mlagen.runtime import DeviceInfo
 
@@ -52,7 +52,7 @@ def test_sm80_records_need_a_known_device_of_the_same_target(empty_db):
     assert origin.endswith("(other device: NVIDIA H100 80GB HBM3)")  # the H100 is an sm_90a device by name
     a100 = device("NVIDIA A100-SXM4-80GB", 108, (8, 0))
     v, origin = dispatch.choose_variant(S80, rec.key.problem, {"mask": "causal"}, a100, empty_db)
-    assert origin == "default" and v == variant.feasible_default(S80, arch.target("sm_80"), {"mask": "causal"})
+    assert origin == "default" and v == resources.feasible_default(S80, arch.target("sm_80"), {"mask": "causal"})
 
 
 def test_a_user_record_of_another_class_does_not_hide_the_exact_shipped_one(empty_db):

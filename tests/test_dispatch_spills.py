@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from mlagen import build, db, dispatch
+from mlagen import build, db, dispatch, resources
 from mlagen import spec as spec_mod
 from mlagen import variant
 from mlagen.compiler import Binary, KernelResources
@@ -71,12 +71,12 @@ def test_then_the_default(dispatch_with, caplog):
     first = record({"block_n": 32})
     d = dispatch_with([first], spilling={first.symbol})
     sel = d._choose(S80, PROBLEM, {"mask": "causal"}, H100, 0)
-    assert sel.origin == "default" and sel.variant == variant.feasible_default(S80, H100.target, {"mask": "causal"})
+    assert sel.origin == "default" and sel.variant == resources.feasible_default(S80, H100.target, {"mask": "causal"})
     assert not sel.binary.resources.spills
 
 
 def test_a_spilling_default_still_runs_with_a_warning(dispatch_with, caplog):
-    default = variant.feasible_default(S80, H100.target, {"mask": "causal"})
+    default = resources.feasible_default(S80, H100.target, {"mask": "causal"})
     d = dispatch_with([], spilling={default.symbol})
     with caplog.at_level(logging.WARNING, logger="mlagen"):
         sel = d._choose(S80, PROBLEM, {"mask": "causal"}, H100, 0)

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from mlagen import paths, render, spec, variant
+from mlagen import paths, render, resources, spec, variant
 from mlagen.errors import SpecError
 
 torch = pytest.importorskip("torch")
@@ -132,7 +132,7 @@ def test_h16_fp8_variants_compile_without_spills(kv_format):
 
     sp = spec.load("mla_sparse_prefill_sm90_h16")
     for paged in (False, True):
-        v = variant.feasible_default(sp, arch.TARGETS["sm_90a"], {"d_qk": 576, "paged": paged, "kv_format": kv_format})
+        v = resources.feasible_default(sp, arch.TARGETS["sm_90a"], {"d_qk": 576, "paged": paged, "kv_format": kv_format})
         assert v["consumers"] == 1 and v["slots"] == 5
         b = for_target("sm_90a").compile(render.render(v), "sm_90a")
         assert b.resources.spill_stores == 0, b.log

@@ -81,7 +81,7 @@ def test_the_fp8_spec_keeps_its_gather_in_one_half_and_the_bf16_spec_in_two():
     s = spec.load(FP8_SPEC)
     for paged in (False, True):
         for fmt in ("fp8_v32", "fp8_b64", "fp8_b32", "fp8_b0"):
-            v = variant.feasible_default(s, SM90A, {"d_qk": 576, "paged": paged, "kv_format": fmt})
+            v = resources.feasible_default(s, SM90A, {"d_qk": 576, "paged": paged, "kv_format": fmt})
             assert v is not None and resources.check(v, SM90A).ok, resources.check(v, SM90A).reasons
     assert not resources.check(variant.default(s), arch.TARGETS["sm_80"]).ok
     assert resources.check(variant.default(spec.load("mla_sparse_prefill_sm90")), SM90A).ok
@@ -104,7 +104,7 @@ def test_fp8_spec_variants_render_and_compile_without_spills(values):
     from mlagen.compiler import for_target
 
     s = spec.load(FP8_SPEC)
-    v = variant.feasible_default(s, SM90A, {"d_qk": 576, "paged": False, "kv_format": "fp8_v32", **values})
+    v = resources.feasible_default(s, SM90A, {"d_qk": 576, "paged": False, "kv_format": "fp8_v32", **values})
     src = render.render(v)
     assert src.text == render.render(v).text and "struct Params" in src.text
     assert "const mlagen::u8* kv;" in src.text

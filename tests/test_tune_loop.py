@@ -10,16 +10,18 @@ from dataclasses import replace
 
 import pytest
 
-from mlagen import arch, db, resources
+from mlagen import arch, db, dispatch, resources
 from mlagen import spec as spec_mod
 from mlagen import variant as variant_mod
 from mlagen.build import BuildResult
-from mlagen.errors import ShapeError
+from mlagen.errors import MlagenError, ShapeError, TuningError
 from mlagen.families import get as get_family
 from mlagen.families.mla_prefill.problem import SHAPES, Shape, parse_shape
 from mlagen.shapes import WorkloadItem
 from mlagen.tune import (LOOKAHEAD, Ask, Coordinate, Final, Global, ShapeClass, TrialRunner, TuneConfig, choose,
                          parse_devices, problem_of, shape_classes, tune_class)
+from mlagen.tune import orchestrate
+from mlagen.tune import worker as worker_mod
 from mlagen.verify import PARTS
 
 DENSE = get_family("mla_prefill")
@@ -27,7 +29,7 @@ DENSE = get_family("mla_prefill")
 S90 = spec_mod.load("mla_prefill_sm90")
 SM90A = arch.target("sm_90a")
 FIXED = {"mask": "causal"}
-DEFAULT = variant_mod.nearest_feasible(variant_mod.make(S90, FIXED), SM90A, keep=FIXED)
+DEFAULT = resources.nearest_feasible(variant_mod.make(S90, FIXED), SM90A, keep=FIXED)
 # The global optimum: 9 tunables away from the default (Q in registers, 2-CTA static clusters ...).
 FAR = DEFAULT.with_values(q_operand="regs", epilogue="direct", cluster=2, scheduler="static", consumer_regs=232,
                           producer_regs=32, swizzle_v=64, load_warps=1, block_n=112)
@@ -903,7 +905,8 @@ def test_two_workers_resume_and_seeds(tmp_path):
 
 
 def test_workers_on_one_gpu_are_refused():
-    from mlagen.tune import TuningError, _record_key
+    from mlagen.errors import TuningError
+    from mlagen.tune.orchestrate import _record_key
 
     one = {"device": "NVIDIA H200", "sm_count": 132, "driver": "13.0", "pci": "0000:1b:00"}
     other = {**one, "pci": "0000:43:00"}
@@ -974,11 +977,11 @@ def test_tune_splits_the_budget_by_weight_and_starts_one_worker_per_device(tmp_p
 
     from mlagen import runtime
 
-    monkeypatch.setattr(tune_mod, "GpuWorker", Worker)
+    monkeypatch.setattr(orchestrate, "GpuWorker", Worker)
     monkeypatch.setattr(runtime, "device_count", lambda: 2)
     monkeypatch.setattr(runtime, "device_info", lambda i: type("I", (), {"name": "Fake GPU", "sm_count": 132,
                                                                         "driver_version": "13.0"})())
-    monkeypatch.setattr(tune_mod, "CompileQueue", lambda pool, target, jobs: Guesses())
+    monkeypatch.setattr(orchestrate, "CompileQueue", lambda pool, target, jobs: Guesses())
     # The shipped H100 records would be the records in use on this fake GPU of the same target:
     # with one as a finalist, a class whose search finds nothing faster records nothing.
     monkeypatch.setenv("MLAGEN_NO_SHIPPED", "1")
@@ -1002,7 +1005,7 @@ def test_tune_splits_the_budget_by_weight_and_starts_one_worker_per_device(tmp_p
     # (the budget ends inside it: a measurement whose other share was cut off is no trial)
     tried = [t.variant for t in results[0].trials]
     assert len(first) == 1 + 60 and 40 <= len(tried) <= 61 and tried == [v for v in first if v in set(tried)]
-    with pytest.raises(tune_mod.TuningError, match="--devices 2: only 2 GPU"):
+    with pytest.raises(TuningError, match="--devices 2: only 2 GPU"):
         tune_mod.tune(replace(config, devices=(0, 2)), progress=lambda line: None, clock=clock)
 
 
@@ -1036,7 +1039,6 @@ def test_worker_protocol_verifies_once_then_times(monkeypatch):
     import torch
 
     from mlagen import measure, runtime, verify
-    from mlagen import tune as tune_mod
 
     verified, timed = [], []
 
@@ -1064,19 +1066,19 @@ def test_worker_protocol_verifies_once_then_times(monkeypatch):
     class FakeDispatcher:
         def select(self, family, problem, specialization, device, accepts, variant=None):
             if variant["stages"] == 4:
-                raise tune_mod.MlagenError("no such kernel")
+                raise MlagenError("no such kernel")
             res = type("R", (), {"registers": 168, "spill_stores": 0, "spill_loads": 4})()
             return type("S", (), {"binary": type("B", (), {"resources": res})()})()
 
     monkeypatch.setattr(verify, "Verifier", FakeVerifier)
-    monkeypatch.setattr(tune_mod.dispatch, "dispatcher", lambda: FakeDispatcher())
+    monkeypatch.setattr(dispatch, "dispatcher", lambda: FakeDispatcher())
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(measure, "L2Flush", lambda device: None)
     monkeypatch.setattr(measure, "time_calls", lambda fn, iters, flush: [(fn(), 1e-3)[1] for _ in range(iters)])
     monkeypatch.setattr(runtime, "device_info", lambda i: type("I", (), {"name": "Fake", "sm_count": 132,
                                                                         "driver_version": "13.0"})())
     parent, child = multiprocessing.Pipe()
-    thread = threading.Thread(target=tune_mod._worker_main, args=(child, S90.path, SHAPES["D1"], 0, 2, None))
+    thread = threading.Thread(target=worker_mod._worker_main, args=(child, S90.path, SHAPES["D1"], 0, 2, None))
     thread.start()
     assert parent.recv() == ("ready", {"device": "Fake", "sm_count": 132, "driver": "13.0", "pci": ""})
 
@@ -1122,7 +1124,6 @@ def test_worker_verifies_with_the_specs_input_dtype(monkeypatch, spec_name, dtyp
     import torch
 
     from mlagen import measure, runtime, verify
-    from mlagen import tune as tune_mod
 
     seen = []
 
@@ -1136,7 +1137,7 @@ def test_worker_verifies_with_the_specs_input_dtype(monkeypatch, spec_name, dtyp
     monkeypatch.setattr(runtime, "device_info", lambda i: type("I", (), {"name": "Fake", "sm_count": 132,
                                                                         "driver_version": "13.0"})())
     parent, child = multiprocessing.Pipe()
-    thread = threading.Thread(target=tune_mod._worker_main,
+    thread = threading.Thread(target=worker_mod._worker_main,
                               args=(child, spec_mod.load(spec_name).path, SHAPES["D1"], 0, 2, None))
     thread.start()
     assert parent.recv()[0] == "ready"
@@ -1146,7 +1147,7 @@ def test_worker_verifies_with_the_specs_input_dtype(monkeypatch, spec_name, dtyp
 
 
 def test_the_recorder_keeps_commits_off_the_workers_and_writes_in_order(tmp_path):
-    from mlagen.tune import _Recorder
+    from mlagen.tune.loop import _Recorder
 
     class SlowDB(db.TuningDB):
         commits: list = []

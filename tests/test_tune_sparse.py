@@ -134,7 +134,7 @@ def test_sparse_dispatch_reads_the_record_of_its_shape_class(tuned):
     assert v == result.best.variant
     paged = {"d_qk": 576, "paged": True}
     v, origin = dispatch.choose_variant(S90, "d576/h128/k2048/paged", paged, device(), database)
-    assert origin == "default" and v == variant_mod.feasible_default(S90, SM90A, paged)
+    assert origin == "default" and v == resources.feasible_default(S90, SM90A, paged)
 
 
 def test_the_sparse_call_asks_dispatch_for_its_shape_class(monkeypatch):

@@ -10,7 +10,7 @@ pytestmark = pytest.mark.gpu
 
 torch = pytest.importorskip("torch")
 
-from mlagen import api, bench, db  # noqa: E402
+from mlagen import api, bench, db, resources  # noqa: E402
 from mlagen.families.mla_prefill.peers import FA3  # noqa: E402
 from mlagen.families.mla_prefill.problem import Shape, parse_shape  # noqa: E402
 from mlagen.dispatch import dispatcher  # noqa: E402
@@ -158,9 +158,9 @@ def test_the_record_in_use_is_checked_and_retimed_with_the_finalists(tmp_path, m
     target = runtime.device_info(0).target
     keep = {**FIXED_SM90_FEW, "mask": "causal"}
     base = variant_mod.make(spec, {**FIXED_SM90_FEW, "mask": "causal"})
-    record = variant_mod.nearest_feasible(base.with_values(block_n=96 if base["block_n"] != 96 else 128), target,
+    record = resources.nearest_feasible(base.with_values(block_n=96 if base["block_n"] != 96 else 128), target,
                                           keep=keep)
-    assert record != variant_mod.nearest_feasible(base, target, keep=keep)
+    assert record != resources.nearest_feasible(base, target, keep=keep)
     info = runtime.device_info(0)
     problem = problem_of(parse_shape(SMALL), family_of(spec))
     key = dispatch.record_key(spec, problem, device=info.name, sm_count=info.sm_count, driver=info.driver_version,

@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# A fleet tune on one GPU host against the local tune: a Dask scheduler, one GPU worker and four
+# CPU-only workers on this host; `mlagen tune` of D1 (mla_prefill_sm90) and S1
+# (mla_sparse_prefill_sm90) locally and through the cluster, same seed and options, each with a
+# fresh database and a cold compile cache of its own. Prints wall times and winners side by side.
+#   [WHEELS=wheels-dask] [OUT=/tmp/cluster-tune] [TRIALS=24] [SEED=0] bash tools/cluster_tune_h200.sh
+# WHEELS: a folder of the wheels of dask, distributed and the dependencies this machine lacks
+# (installed with --no-index into /tmp/site; nothing is fetched).
+set -u
+cd "$(dirname "$0")/.."
+WHEELS=${WHEELS:-wheels-dask}
+OUT=${OUT:-/tmp/cluster-tune}
+TRIALS=${TRIALS:-24}
+SEED=${SEED:-0}
+PORT=${PORT:-8786}
+mkdir -p "$OUT"
+T=$(mktemp -d)
+python3 -m pip install -q --no-index --no-deps --target /tmp/site "$WHEELS"/*.whl || exit 1
+export PYTHONPATH=/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+python3 -c "import distributed, mlagen; print('distributed', distributed.__version__)" || exit 1
+{ nvidia-smi -L; nproc; git log -1 --oneline 2>/dev/null; } > "$OUT/env.txt" 2>&1
+
+PIDS=()
+cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done; wait 2>/dev/null; }
+trap cleanup EXIT
+SCHED=tcp://127.0.0.1:$PORT
+# The workers compile into the cluster's own cold cache; the local tune into another.
+export MLAGEN_CACHE_DIR=$T/cache-cluster
+python3 -m distributed.cli.dask_scheduler --host 127.0.0.1 --port "$PORT" --no-dashboard > "$OUT/scheduler.log" 2>&1 &
+PIDS+=($!)
+sleep 3
+# The GPU worker: resource GPU=1 (measurements go only there); --no-nanny because it starts the
+# measuring process itself (a nanny's worker is daemonic and may not have children).
+CUDA_VISIBLE_DEVICES=0 python3 -m distributed.cli.dask_worker "$SCHED" --no-nanny --nthreads 2 \
+  --resources "GPU=1" --name gpu0 --no-dashboard > "$OUT/worker-gpu0.log" 2>&1 &
+PIDS+=($!)
+CPUS=$(nproc)
+for i in 1 2 3 4; do
+  CUDA_VISIBLE_DEVICES= python3 -m distributed.cli.dask_worker "$SCHED" --nthreads $(( (CPUS - 2) / 4 > 1 ? (CPUS - 2) / 4 : 1 )) \
+    --name "cpu$i" --no-dashboard > "$OUT/worker-cpu$i.log" 2>&1 &
+  PIDS+=($!)
+done
+python3 - "$SCHED" <<'EOF' || exit 1
+import sys
+from distributed import Client
+with Client(sys.argv[1], timeout="60s") as c:
+    c.wait_for_workers(5, timeout=120)
+    print("cluster:", {w["name"]: (w["nthreads"], w["resources"]) for w in c.scheduler_info(n_workers=-1)["workers"].values()})
+EOF
+
+run() { # name spec shape [options...]
+  local name=$1 spec=$2 shape=$3; shift 3
+  local t0=$EPOCHREALTIME
+  MLAGEN_OUT_DIR=$T/$name timeout 200 python3 -m mlagen.cli tune "$spec" --shape "$shape" --seed "$SEED" \
+    --max-trials "$TRIALS" --iters 10 --no-progress --db "$T/$name.sqlite" "$@" > "$OUT/$name.out" 2> "$OUT/$name.log"
+  local rc=$?
+  WALL[$name]=$(awk "BEGIN{printf \"%.1f\", $EPOCHREALTIME-$t0}")
+  RC[$name]=$rc
+  WIN[$name]=$(grep -m1 '^winner' "$OUT/$name.out" | awk '{print $2}' | tr -d ':')
+  FINAL[$name]=$(sed -n 's/.*final \* \([0-9.]*\) ms.*/\1/p' "$OUT/$name.log" | head -1)
+}
+declare -A WALL RC WIN FINAL
+for case in "D1 mla_prefill_sm90" "S1 mla_sparse_prefill_sm90"; do
+  set -- $case
+  MLAGEN_CACHE_DIR=$T/cache-local run "local-$1" "$2" "$1"
+  run "cluster-$1" "$2" "$1" --scheduler "$SCHED"
+done
+{
+  printf '%-4s %-8s %8s %4s  %-10s %s\n' shape run wall_s rc final_ms winner
+  for s in D1 S1; do
+    for r in local cluster; do
+      n=$r-$s
+      printf '%-4s %-8s %8s %4s  %-10s %s\n' "$s" "$r" "${WALL[$n]}" "${RC[$n]}" "${FINAL[$n]:--}" "${WIN[$n]:--}"
+    done
+    [ "${WIN[local-$s]}" = "${WIN[cluster-$s]}" ] && echo "$s: same winner" || echo "$s: winners differ (see the final re-timing in $OUT/*-$s.log)"
+  done
+} | tee "$OUT/summary.txt"

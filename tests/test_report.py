@@ -8,6 +8,7 @@ import random
 import re
 import shutil
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -159,16 +160,18 @@ def large(tmp_path_factory) -> tuple[Path, Path, float]:
     d = tmp_path_factory.mktemp("large")
     _synthetic_db(d / "t.sqlite", 10_000)
     out = d / "report.html"
-    t0 = time.perf_counter()
+    wall, cpu = time.perf_counter(), time.process_time()
     summary = report.write(out, d / "t.sqlite", bench_paths=(str(FIXTURES / BENCHES[0]),))
-    seconds = time.perf_counter() - t0
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
     assert summary["trials"] == 10_000
-    return d / "t.sqlite", out, seconds
+    return d / "t.sqlite", out, (wall, cpu)
 
 
 def test_ten_thousand_trials_render_in_under_5_s(large):
-    _, out, seconds = large
-    assert seconds < 5.0, f"{seconds:.1f} s"
+    """Measured in CPU seconds: the command is single-threaded, and on a shared machine its wall
+    time counts the other jobs' turns too (CPU time is its wall time on an idle machine)."""
+    _, out, (wall, cpu) = large
+    assert cpu < 5.0, f"{cpu:.1f} s of CPU ({wall:.1f} s wall)"
     text = out.read_text()
     assert "10000 rows, tab-separated" in text  # the long trial table is one text node
     assert text.count("<circle") == 0 and len(text) < 30e6
@@ -266,3 +269,11 @@ def test_the_check_script_sees_a_script_error(tmp_path):
                    .replace("<body>", '<body><svg class="plot" width="90" height="40"><title>empty</title></svg>'))
     check = _verdict(_open(exe, bad))
     assert check["verdict"] == "fail" and check["errors"] == 1 and check["empty"] == 1
+
+
+def test_importing_the_report_does_not_load_torch():
+    code = "import sys, mlagen.report; print('torch' in sys.modules)"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=Path(__file__).resolve().parent.parent)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "False"

@@ -19,13 +19,14 @@ from pathlib import Path
 from ..cache import atomic_write
 from ..db import OUTCOMES, Trial, TuningDB
 from .data import BenchFile, BenchShape, ShapeClass, gather, read_bench, value_key
-from .svg import PALETTE, Frame, Svg, esc, fmt, hbars, jitter, padded
+from .svg import PALETTE, PLASTIC, Frame, Svg, esc, hbars, jitter, nice_ticks, padded
 
 __all__ = ["build", "write", "gather", "read_bench", "OUTCOME_COLOURS"]
 
 OUTCOME_COLOURS = {"ok": "#2f9e44", "pruned": "#adb5bd", "compile_error": "#f08c00", "wrong_result": "#e03131",
                    "crash": "#9c36b5", "hang": "#1971c2", "launch_error": "#d6336c"}
 assert set(OUTCOME_COLOURS) == set(OUTCOMES)
+_MISSING = object()
 TABLE_ROWS = 1000  # a longer table is written as tab-separated text (one text node: fast to open, easy to copy)
 SCATTER_W, SCATTER_H = 330, 240
 
@@ -98,8 +99,7 @@ def build(classes: list[ShapeClass], benches: list[BenchFile], sources: list[str
 def _table(headers: list[str], rows: list[list], summary: str, numeric: set[int] = frozenset()) -> str:
     """The data behind a plot, folded away: an HTML table, or tab-separated text when long."""
     if len(rows) > TABLE_ROWS:
-        lines = ["\t".join(headers)] + ["\t".join(_cell(c).replace("\t", " ").replace("\n", " ") for c in r)
-                                        for r in rows]
+        lines = ["\t".join(headers)] + ["\t".join(map(_tsv_cell, r)) for r in rows]
         inner = f'<pre class="tsv">{esc(chr(10).join(lines))}</pre>'
         summary += f" ({len(rows)} rows, tab-separated)"
     else:
@@ -108,6 +108,15 @@ def _table(headers: list[str], rows: list[list], summary: str, numeric: set[int]
                                         for i, c in enumerate(r)) + "</tr>" for r in rows)
         inner = f"<table><tr>{head}</tr>{body}</table>"
     return f"<details><summary>{esc(summary)}</summary>{inner}</details>"
+
+
+def _tsv_cell(value) -> str:
+    cls = value.__class__
+    if cls is str:
+        return value.replace("\t", " ").replace("\n", " ") if "\t" in value or "\n" in value else value
+    if cls is int:
+        return str(value)
+    return _cell(value)
 
 
 def _cell(value) -> str:
@@ -160,14 +169,15 @@ def _winner(c: ShapeClass) -> str:
     if not rows:
         return "<h3>Winner</h3><p>No trial passed: nothing to compare.</p>"
     ref = rows[0][1]
-    bars = [(label, ms, colour, f"{ms:.3f} ms, {ref / ms:.2f}× of the first") for label, ms, colour, _ in rows]
+    bars = [(label, ms, colour, f"{ms:.3f} ms · speed ×{ref / ms:.2f}") for label, ms, colour, _ in rows]
     for label, ms, _, symbol in rows:
         table.append([label, ms, f"{ref / ms:.3f}", symbol])
     note = ("" if default is not None else
             "<p class=note>The spec default was not measured in these trials"
             + ("" if c.defaults is not None else f" (this mlagen has no spec {esc(c.spec)})") + ".</p>")
     return ("<h3>Winner against the spec default and the record it replaced</h3>"
-            + hbars(f"winner of {c.title}", bars, "ms per call (shorter is faster)") + note
+            + hbars(f"winner of {c.title}", bars, "ms per call (shorter is faster)")
+            + f"<p class=note>Speed relative to the first bar ({esc(rows[0][0])}).</p>" + note
             + _table(["what", "ms", "speed vs first row", "variant"], table, "table: winner and references", {1, 2}))
 
 
@@ -181,7 +191,7 @@ def _earlier_best(c: ShapeClass) -> Trial | None:
     start = starts.get(c.best.run_id)
     if start is None:
         return None
-    before = [t for t in c.ok() if starts[t.run_id] < start]
+    before = [t for t in c.timed if starts[t.run_id] < start]
     return min(before, key=lambda t: t.time_ms, default=None)
 
 
@@ -189,51 +199,56 @@ def _scatters(c: ShapeClass) -> str:
     names = sorted(c.varied, key=lambda n: -c.importance(n))
     if not names:
         return "<h3>Time against each tunable</h3><p>No tunable varied across these trials.</p>"
-    ok = c.ok()
-    times = [t.time_ms for t in ok]
-    lo, hi = (min(times), max(times)) if times else (0.0, 1.0)
-    lo, hi = padded(lo, hi)
+    times = [t.time_ms for t in c.timed]
+    lo, hi = padded(min(times), max(times)) if times else (0.0, 1.0)
     span = hi - lo
     strip = lo - 0.12 * span   # trials without a time are drawn in a band below the axis
-    figures, tables = [], []
+    f0 = Frame(SCATTER_W, SCATTER_H, 0.0, 1.0, strip - 0.06 * span, hi, left=50, bottom=44)
+    # Every scatter shares the y axis: each trial's y (and sideways jitter) is worked out once.
+    none_y = f0.y(strip)
+    ys = [f"{f0.y(t.time_ms) if t.outcome == 'ok' and t.time_ms is not None else none_y + jitter(i, 8, PLASTIC):.1f}"
+          for i, t in enumerate(c.trials)]
+    plot_w = SCATTER_W - f0.left - f0.right
+    segments: dict[int, list[str]] = {}  # per number of values: each trial's dot, relative to its value's column
+    figures, rows = [], []
     for name in names:
         values = c.value_order(name)
         slot = {value_key(v): i for i, v in enumerate(values)}
-        f = Frame(SCATTER_W, SCATTER_H, -0.5, len(values) - 0.5, strip - 0.06 * span, hi, left=50, bottom=44)
+        f = Frame(SCATTER_W, SCATTER_H, -0.5, len(values) - 0.5, f0.y_lo, f0.y_hi, left=f0.left, bottom=f0.bottom)
         s = Svg(f, f"time against {name}")
-        s.y_axis("ms", [t for t in _ticks(lo, hi)])
+        s.y_axis("ms", _ticks(lo, hi))
         s.line(f.left, f.y(lo - 0.03 * span), f.width - f.right, f.y(lo - 0.03 * span), "#ddd", dash="3 3")
-        s.label(f.left - 4, f.y(strip) + 3, "none", anchor="end", colour="#888")
+        s.label(f.left - 4, none_y + 3, "none", anchor="end", colour="#888")
         ticks = [(i, _short(v)) for i, v in enumerate(values)]
         s.x_axis(name, ticks if len(values) <= 12 else ticks[:: (len(values) + 11) // 12])
-        points: dict[str, list] = collections.defaultdict(list)
+        if len(values) not in segments:
+            scale = plot_w / len(values)
+            segments[len(values)] = [f"M{jitter(i, 0.7) * scale:.1f} {y}h0" for i, y in enumerate(ys)]
+        seg = segments[len(values)]
+        points: dict[tuple, list[str]] = collections.defaultdict(list)   # (outcome, column): dots
+        by_value: dict[tuple, list[float]] = collections.defaultdict(list)
         for i, t in enumerate(c.trials):
-            if name not in t.variant:
+            v = t.variant.get(name, _MISSING)
+            if v is _MISSING:
                 continue
-            x = f.x(slot[value_key(t.variant[name])] + jitter(i, 0.7))
+            k = slot[value_key(v)]
+            points[t.outcome, k].append(seg[i])
             if t.outcome == "ok" and t.time_ms is not None:
-                y = f.y(t.time_ms)
-            else:
-                y = f.y(strip) + jitter(i * 7 + 3, 8)
-            points[t.outcome].append((x, y))
-        for outcome in OUTCOMES:  # ok last: drawn on top
-            if outcome != "ok":
-                s.dots(points.get(outcome, []), OUTCOME_COLOURS[outcome], 4.5)
-        s.dots(points.get("ok", []), OUTCOME_COLOURS["ok"], 4.5, 0.6)
+                by_value[k].append(t.time_ms)
+        for outcome in OUTCOMES[1:] + OUTCOMES[:1]:  # ok last: drawn on top
+            for k in range(len(values)):
+                dots = points.get((outcome, k))
+                if dots:
+                    s.add(f'<g transform="translate({f.x(k):.1f} 0)">')
+                    s.path(dots, OUTCOME_COLOURS[outcome], 4.5, 0.6 if outcome == "ok" else 0.75)
+                    s.add("</g>")
         figures.append(f"<figure>{s.text()}<figcaption>{esc(name)}: the slowest value's best time is "
                        f"{c.importance(name):.2f}× the fastest's</figcaption></figure>")
-        counts = collections.Counter(value_key(t.variant[name]) for t in c.trials if name in t.variant)
-        by_value: dict[str, list[float]] = collections.defaultdict(list)
-        for t in ok:
-            if name in t.variant:
-                by_value[value_key(t.variant[name])].append(t.time_ms)
-        rows = []
-        for v in values:
-            ms = sorted(by_value.get(value_key(v), ()))
-            rows.append([name, _short(v, 40), counts.get(value_key(v), 0), len(ms), ms[0] if ms else None,
-                         ms[len(ms) // 2] if ms else None])
-        tables.append(rows)
-    table = _table(["tunable", "value", "trials", "ok", "best ms", "median ms"], [r for rs in tables for r in rs],
+        for i, v in enumerate(values):
+            ms = sorted(by_value.get(i, ()))
+            n = sum(len(points.get((o, i), ())) for o in OUTCOMES)
+            rows.append([name, _short(v, 40), n, len(ms), ms[0] if ms else None, ms[len(ms) // 2] if ms else None])
+    table = _table(["tunable", "value", "trials", "ok", "best ms", "median ms"], rows,
                    "table: trials per tunable value (every trial is in the trials table below)", {2, 3, 4, 5})
     return ("<h3>Time against each tunable</h3><p class=note>One dot per trial, spread sideways within its "
             "value; tunables ordered by how much they matter. Trials without a time (pruned, failed) sit in "
@@ -246,8 +261,6 @@ def _short(v, n: int = 8) -> str:
 
 
 def _ticks(lo: float, hi: float) -> list[float]:
-    from .svg import nice_ticks
-
     return [t for t in nice_ticks(lo, hi, 5) if lo <= t <= hi]
 
 
@@ -306,7 +319,7 @@ def _progress(c: ShapeClass, runs: list[str]) -> str:
     for t in c.trials:
         start.setdefault(t.run_id, t.created)
     elapsed = [t.created - start[t.run_id] for t in c.trials]
-    times = [t.time_ms for t in c.ok()]
+    times = [t.time_ms for t in c.timed]
     lo, hi = padded(min(times), max(times)) if times else (0.0, 1.0)
     span = hi - lo
     strip = lo - 0.12 * span
@@ -330,7 +343,7 @@ def _progress(c: ShapeClass, runs: list[str]) -> str:
                 best[t.run_id] = t.time_ms
                 steps[t.run_id].append((px, f.y(t.time_ms)))
         else:
-            points[t.outcome].append((px, f.y(strip) + jitter(i, 8)))
+            points[t.outcome].append((px, f.y(strip) + jitter(i, 8, PLASTIC)))
         rows.append([i + 1, t.run_id, round(x, 2), t.outcome, t.time_ms, best.get(t.run_id), t.tflops,
                      t.registers, t.spills, t.max_error, t.symbol,
                      *(t.variant.get(n) for n in c.varied), (t.detail or "").strip().split("\n")[0]])

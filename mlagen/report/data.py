@@ -41,13 +41,15 @@ class ShapeClass:
     def anchor(self) -> str:
         return "c-" + "".join(c if c.isalnum() else "-" for c in f"{self.spec}-{self.problem}-{self.dtypes}")
 
-    def ok(self) -> list[db_mod.Trial]:
+    @functools.cached_property
+    def timed(self) -> list[db_mod.Trial]:
+        """The ok trials (every ok trial has a time)."""
         return [t for t in self.trials if t.outcome == "ok" and t.time_ms is not None]
 
     def fastest(self, n: int = FASTEST) -> list[db_mod.Trial]:
         """The n fastest ok trials, one per variant (a variant measured in two runs counts once)."""
         seen, out = set(), []
-        for t in sorted(self.ok(), key=lambda t: t.time_ms):
+        for t in sorted(self.timed, key=lambda t: t.time_ms):
             if t.symbol not in seen:
                 seen.add(t.symbol)
                 out.append(t)
@@ -59,13 +61,13 @@ class ShapeClass:
         """The fastest ok trial of the spec's default variant, if one was measured."""
         if not self.defaults:
             return None
-        hits = [t for t in self.ok() if t.variant and all(self.defaults.get(k) == v for k, v in t.variant.items())]
+        hits = [t for t in self.timed if t.variant and all(self.defaults.get(k) == v for k, v in t.variant.items())]
         return min(hits, key=lambda t: t.time_ms, default=None)
 
     @functools.cached_property
-    def _seen(self) -> dict[str, dict[str, object]]:
+    def _seen(self) -> dict[str, dict[tuple, object]]:
         """Each tunable's values over the trials (by :func:`value_key`)."""
-        seen: dict[str, dict[str, object]] = {}
+        seen: dict[str, dict[tuple, object]] = {}
         for t in self.trials:
             for k, v in t.variant.items():
                 seen.setdefault(k, {})[value_key(v)] = v
@@ -86,23 +88,27 @@ class ShapeClass:
         known = list(self.values.get(name, ()))
         keys = {value_key(v) for v in known}
         extra = [v for k, v in self._seen.get(name, {}).items() if k not in keys]
-        return known + sorted(extra, key=value_key)
+        return known + sorted(extra, key=lambda v: (type(v).__name__, str(v)))
 
     @functools.lru_cache(maxsize=None)
     def importance(self, name: str) -> float:
         """How much a tunable matters: the slowest of its values' best times over the fastest
         (1.0: any value reaches the same best time)."""
-        bests: dict[str, float] = {}
-        for t in self.ok():
+        bests: dict[tuple, float] = {}
+        for t in self.timed:
             if name in t.variant:
                 k = value_key(t.variant[name])
-                bests[k] = min(bests.get(k, math.inf), t.time_ms)
+                if t.time_ms < bests.get(k, math.inf):
+                    bests[k] = t.time_ms
         return max(bests.values()) / min(bests.values()) if len(bests) > 1 else 1.0
 
 
-def value_key(v) -> str:
-    """A tunable value as a key that tells 1 from True from "1"."""
-    return f"{type(v).__name__}:{v}"
+_SCALARS = frozenset((int, float, str, bool, type(None)))
+
+
+def value_key(v) -> tuple:
+    """A tunable value as a key that tells 1 from True from "1" (and takes any JSON value)."""
+    return (v.__class__, v) if v.__class__ in _SCALARS else (str, json.dumps(v, default=str))
 
 
 def gather(database: db_mod.TuningDB, run_id: str | None = None, shapes: tuple[str, ...] = ()) -> list[ShapeClass]:

@@ -27,14 +27,6 @@ def esc(value) -> str:
     return html.escape(text, quote=True)
 
 
-def fmt(value, digits: int = 3) -> str:
-    if value is None:
-        return ""
-    if isinstance(value, float):
-        return f"{value:.{digits}f}"
-    return str(value)
-
-
 def nice_ticks(lo: float, hi: float, count: int = 5) -> list[float]:
     """Round tick values covering [lo, hi]."""
     if not (math.isfinite(lo) and math.isfinite(hi)) or hi <= lo:
@@ -105,10 +97,15 @@ class Svg:
         """Data points (pixel coordinates) as one path of zero-length round-capped segments."""
         if not points:
             return
-        d = "".join(f"M{x:.1f} {y:.1f}h0" for x, y in points)
-        self.add(f'<path class="mark" d="{d}" stroke="{colour}" stroke-width="{size}" stroke-linecap="round"'
-                 f' stroke-opacity="{opacity}" fill="none"/>')
-        self.marks += len(points)
+        self.path([f"M{x:.1f} {y:.1f}h0" for x, y in points], colour, size, opacity)
+
+    def path(self, segments: list[str], colour: str, size: float = 5.0, opacity: float = 0.75) -> None:
+        """Data points given as ready ``M x y h0`` segments (the fast form of :meth:`dots`)."""
+        if not segments:
+            return
+        self.add(f'<path class="mark" d="{"".join(segments)}" stroke="{colour}" stroke-width="{size}"'
+                 f' stroke-linecap="round" stroke-opacity="{opacity}" fill="none"/>')
+        self.marks += len(segments)
 
     def polyline(self, points: list[tuple[float, float]], colour: str, width: float = 1.5, dash: str = "") -> None:
         if not points:
@@ -177,9 +174,12 @@ def _digits(ticks: list[float]) -> int:
     return 4
 
 
-def jitter(i: int, width: float) -> float:
+GOLDEN, PLASTIC = 0.6180339887, 0.7548776662  # two unrelated steps: sideways and up-down spreads do not line up
+
+
+def jitter(i: int, width: float, step: float = GOLDEN) -> float:
     """A deterministic spread in [-width/2, width/2] for the i-th point of a category."""
-    return ((i * 0.6180339887) % 1.0 - 0.5) * width
+    return ((i * step) % 1.0 - 0.5) * width
 
 
 def padded(lo: float, hi: float, share: float = 0.05) -> tuple[float, float]:

@@ -277,3 +277,13 @@ def test_importing_the_report_does_not_load_torch():
                           cwd=Path(__file__).resolve().parent.parent)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "False"
+
+
+def test_the_wheel_ships_the_report_package():
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        tomllib = pytest.importorskip("tomli")
+
+    doc = tomllib.loads((Path(__file__).resolve().parent.parent / "pyproject.toml").read_text())
+    assert "mlagen.report" in doc["tool"]["setuptools"]["packages"]

@@ -18,7 +18,7 @@ from click.testing import CliRunner
 from mlagen import report
 from mlagen import spec as spec_mod
 from mlagen.cli import cli
-from mlagen.db import Best, RecordKey, Trial, TuningDB
+from mlagen.db import OUTCOMES, Best, RecordKey, Trial, TuningDB
 
 FIXTURES = Path(__file__).parent / "fixtures" / "report"
 TUNES = ("tune-h100-2026-11-21.json", "tune-fp8-h100-2026-11-25-D1.json")
@@ -63,6 +63,10 @@ def test_every_section_is_on_the_page(recorded, page):
     for b in BENCHES:
         assert f"bench {b}" in text
     assert "mla_sparse_prefill" in text and "flashmla" in text and "cudnn" in text
+
+
+def test_every_outcome_has_a_colour():
+    assert set(report.OUTCOME_COLOURS) == set(OUTCOMES)
 
 
 def test_every_plot_draws_marks(page):

@@ -1,8 +1,8 @@
 """Plots as inline SVG text: scatter, step lines and bars, drawn with light markup.
 
 Every string that reaches the page goes through :func:`esc` (database text can hold anything:
-NUL, bidi overrides, ``<script>``). Points are segments of one ``<path>`` per colour (``M x y h0``
-with round caps draws a dot), so a plot of 10,000 trials stays a few hundred KB of text.
+NUL, bidi overrides, ``<script>``). Points are segments of one ``<path>`` per colour and column
+(``M x y h0`` with round caps draws a dot), so a plot of 10,000 trials stays a few hundred KB of text.
 """
 
 from __future__ import annotations

@@ -234,7 +234,7 @@ def _scatters(c: ShapeClass) -> str:
             points[t.outcome, k].append(seg[i])
             if t.outcome == "ok" and t.time_ms is not None:
                 by_value[k].append(t.time_ms)
-        for outcome in OUTCOMES[1:] + OUTCOMES[:1]:  # ok last: drawn on top
+        for outcome in [o for o in OUTCOMES if o != "ok"] + ["ok"]:  # ok last: drawn on top
             for k in range(len(values)):
                 dots = points.get((outcome, k))
                 if dots:

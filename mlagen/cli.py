@@ -624,6 +624,35 @@ def info_cmd():
     click.echo(table(["what", "value"], rows))
 
 
+# --- mlagen report (issue 41): a self-contained block, kept apart from the commands above ---------
+
+
+@cli.command("report")
+@click.option("--db", "db_path", type=click.Path(dir_okay=False), default=None,
+              help=f"Tuning database (default: ${knobs.TUNING_DB.name} or <out>/tuning.sqlite, if it exists).")
+@click.option("--run", "run_id", default=None, help="Only the trials of this tuning run.")
+@click.option("--shape", "shapes", multiple=True, help="Only this shape class (repeatable), e.g. causal/h128/q8192/k8192.")
+@click.option("--bench", "bench_paths", multiple=True, type=click.Path(dir_okay=False),
+              help="A file written by mlagen bench --json (repeatable).")
+@click.option("-o", "--output", "out", type=click.Path(dir_okay=False), default="report.html", show_default=True,
+              help="The HTML file to write.")
+@_friendly
+def report_cmd(db_path, run_id, shapes, bench_paths, out):
+    """Write one self-contained HTML page of the tuning database and bench results: per shape class,
+    time against each tunable by outcome, the winner against the spec default and the record it
+    replaced, registers and spills, the search's progress; per bench file, bars of every peer."""
+    from . import report
+
+    if db_path is None:
+        default = knobs.tuning_db()
+        db_path = default if default.is_file() or not bench_paths else None
+    if db_path is None and (run_id or shapes):
+        raise click.ClickException("--run and --shape need a tuning database (--db)")
+    summary = report.write(out, db_path, run_id, tuple(shapes), tuple(bench_paths))
+    click.echo(f"wrote {out}: {summary['classes']} shape class(es), {summary['trials']} trials, "
+               f"{summary['bench']} bench file(s), {summary['plots']} plots, {summary['bytes'] // 1024} KiB")
+
+
 def main() -> None:
     cli(prog_name="mlagen")
 

@@ -20,7 +20,7 @@ def test_fa3_fp8_missing_library_names_the_path_and_the_build_command(monkeypatc
 
 
 @pytest.mark.parametrize("tool, argv", [("bench_fp8", []), ("bench_sparse", ["verify"]), ("bench_sparse", ["bench-fp8"]),
-                                        ("bench_sparse", ["verify-fp8", "--compute", "fp8"]), ("bench_sparse", ["profile"])])
+                                        ("bench_sparse", ["verify-fp8"]), ("bench_sparse", ["profile"])])
 def test_the_gpu_tools_say_so_in_one_line_without_a_gpu(tool, argv, monkeypatch, capsys):
     torch = pytest.importorskip("torch")
     import importlib

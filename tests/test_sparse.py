@@ -82,10 +82,8 @@ def test_sm90_is_preferred_on_hopper():
     from mlagen.dispatch import family_specs
 
     names = [s.name for s in family_specs("mla_sparse_prefill")]
-    # The H <= 16 kernel first: dispatch takes it only up to its max_heads (16). The fp8-mode spec
-    # serves only compute="fp8" calls (fam.accepts), so its rank among the bf16 specs changes nothing.
-    assert names == ["mla_sparse_prefill_sm90_h16", "mla_sparse_prefill_sm90", "mla_sparse_prefill_sm90_fp8",
-                     "mla_sparse_prefill_sm80"]
+    # The H <= 16 kernel first: dispatch takes it only up to its max_heads (16).
+    assert names == ["mla_sparse_prefill_sm90_h16", "mla_sparse_prefill_sm90", "mla_sparse_prefill_sm80"]
 
 
 def test_max_heads_limits_what_dispatch_may_choose_unasked():
@@ -280,3 +278,27 @@ def test_arguments_need_cuda_and_name_the_argument():
         fam.prepare(q, kv, idx, softmax_scale=0.1)
     with pytest.raises(TypeError, match="q: expected a torch.Tensor"):
         fam.prepare([1], kv, idx, softmax_scale=0.1)
+
+
+@pytest.mark.parametrize("compute, kind, message", [
+    ("fp8", ValueError, r"compute: the fp8 compute mode was removed .*compute='bf16', reads FP8 caches"),
+    ("fp4", ValueError, r"compute: 'fp4': the only compute mode is 'bf16'"),
+    (8, TypeError, r"compute: expected the string 'bf16', got 8"),
+])
+def test_the_removed_fp8_compute_mode_is_one_clear_error(compute, kind, message):
+    torch = pytest.importorskip("torch")
+    import mlagen
+
+    q = torch.zeros((2, 4, 576), dtype=torch.bfloat16)
+    kv = torch.zeros((8, 656), dtype=torch.uint8)
+    idx = torch.zeros((2, 4), dtype=torch.int32)
+    with pytest.raises(kind, match=message):
+        mlagen.mla_sparse_prefill(q, kv, idx, softmax_scale=0.1, kv_format="fp8_v32", compute=compute)
+
+
+def test_a_spec_with_problem_compute_is_refused(tmp_path):
+    text = spec.resolve("mla_sparse_prefill_sm90").read_text().replace("  d_v: 512\n", "  d_v: 512\n  compute: fp8\n", 1)
+    path = tmp_path / "fp8_compute.yaml"
+    path.write_text(text)
+    with pytest.raises(SpecError, match=r"problem.compute.*fp8 compute mode was removed"):
+        spec.load(path)

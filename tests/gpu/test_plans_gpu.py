@@ -54,10 +54,8 @@ def _sparse_args(case: str, seed: int) -> dict:
         shape["heads"] = 16
     elif case == "h128":
         shape["heads"] = 128
-    elif case in ("fp8_v32", "fp8_compute"):
+    elif case == "fp8_v32":
         shape["kv_format"] = "fp8_v32"
-        if case == "fp8_compute":
-            shape["compute"] = "fp8"
     args = sparse.make_inputs(shape, "cuda", seed=seed)
     if case == "topk_length":
         args["topk_length"] = torch.randint(0, 301, (37,), device="cuda", dtype=torch.int32)
@@ -92,7 +90,7 @@ def test_dense_plans_match_the_full_path(case, monkeypatch):
     _check(mlagen.mla_prefill, lambda seed: _dense_args(case, seed), dense_plan._plans, monkeypatch)
 
 
-@pytest.mark.parametrize("case", ["flat", "h16", "h128", "topk_length", "paged", "fp8_v32", "fp8_compute"])
+@pytest.mark.parametrize("case", ["flat", "h16", "h128", "topk_length", "paged", "fp8_v32"])
 def test_sparse_plans_match_the_full_path(case, monkeypatch):
     _check(mlagen.mla_sparse_prefill, lambda seed: _sparse_args(case, seed), sparse._plans, monkeypatch)
 

@@ -25,12 +25,11 @@ from mlagen.runtime import device_info  # noqa: E402
 
 
 def _specs():
-    """The bf16-mode specs targeting the device (an fp8-mode spec serves only compute="fp8"
-    calls on FP8 caches: tests/gpu/test_sparse_fp8_compute_gpu.py)."""
+    """The specs targeting the device."""
     if not torch.cuda.is_available():
         return ["mla_sparse_prefill_sm90"]
     target = device_info(torch.cuda.current_device()).target.name
-    return [s.name for s in family_specs(fam.FAMILY.name) if target in s.targets and fam.spec_compute(s) == "bf16"]
+    return [s.name for s in family_specs(fam.FAMILY.name) if target in s.targets]
 
 
 CASES = bench_sparse.verify_cases()

@@ -93,16 +93,19 @@ def _pow2_ceil(x: float) -> int:
     return 1 if x <= 1 else 1 << math.ceil(math.log2(x))
 
 
-#: Compute modes of a call (``compute=``): "bf16" (the default) dequantizes an FP8 cache to bf16
-#: in the kernel and runs bf16 tensor cores; "fp8" runs the FP8 tensor cores on the e4m3 values
-#: (Q quantized in the kernel), served only by specs with ``problem.compute: fp8``. A spec without
-#: ``problem.compute`` is a bf16-mode spec; no spec serves both modes.
-COMPUTE_MODES = ("bf16", "fp8")
-
-
-def spec_compute(spec) -> str:
-    """The compute mode a spec serves (``problem.compute``, default "bf16")."""
-    return dict(spec.problem).get("compute", "bf16")
+def check_compute(compute) -> str:
+    """``compute`` of a call: only "bf16" (the default: an FP8 cache is read as bf16, dequantized
+    in the kernel or staged first). The fp8 compute mode (FP8 tensor cores on the e4m3 values) was
+    removed on 2026-12-01: it measured 0.77-0.93x the default call on the same cache, and less
+    accurate (docs/notes-sparse.md)."""
+    if not isinstance(compute, str):
+        _fail("compute", f"expected the string 'bf16', got {compute!r}", TypeError)
+    if compute == "fp8":
+        _fail("compute", "the fp8 compute mode was removed (slower and less accurate than the default); the "
+                         "default call, compute='bf16', reads FP8 caches (kv_format fp8_*) dequantized to bf16")
+    if compute != "bf16":
+        _fail("compute", f"{compute!r}: the only compute mode is 'bf16'")
+    return compute
 
 
 def _family_specs():
@@ -112,55 +115,22 @@ def _family_specs():
     return family_specs(FAMILY.name)
 
 
-@functools.lru_cache(maxsize=None)
-def compute_kv_formats(compute: str) -> tuple[str, ...]:
-    """The kv_format values some spec of the family reads in ``compute`` mode, in
-    ``operands.NAMES`` order (from the packaged specs, all targets)."""
-    served = {f for s in _family_specs() if spec_compute(s) == compute
-              for f in dict(s.specialize).get("kv_format", ())}
-    return tuple(n for n in operands.NAMES if n in served)
-
-
-def check_compute(compute, kv_format: str = "bf16", formats=None) -> str:
-    """``compute`` checked against the allowed modes and the call's ``kv_format`` (already
-    checked): TypeError / ValueError naming compute otherwise. Reads the specs only for "fp8",
-    through ``formats`` (default :func:`compute_kv_formats`; the torch op passes a wrapper that
-    torch.compile treats as a constant, so tracing a call reads no files)."""
-    if not isinstance(compute, str):
-        _fail("compute", f"expected a string, one of {list(COMPUTE_MODES)}, got {compute!r}", TypeError)
-    if compute not in COMPUTE_MODES:
-        _fail("compute", f"{compute!r} is not one of {list(COMPUTE_MODES)}")
-    if compute == "bf16":
-        return compute
-    served = list((formats or compute_kv_formats)(compute))
-    if kv_format == "bf16":
-        _fail("compute", f"{compute!r} needs an FP8 cache: kv_format one of {served} (FP8 tensor cores on the "
-                         f"cache's e4m3 values), got kv_format 'bf16'; bf16 rows take compute='bf16'")
-    if kv_format not in served:
-        _fail("compute", f"{compute!r} reads kv_format {served}, got kv_format {kv_format!r} (compute='bf16' "
-                         f"reads it, dequantized to bf16 in the kernel)")
-    return compute
-
-
 @dataclass(frozen=True)
 class ProblemKey:
     """Shape class of a call for tuning records: d_qk, heads and topk rounded up to powers of
     two, the KV layout (a flat table or a pool of strided pages: compiled separately), the KV
     format (``operands.NAMES``; written only when it is not bf16, so bf16 keys read as before)
-    and the compute mode (:data:`COMPUTE_MODES`; ``/fp8`` appended only in fp8 mode, after the
-    format: ``d576/h128/k2048/paged/fp8_v32/fp8``, so every bf16-mode key reads as before)."""
+    (``d576/h128/k2048/paged/fp8_v32``)."""
 
     d_qk: int
     heads: int
     topk: int
     layout: str = "flat"
     kv_format: str = "bf16"
-    compute: str = "bf16"
 
     def __str__(self) -> str:
-        fmt = "" if self.kv_format == "bf16" and self.compute == "bf16" else f"/{self.kv_format}"
-        mode = "" if self.compute == "bf16" else f"/{self.compute}"
-        return f"d{self.d_qk}/h{self.heads}/k{self.topk}/{self.layout}{fmt}{mode}"
+        fmt = "" if self.kv_format == "bf16" else f"/{self.kv_format}"
+        return f"d{self.d_qk}/h{self.heads}/k{self.topk}/{self.layout}{fmt}"
 
     @classmethod
     def parse(cls, text: str) -> "ProblemKey":
@@ -168,26 +138,22 @@ class ProblemKey:
             parts = text.split("/")
             if len(parts) == 4:
                 parts.append("bf16")
-            if len(parts) == 5:
-                parts.append("bf16")
-            elif len(parts) == 6 and parts[5] == "bf16":
-                raise ValueError   # the bf16 mode is never written: one text per key
-            d, h, k, layout, fmt, compute = parts
+            elif len(parts) == 5 and parts[4] == "bf16":
+                raise ValueError   # bf16 is never written: one text per key
+            d, h, k, layout, fmt = parts
             if d[0] != "d" or h[0] != "h" or k[0] != "k" or layout not in ("flat", "paged") \
-                    or fmt not in operands.NAMES or compute not in COMPUTE_MODES \
-                    or (compute != "bf16" and fmt == "bf16"):
+                    or fmt not in operands.NAMES:
                 raise ValueError
-            key = cls(int(d[1:]), int(h[1:]), int(k[1:]), layout, fmt, compute)
+            key = cls(int(d[1:]), int(h[1:]), int(k[1:]), layout, fmt)
             if key.d_qk not in D_QK_VALUES or min(key.heads, key.topk) < 1:
                 raise ValueError
             return key
         except (ValueError, IndexError):
             raise ValueError(f"{text!r} is not a sparse problem key like 'd576/h128/k2048/flat', "
-                             f"'d576/h128/k2048/paged/fp8_v32' or 'd576/h128/k2048/paged/fp8_v32/fp8'") from None
+                             f"or 'd576/h128/k2048/paged/fp8_v32'") from None
 
     def distance(self, other: "ProblemKey") -> float:
-        if self.d_qk != other.d_qk or self.layout != other.layout or self.kv_format != other.kv_format \
-                or self.compute != other.compute:
+        if self.d_qk != other.d_qk or self.layout != other.layout or self.kv_format != other.kv_format:
             return math.inf
         return abs(math.log2(self.heads) - math.log2(other.heads)) + abs(math.log2(self.topk) - math.log2(other.topk))
 
@@ -196,16 +162,15 @@ def problem_key(call) -> ProblemKey:
     """The shape class of a Call or a Shape."""
     paged = getattr(call, "page_size", 0) > 0
     return ProblemKey(call.d_qk, _pow2_ceil(call.heads), _pow2_ceil(max(call.topk, 1)), "paged" if paged else "flat",
-                      getattr(call, "kv_format", "bf16"), getattr(call, "compute", "bf16"))
+                      getattr(call, "kv_format", "bf16"))
 
 
 @dataclass(frozen=True)
 class Shape:
     """A benchmark / tuning problem: Sq query tokens, H heads, topk indices per token drawn
     without repetition from s_kv rows (BENCHMARKS.md), d_qk, whether the sink is on, the KV
-    cache format (``operands.NAMES``; a quantized cache is a pool of 64-token pages) and the
-    compute mode (:data:`COMPUTE_MODES`; "fp8" needs a format an fp8-mode spec reads).
-    Text form: ``sq=4096,h=128,topk=2048,skv=8192[,d=576][,sink=1][,kv=fp8_v32][,compute=fp8]``."""
+    cache format (``operands.NAMES``; a quantized cache is a pool of 64-token pages).
+    Text form: ``sq=4096,h=128,topk=2048,skv=8192[,d=576][,sink=1][,kv=fp8_v32]``."""
 
     id: str
     sq: int
@@ -215,11 +180,10 @@ class Shape:
     d_qk: int = 576
     sink: bool = True
     kv_format: str = "bf16"
-    compute: str = "bf16"
 
 
 _SHAPE_KEYS = {"sq": "sq", "h": "heads", "topk": "topk", "skv": "s_kv", "d": "d_qk", "sink": "sink",
-               "kv": "kv_format", "compute": "compute"}
+               "kv": "kv_format"}
 
 #: The sparse shapes of BENCHMARKS.md (d_qk 576, sink on).
 SHAPES: dict[str, Shape] = {s.id: s for s in (
@@ -234,7 +198,7 @@ SHAPES: dict[str, Shape] = {s.id: s for s in (
 
 def parse_shape(text: str, id: str | None = None) -> Shape:
     """A shape from an id of :data:`SHAPES` (any case) or
-    ``sq=..,h=..,topk=..,skv=..[,d=..][,sink=..][,kv=..][,compute=..]``; ValueError naming the bad item."""
+    ``sq=..,h=..,topk=..,skv=..[,d=..][,sink=..][,kv=..]``; ValueError naming the bad item."""
     if text.strip().upper() in SHAPES:
         named = SHAPES[text.strip().upper()]
         return named if id is None else replace(named, id=id)
@@ -251,16 +215,11 @@ def parse_shape(text: str, id: str | None = None) -> Shape:
                 raise ValueError(f"{text!r}: kv must be one of {list(operands.NAMES)}, got {v!r}")
             values["kv_format"] = v
             continue
-        if k == "compute":
-            if v not in COMPUTE_MODES:
-                raise ValueError(f"{text!r}: compute must be one of {list(COMPUTE_MODES)}, got {v!r}")
-            values["compute"] = v
-            continue
         try:
             values[_SHAPE_KEYS[k]] = int(v)
         except ValueError:
             raise ValueError(f"{text!r}: {k} must be an integer, got {v!r}") from None
-    missing = [k for k, f in _SHAPE_KEYS.items() if f not in values and k not in ("d", "sink", "kv", "compute")]
+    missing = [k for k, f in _SHAPE_KEYS.items() if f not in values and k not in ("d", "sink", "kv")]
     if missing:
         raise ValueError(f"{text!r}: missing {', '.join(missing)}")
     values["sink"] = bool(values.get("sink", 1))
@@ -269,19 +228,13 @@ def parse_shape(text: str, id: str | None = None) -> Shape:
         raise ValueError(f"{text!r}: needs d in {list(D_QK_VALUES)}, positive sizes and topk <= skv")
     if shape.kv_format != "bf16" and shape.d_qk != operands.get(shape.kv_format).d_qk:
         raise ValueError(f"{text!r}: kv={shape.kv_format} holds d={operands.get(shape.kv_format).d_qk} rows")
-    if shape.compute != "bf16":
-        served = list(compute_kv_formats(shape.compute))
-        if shape.kv_format not in served:
-            raise ValueError(f"{text!r}: compute={shape.compute} needs kv= one of {served} (an FP8 cache an "
-                             f"fp8-mode kernel reads), got kv={shape.kv_format}")
     return shape
 
 
 def describe_shape(shape: Shape) -> str:
     fmt = "" if shape.kv_format == "bf16" else f",kv={shape.kv_format}"
-    mode = "" if getattr(shape, "compute", "bf16") == "bf16" else f",compute={shape.compute}"
     return (f"sq={shape.sq},h={shape.heads},topk={shape.topk},skv={shape.s_kv},d={shape.d_qk},"
-            f"sink={int(shape.sink)}{fmt}{mode}")
+            f"sink={int(shape.sink)}{fmt}")
 
 
 @dataclass
@@ -306,7 +259,6 @@ class Call:
     page_size: int    # 0: rows are kv_row_stride apart; else row r is (r // ps, r % ps) of a paged pool
     scale: float
     kv_format: str = "bf16"   # operands.NAMES; strides count elements of kv (bytes when quantized)
-    compute: str = "bf16"     # COMPUTE_MODES: "fp8" is served only by specs with problem.compute fp8
 
     @property
     def key(self) -> ProblemKey:
@@ -396,7 +348,7 @@ def prepare(q, kv, indices, *, softmax_scale, topk_length=None, attn_sink=None, 
     import torch
 
     kv_format_of(kv_format)
-    check_compute(compute, kv_format)
+    check_compute(compute)
     if not isinstance(q, torch.Tensor):
         _fail("q", f"expected a torch.Tensor, got {type(q).__name__}", TypeError)
     if q.device.type != "cuda":
@@ -466,7 +418,7 @@ def prepare(q, kv, indices, *, softmax_scale, topk_length=None, attn_sink=None, 
 
     q = _aligned_or_copy(q)
     return Call(q, kv, indices, topk_length, attn_sink, out, max_logits, lse, sq, heads, topk, d_qk,
-                min(num_kv, MAX_ROWS), row_stride, page_stride, page_size, scale, fmt.name, compute)
+                min(num_kv, MAX_ROWS), row_stride, page_stride, page_size, scale, fmt.name)
 
 
 def fill_empty(call: Call) -> None:
@@ -560,19 +512,16 @@ def launch(selection, call: Call, stream: int) -> None:
 
 def specialization(call) -> dict:
     """The compile-time values a call (or Shape) needs: d_qk, whether kv is a pool of strided
-    pages, and the KV format. The compute mode is no axis of a spec (a spec serves one mode,
-    ``problem.compute``: :func:`accepts` matches it; the problem key carries it)."""
+    pages, and the KV format."""
     return {"d_qk": call.d_qk, "paged": getattr(call, "page_size", 0) > 0,
             "kv_format": getattr(call, "kv_format", "bf16")}
 
 
 def accepts(spec, call: Call) -> bool:
-    """Whether ``spec`` can serve ``call`` (a Call or a Shape): its ABI, its specialisation axes
-    hold the call's values, and it computes in the call's mode (``problem.compute``, default
-    "bf16", equal to ``call.compute``: a spec never serves the other mode)."""
+    """Whether ``spec`` can serve ``call`` (a Call or a Shape): its ABI, and its specialisation
+    axes hold the call's values."""
     axes = dict(spec.specialize)
-    return spec.abi in _ABIS and spec_compute(spec) == getattr(call, "compute", "bf16") \
-        and all(v in axes.get(k, ()) for k, v in specialization(call).items())
+    return spec.abi in _ABIS and all(v in axes.get(k, ()) for k, v in specialization(call).items())
 
 
 def preferred(spec, call) -> bool:
@@ -586,10 +535,10 @@ def preferred(spec, call) -> bool:
     return call.heads <= problem.get("max_heads", call.heads) and (formats is None or fmt in formats.split(","))
 
 
-def kv_format_targets(kv_format: str, compute: str = "bf16") -> list[str]:
-    """The targets of the family's specs that read ``kv_format`` caches in ``compute`` mode."""
+def kv_format_targets(kv_format: str) -> list[str]:
+    """The targets of the family's specs that read ``kv_format`` caches."""
     return sorted({t for s in _family_specs() if kv_format in dict(s.specialize).get("kv_format", ())
-                   and spec_compute(s) == compute for t in s.targets})
+                   for t in s.targets})
 
 
 # --- the family (compile side) --------------------------------------------------------------
@@ -615,10 +564,9 @@ class MlaSparsePrefillFamily(Family):
                             f"names of the spec's kv_format values {allowed}")
         if "persistent" in problem and not isinstance(problem["persistent"], bool):
             raise SpecError(spec.path, "problem.persistent", f"{problem['persistent']!r}: expected true or false")
-        compute = problem.get("compute", "bf16")
-        if compute not in COMPUTE_MODES:
-            raise SpecError(spec.path, "problem.compute", f"{compute!r}: expected one of {list(COMPUTE_MODES)} "
-                            "(the compute mode the spec serves; without the key, bf16)")
+        if "compute" in problem:
+            raise SpecError(spec.path, "problem.compute", "the fp8 compute mode was removed (2026-12-01): every "
+                            "spec of this family computes in bf16; drop the key")
         if spec.abi not in _ABIS:
             raise SpecError(spec.path, "abi", f"{spec.abi!r} is not one of {sorted(_ABIS)}")
         axes = dict(spec.specialize)
@@ -626,11 +574,6 @@ class MlaSparsePrefillFamily(Family):
                 or not set(axes["paged"]) <= {False, True} or not set(axes["kv_format"]) <= set(operands.NAMES):
             raise SpecError(spec.path, "specialize", f"this family specialises on d_qk (values from "
                             f"{list(D_QK_VALUES)}), paged (false, true) and kv_format (from {list(operands.NAMES)})")
-        if compute != "bf16":
-            plain = [f for f in axes["kv_format"] if not operands.get(f).quantized]
-            if plain:
-                raise SpecError(spec.path, "specialize.kv_format", f"{plain}: a spec with problem.compute "
-                                f"{compute!r} reads quantized caches only (from {list(operands.FORMATS)})")
         if spec.schedule is not None:
             _validate_schedule(spec)
         from ... import expr, variant
@@ -666,13 +609,10 @@ class MlaSparsePrefillFamily(Family):
                 reasons.append(f"{name} registers {regs}: setmaxnreg takes a multiple of 8 in [24, 256]")
         if s["roles"]["consumer"][0] != 2 or s["roles"]["producer"][0] != 1:
             reasons.append("this kernel has one gathering warpgroup and two consumer warpgroups")
-        # The bf16-mode kernels gather each buffer in two halves with their own barriers; the
-        # fp8-mode kernel gathers a buffer at once (its rows are transposed into V^T as a block).
-        halves = 2 if spec_compute(variant.spec) == "bf16" else 1
-        if s["gather"]["rows"] != 64 or s["gather"]["buffers"] != 2 or s["gather"]["halves"] != halves \
+        # Each buffer is gathered in two halves with their own barriers.
+        if s["gather"]["rows"] != 64 or s["gather"]["buffers"] != 2 or s["gather"]["halves"] != 2 \
                 or s["gather"]["threads_per_row"] != 8:
-            reasons.append(f"the gather is 64 rows into 2 buffers of {halves} {'halves' if halves > 1 else 'half'}, "
-                           "8 threads per 128-byte row")
+            reasons.append("the gather is 64 rows into 2 buffers of 2 halves, 8 threads per 128-byte row")
         return reasons
 
     def render_context(self, variant) -> dict:
@@ -712,24 +652,18 @@ class MlaSparsePrefillFamily(Family):
         return dict(SHAPES)
 
     def check_shapes(self, problem: str) -> list[Shape]:
-        """The named shapes of the class; for a quantized cache's class (either compute mode),
-        the first bf16 shape of the same class read from that format in that mode (records of
-        them are tuned on S1's sizes)."""
+        """The named shapes of the class; for a quantized cache's class, the first bf16 shape of
+        the same class read from that format (records of them are tuned on S1's sizes)."""
         same = super().check_shapes(problem)
         key = ProblemKey.parse(problem)
         if same or key.kv_format == "bf16":
             return same
-        plain = str(replace(key, kv_format="bf16", compute="bf16"))
-        return [replace(s, kv_format=key.kv_format, compute=key.compute) for s in SHAPES.values()
+        plain = str(replace(key, kv_format="bf16"))
+        return [replace(s, kv_format=key.kv_format) for s in SHAPES.values()
                 if str(problem_key(s)) == plain][:1]
 
     def refuses(self, spec, shape) -> str | None:
-        """A spec serves one compute mode (``problem.compute``) and its kv_format values."""
-        mode, want = spec_compute(spec), getattr(shape, "compute", "bf16")
-        if mode != want:
-            others = [s.name for s in _family_specs() if spec_compute(s) == want]
-            return (f"the shape asks compute={want}, the spec computes in {mode!r} mode (problem.compute); specs "
-                    f"of compute {want}: {', '.join(others) or 'none'}")
+        """A spec serves its kv_format values."""
         formats = dict(spec.specialize).get("kv_format", ())
         if getattr(shape, "kv_format", "bf16") not in formats:
             return f"the shape's kv={shape.kv_format} is not one of the spec's kv_format values {list(formats)}"
@@ -757,7 +691,7 @@ class MlaSparsePrefillFamily(Family):
         """5 tokens, up to 20 heads (a partial 64-row group), topk 200 (not a multiple of the
         64-row block, so the last pair is part-invalid) over 300 rows, the shape's d_qk."""
         return Shape(f"check:{shape.id}", 5, min(shape.heads, 20), 200, 300, shape.d_qk, True,
-                     getattr(shape, "kv_format", "bf16"), getattr(shape, "compute", "bf16"))
+                     getattr(shape, "kv_format", "bf16"))
 
     def call(self, inputs, *, variant=None, kernel=None, outputs=None, check=False):
         # The eager path the public call and its torch ops run (the ops module imports this one).
@@ -765,22 +699,15 @@ class MlaSparsePrefillFamily(Family):
         return run(inputs["q"], inputs["kv"], inputs["indices"], softmax_scale=inputs["softmax_scale"],
                    topk_length=inputs.get("topk_length"), attn_sink=inputs.get("attn_sink"), out=out,
                    max_logits=max_logits, lse=lse, kernel=variant if variant is not None else kernel,
-                   kv_format=inputs.get("kv_format", "bf16"), compute=inputs.get("compute", "bf16"))
+                   kv_format=inputs.get("kv_format", "bf16"))
 
     def reference(self, shape, inputs, heads: int | None = None):
-        """The reference (fp32-dequantized rows for a quantized cache; for compute="fp8" with Q as
-        the kernel rounds it) as a :class:`Reference` carrying the inputs' compute mode, so
-        :meth:`compare` applies that mode's tolerances."""
+        """The reference on the first ``heads`` heads (fp32-dequantized rows for a quantized cache)."""
         h = inputs["q"].shape[1] if heads is None else min(heads, inputs["q"].shape[1])
         sink = inputs.get("attn_sink")
-        q = inputs["q"][:, :h]
-        if inputs.get("compute", "bf16") == "fp8":
-            q = quantize_q_fp8(q)  # the kernel's Q: what is left to check is P's rounding
-        return Reference(reference(q, inputs["kv"], inputs["indices"],
-                                   softmax_scale=inputs["softmax_scale"], topk_length=inputs.get("topk_length"),
-                                   attn_sink=None if sink is None else sink[:h],
-                                   kv_format=inputs.get("kv_format", "bf16")),
-                         inputs.get("compute", "bf16"))
+        return reference(inputs["q"][:, :h], inputs["kv"], inputs["indices"], softmax_scale=inputs["softmax_scale"],
+                         topk_length=inputs.get("topk_length"), attn_sink=None if sink is None else sink[:h],
+                         kv_format=inputs.get("kv_format", "bf16"))
 
     def compare(self, got, ref):
         return compare(got, ref)
@@ -791,9 +718,6 @@ class MlaSparsePrefillFamily(Family):
     @property
     def tolerance(self) -> float:
         return REL_TOL
-
-    def tolerance_for(self, shape) -> float:
-        return TOLERANCES[getattr(shape, "compute", "bf16")][0]
 
 
 def _validate_schedule(spec) -> None:
@@ -928,15 +852,15 @@ def random_indices(sq: int, topk: int, s_kv: int, device, generator=None, chunk:
 
 
 def make_inputs(shape: dict, device, seed: int = 0) -> dict:
-    """Benchmark / verification inputs for a shape {sq, heads, topk, s_kv[, d_qk][, sink][, kv_format][, compute]}:
+    """Benchmark / verification inputs for a shape {sq, heads, topk, s_kv[, d_qk][, sink][, kv_format]}:
     fresh randn data, indices a uniform choice without repetition (BENCHMARKS.md), the sink on unless
     ``sink`` is False. Returns keyword arguments of :func:`mlagen.mla_sparse_prefill` (``kv_format``
-    only for a quantized cache, ``compute`` only when it is not "bf16")."""
+    only for a quantized cache)."""
     import torch
 
     if isinstance(shape, Shape):
         shape = {"sq": shape.sq, "heads": shape.heads, "topk": shape.topk, "s_kv": shape.s_kv, "d_qk": shape.d_qk,
-                 "sink": shape.sink, "kv_format": shape.kv_format, "compute": shape.compute}
+                 "sink": shape.sink, "kv_format": shape.kv_format}
     gen = torch.Generator(device=device)
     gen.manual_seed(seed)
     sq, heads, topk, s_kv = shape["sq"], shape["heads"], shape["topk"], shape["s_kv"]
@@ -954,84 +878,11 @@ def make_inputs(shape: dict, device, seed: int = 0) -> dict:
         rows[:s_kv] = kv[:, 0].float()
         inputs["kv"] = operands.quantize(rows, fmt).view(pages, 64, fmt.row_bytes)
         inputs["kv_format"] = fmt.name
-    compute = shape.get("compute", "bf16")
-    if compute != "bf16":
-        check_compute(compute, fmt.name)
-        inputs["compute"] = compute
     return inputs
 
 
 REL_TOL = 1e-2    # bf16 P and output; fp32 accumulation
 STAT_TOL = 2e-3   # lse and max_logits, relative to 1 + |value|
-
-#: compute="fp8" against the float32 reference computed with Q as the kernel rounds it
-#: (:func:`quantize_q_fp8`) on fp32-dequantized rows (``reference(..., kv_format=...)``): out within
-#: FP8_REL_TOL relative L2, lse and max_logits within FP8_STAT_TOL * (1 + |ref|) on finite entries,
-#: infinities (rows with no valid key: out 0, lse +inf, max_logits -inf) exactly. What is left is
-#: P rounded to e4m3 and the e4m3 wgmma's reduced-precision accumulation: measured on the H100
-#: (session 13, the FP8 case matrix) up to 3.6e-2 on out and 1.02e-2 on lse / max_logits (a
-#: single-key row whose logit, ~50, is a sum of e4m3 products up to 448^2; typically 1e-3). Against the exact Q the logits
-#: also carry Q's e4m3 rounding: up to softmax_scale * 2^-4 * sum_i |q_i| |k_i| per logit
-#: (:func:`fp8_q_logit_bound`), which the GPU tests check as well. Every check of the fp8 mode
-#: (compare, tune, bench_sparse, the GPU tests) reads these two.
-FP8_REL_TOL = 6e-2
-FP8_STAT_TOL = 2e-2
-
-
-def quantize_q_fp8(q):
-    """Q as the fp8 compute mode rounds it: per (token, head), the 512 latent values become
-    e4m3(q / qs) * qs with qs = 2^ceil(log2(amax * (1/448))) (1 when all are 0), round to nearest
-    even, saturating; the rope values are unchanged (the kernel scales them by the power of two
-    exactly). Returns bf16 like q (e4m3 values times a power of two are bf16 values)."""
-    import torch
-
-    q32 = q.float()
-    lat = q32[..., :512]
-    amax = lat.abs().amax(-1, keepdim=True)
-    x = amax * torch.tensor(1.0 / 448.0, dtype=torch.float32, device=q.device)
-    qs = torch.where(amax > 0, torch.exp2(torch.ceil(torch.log2(x))), torch.ones_like(x))
-    q8 = (lat / qs).clamp(-448.0, 448.0).to(torch.float8_e4m3fn).float() * qs
-    return torch.cat([q8, q32[..., lat.shape[-1]:]], -1).to(q.dtype)
-
-
-def fp8_q_logit_bound(q, rows32, indices, topk_length, softmax_scale):
-    """[Sq, H]: how far Q's e4m3 rounding (:func:`quantize_q_fp8`) can move a row's logits, the
-    largest over its valid keys of softmax_scale * sum_i (2^-4 |q_i| + 2^-10 qs) |k_i| over the
-    latent values (half an e4m3 step, relative for normal values and absolute below 2^-6 qs);
-    lse and max_logits, 1-Lipschitz in the logits, move by at most that."""
-    import torch
-
-    n = rows32.shape[0]
-    if indices.dim() == 3:
-        indices = indices[:, 0, :]
-    idx = indices.long()
-    valid = (idx >= 0) & (idx < n)
-    if topk_length is not None:
-        valid &= torch.arange(idx.shape[1], device=idx.device)[None, :] < topk_length.long()[:, None]
-    lat = q.float()[..., :512]
-    amax = lat.abs().amax(-1, keepdim=True)
-    qs = torch.where(amax > 0, torch.exp2(torch.ceil(torch.log2(amax / 448.0))), torch.ones_like(amax))
-    err = 2.0 ** -4 * lat.abs() + 2.0 ** -10 * qs                           # [Sq, H, 512]
-    k = rows32[idx.clamp(0, n - 1)][..., :512].abs()                      # [Sq, topk, 512]
-    dots = torch.einsum("shd,std->sht", err, k).masked_fill(~valid[:, None, :], 0.0)
-    return softmax_scale * dots.amax(-1)
-
-
-#: The tolerances (out relative L2, lse / max_logits relative to 1 + |ref|) of each compute mode.
-TOLERANCES = {"bf16": (REL_TOL, STAT_TOL), "fp8": (FP8_REL_TOL, FP8_STAT_TOL)}
-
-
-class Reference(tuple):
-    """(out, max_logits, lse) of the reference, with the compute mode of the call it checks
-    (``compute``): :func:`compare` takes that mode's tolerances from it."""
-
-    def __new__(cls, outputs, compute: str = "bf16"):
-        self = super().__new__(cls, outputs)
-        self.compute = compute
-        return self
-
-    def __reduce__(self):
-        return (Reference, (tuple(self), self.compute))
 
 
 @dataclass(frozen=True)
@@ -1048,16 +899,11 @@ class Check:
         return self.problem is None
 
 
-def compare(got, ref, compute: str | None = None) -> Check:
+def compare(got, ref, rel_tol: float = REL_TOL, stat_tol: float = STAT_TOL) -> Check:
     """(out, max_logits, lse) against the reference's: coverage (no NaN) everywhere, accuracy on
-    the reference's heads; rows with no valid entry must be exactly 0 / -inf / +inf. The
-    tolerances are those of ``compute`` (default: the reference's mode, :class:`Reference`;
-    bf16 for a plain tuple): :data:`TOLERANCES`."""
+    the reference's heads; rows with no valid entry must be exactly 0 / -inf / +inf."""
     import torch
 
-    if compute is None:
-        compute = getattr(ref, "compute", "bf16")
-    rel_tol, stat_tol = TOLERANCES[compute]
     out, ml, lse = got
     r_out, r_ml, r_lse = ref
     heads = r_out.shape[1]
@@ -1235,7 +1081,6 @@ def select(call: Call, kernel=None):
         if wrong:
             _fail("kernel", f"variant {kernel.symbol} is compiled for "
                             f"{ {k: kernel.get(k) for k in wrong} }, the call needs {wrong}")
-        _check_mode(kernel.spec, call, f"variant {kernel.symbol}")
         return _select(call, kernel, device)
     if _selected is None:
         _selected = dispatch.SelectionMemo()
@@ -1243,22 +1088,10 @@ def select(call: Call, kernel=None):
     return _selected.get(memo, lambda: _select(call, kernel, device))
 
 
-def _check_mode(spec, call, what: str) -> None:
-    """A kernel asked for by name or variant must compute in the call's mode."""
-    mode = spec_compute(spec)
-    if mode != call.compute:
-        _fail("kernel", f"{what} computes in {mode!r} mode (spec {spec.name}, problem.compute), the call asks "
-                        f"compute={call.compute!r}")
-
-
 def _select(call: Call, kernel, device: int):
     from ... import dispatch
     from ...variant import Variant
 
-    if isinstance(kernel, str):
-        named = next((s for s in dispatch.family_specs(FAMILY.name) if s.name == kernel), None)
-        if named is not None:
-            _check_mode(named, call, f"spec {kernel}")
     try:
         selection = dispatch.dispatcher().select(
             FAMILY.name, str(call.key), specialization(call), device,
@@ -1267,11 +1100,6 @@ def _select(call: Call, kernel, device: int):
             only=kernel if isinstance(kernel, str) else None,
         )
     except NoDeviceError as exc:
-        if call.compute != "bf16":
-            targets = ", ".join(kv_format_targets(call.kv_format, call.compute)) or "none"
-            raise NoDeviceError(f"mla_sparse_prefill: compute {call.compute!r}: no kernel for this device and "
-                                f"these inputs ({exc}); kernels computing kv_format {call.kv_format!r} in "
-                                f"{call.compute!r} mode target: {targets}") from None
         if call.kv_format == "bf16":
             raise
         targets = ", ".join(kv_format_targets(call.kv_format)) or "none"

@@ -26,6 +26,7 @@ import time
 from . import measure
 from .errors import MlagenError
 from .families import mla_sparse_prefill as fam
+from .families.mla_sparse_prefill import problem as sp_problem, compile as sp_compile, reference as sp_ref
 from .families.base import Peer
 from .families.mla_sparse_prefill.peers import FLASHMLA
 
@@ -113,7 +114,7 @@ def check_case(torch, case: dict, seed: int, kernel=None) -> tuple[bool, str]:
     out = torch.full((sq, heads, 512), math.nan, dtype=torch.bfloat16, device=device)
     o, ml, lse = mlagen.mla_sparse_prefill(q, kv, idx, softmax_scale=scale, topk_length=length, attn_sink=sink,
                                            out=out, kernel=kernel)
-    ro, rml, rlse = fam.reference(q, kv, idx, softmax_scale=scale, topk_length=length, attn_sink=sink)
+    ro, rml, rlse = sp_ref.reference(q, kv, idx, softmax_scale=scale, topk_length=length, attn_sink=sink)
     torch.cuda.synchronize()
     return judge(torch, (o, ml, lse), (ro, rml, rlse))
 
@@ -204,13 +205,13 @@ def check_graph(torch) -> tuple[bool, str]:
     """The call captured in a CUDA graph and replayed on new inputs matches a direct call."""
     import mlagen
 
-    inp = fam.make_inputs({"sq": 64, "heads": 64, "topk": 256, "s_kv": 4096}, "cuda", seed=5)
+    inp = sp_ref.make_inputs({"sq": 64, "heads": 64, "topk": 256, "s_kv": 4096}, "cuda", seed=5)
     mlagen.mla_sparse_prefill(**inp)  # builds the kernel outside capture
     torch.cuda.synchronize()
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         o, ml, lse = mlagen.mla_sparse_prefill(**inp)
-    new = fam.make_inputs({"sq": 64, "heads": 64, "topk": 256, "s_kv": 4096}, "cuda", seed=6)
+    new = sp_ref.make_inputs({"sq": 64, "heads": 64, "topk": 256, "s_kv": 4096}, "cuda", seed=6)
     for k in ("q", "kv", "indices", "attn_sink"):
         inp[k].copy_(new[k])
     g.replay()
@@ -364,9 +365,9 @@ def check_fp8_case(torch, case: dict, seed: int, kernel=None) -> tuple[bool, str
     got = mlagen.mla_sparse_prefill(q, cache, idx, softmax_scale=scale, topk_length=length, attn_sink=sink, out=out,
                                     max_logits=ml, lse=lse, kernel=kernel, kv_format=fmt.name)
     copy = operands.dequantize(cache, fmt, round_bf16=True)       # [N, 576] bf16, what the kernel holds
-    strict = fam.reference(q, copy, idx, softmax_scale=scale, topk_length=length, attn_sink=sink)
+    strict = sp_ref.reference(q, copy, idx, softmax_scale=scale, topk_length=length, attn_sink=sink)
     ok, msg = judge(torch, got, strict)
-    ref32 = fam.reference(q, cache, idx, softmax_scale=scale, topk_length=length, attn_sink=sink, kv_format=fmt.name)
+    ref32 = sp_ref.reference(q, cache, idx, softmax_scale=scale, topk_length=length, attn_sink=sink, kv_format=fmt.name)
     bound = logit_bound(torch, q, operands.dequantize(cache, fmt), idx, length, scale)
     ok32, msg32 = judge(torch, got, ref32, FP8_OUT_TOL, bound=bound)
     ok, msg = ok and ok32, f"vs bf16-rounded rows: {msg}; vs fp32-dequantized rows: {msg32}"
@@ -386,7 +387,7 @@ def check_fp8_case(torch, case: dict, seed: int, kernel=None) -> tuple[bool, str
 def _spec_reading(kv_format: str, device, heads: int) -> str:
     """The spec dispatch uses for ``kv_format`` caches of ``heads`` heads on ``device``: the
     highest-priority one of the family that targets it, reads that format and is chosen unasked
-    for such calls (``fam.preferred``: ``problem.max_heads``, ``problem.preferred_kv_formats``)."""
+    for such calls (``sp_compile.preferred``: ``problem.max_heads``, ``problem.preferred_kv_formats``)."""
     from types import SimpleNamespace
 
     from .dispatch import family_specs
@@ -396,7 +397,7 @@ def _spec_reading(kv_format: str, device, heads: int) -> str:
     call = SimpleNamespace(heads=heads, kv_format=kv_format)
     return next(s.name for s in family_specs(fam.FAMILY.name)
                 if target in s.targets and kv_format in dict(s.specialize).get("kv_format", ())
-                and fam.preferred(s, call))
+                and sp_compile.preferred(s, call))
 
 
 def verify_fp8(kernel=None) -> int:
@@ -441,14 +442,14 @@ def bench_fp8(shapes, rounds, iters, scale_fmts=("ue8m0", "fp32"), formats=("fp8
     rows = []
     for name, fmt_name, scale_fmt in itertools.product(shapes, formats, scale_fmts):
         fmt = operands.get(fmt_name)
-        shape = dataclasses.replace(fam.parse_shape(name), kv_format=fmt.name)
-        inp = fam.make_inputs(shape, "cuda", seed=0)
+        shape = dataclasses.replace(sp_problem.parse_shape(name), kv_format=fmt.name)
+        inp = sp_ref.make_inputs(shape, "cuda", seed=0)
         q, cache, idx, sink, sc = inp["q"], inp["kv"], inp["indices"], inp["attn_sink"], inp["softmax_scale"]
         if scale_fmt != "fp32":   # make_inputs quantizes with amax / 448
             cache = operands.quantize(operands.dequantize(cache, fmt), fmt, scale_fmt=scale_fmt).view(cache.shape)
         copy = operands.dequantize(cache, fmt, round_bf16=True)
         buf = torch.empty_like(copy)
-        fl = fam.flops(shape.sq, shape.heads, shape.topk)
+        fl = sp_problem.flops(shape.sq, shape.heads, shape.topk)
         in_kernel = _spec_reading(fmt.name, q.device, shape.heads)
         fns = {   # "fp8": the call as users write it (staged into bf16 first); "fp8_kernel": converted in the kernel
             "fp8": lambda: mlagen.mla_sparse_prefill(q, cache, idx, softmax_scale=sc, attn_sink=sink,
@@ -529,7 +530,7 @@ def variant_peer(text: str) -> Peer:
     ours = fam.FAMILY.peers()["mlagen"]
 
     def prepare(shape, inputs, arg=None):
-        v = variant_mod.make(spec, {**values, **fam.specialization(shape)})
+        v = variant_mod.make(spec, {**values, **sp_compile.specialization(shape)})
         return ours.prepare(shape, inputs, v)
 
     return Peer(f"mlagen:{text}", f"the public call with the variant {text} forced", prepare, ours=True)
@@ -557,8 +558,8 @@ def profile(shape_text: str) -> int:
     import mlagen
     from .families.mla_sparse_prefill.peers import FLASHMLA
 
-    shape = fam.parse_shape(shape_text)
-    inp = fam.make_inputs(shape, "cuda", seed=0)
+    shape = sp_problem.parse_shape(shape_text)
+    inp = sp_ref.make_inputs(shape, "cuda", seed=0)
     mlagen.mla_sparse_prefill(**inp)
     path, why = FLASHMLA.status()
     if path is None:

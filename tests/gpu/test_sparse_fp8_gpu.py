@@ -19,7 +19,7 @@ torch = pytest.importorskip("torch")
 import mlagen  # noqa: E402
 from mlagen import bench_sparse, operands  # noqa: E402
 from mlagen.errors import NoDeviceError  # noqa: E402
-from mlagen.families import mla_sparse_prefill as fam  # noqa: E402
+from mlagen.families.mla_sparse_prefill import reference as sp_ref  # noqa: E402
 
 CASES = bench_sparse.fp8_cases()
 
@@ -39,7 +39,7 @@ def test_fp8_cache_matches_reference_and_bf16_kernel(i, kernel):
 
 
 def _inputs(seed=4):
-    return fam.make_inputs({"sq": 16, "heads": 64, "topk": 256, "s_kv": 1000, "kv_format": "fp8_v32"}, "cuda",
+    return sp_ref.make_inputs({"sq": 16, "heads": 64, "topk": 256, "s_kv": 1000, "kv_format": "fp8_v32"}, "cuda",
                            seed=seed)
 
 

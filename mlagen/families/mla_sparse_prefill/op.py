@@ -20,7 +20,10 @@ from typing import Optional
 import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode as _current_dispatch_mode
 
-from . import D_V, ArgumentError, check_compute, run
+from ...errors import ArgumentError
+from .call import check_compute
+from .entry import run
+from .problem import D_V
 
 Tensor = torch.Tensor
 

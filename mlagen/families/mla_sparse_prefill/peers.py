@@ -155,7 +155,9 @@ def mlagen_peer(shape, inputs: dict, arg=None) -> Prepared:
     (``mlagen:<kernel symbol>``) or, from Python, a Variant. The checked call poisons all three
     outputs with NaN so an element the kernel never writes shows up."""
     from ... import dispatch
-    from . import FAMILY, prepare, select
+    from . import FAMILY
+    from .call import prepare
+    from .entry import select
     from .op import mla_sparse_prefill
 
     if isinstance(arg, str):

@@ -570,7 +570,7 @@ def test_gpu_telemetry_picks_the_device_by_uuid(monkeypatch):
 
 
 def test_bench_sparse_variant_peers_are_checked_before_any_gpu_work():
-    from mlagen import bench_sparse
+    from mlagen.families.mla_sparse_prefill import tools as bench_sparse
     from mlagen.errors import SpecError
 
     peer = bench_sparse.variant_peer("l2_evict_last=false,epilogue=direct")

@@ -14,7 +14,7 @@ from mlagen import operands, render, spec, variant
 
 torch = pytest.importorskip("torch")
 
-from mlagen import bench_sparse  # noqa: E402
+from mlagen.families.mla_sparse_prefill import tools as bench_sparse  # noqa: E402
 from mlagen.families import mla_sparse_prefill as fam  # noqa: E402
 from mlagen.families.mla_sparse_prefill import problem as sp_problem, call as sp_call, compile as sp_compile, reference as sp_ref  # noqa: E402
 

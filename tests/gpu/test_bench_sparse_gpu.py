@@ -18,7 +18,8 @@ torch = pytest.importorskip("torch")
 
 from click.testing import CliRunner  # noqa: E402
 
-from mlagen import bench, bench_sparse, db  # noqa: E402
+from mlagen import bench, db  # noqa: E402
+from mlagen.families.mla_sparse_prefill import tools as bench_sparse  # noqa: E402
 from mlagen.cli import cli  # noqa: E402
 from mlagen.dispatch import dispatcher  # noqa: E402
 from mlagen.families import mla_sparse_prefill as fam  # noqa: E402

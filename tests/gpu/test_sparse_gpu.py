@@ -1,6 +1,6 @@
 """Sparse MLA prefill on the GPU against the float32 reference of MLA.md section 2.
 
-The matrix of mlagen.bench_sparse.verify_cases (H in {1, 5, 16, 64, 128} x topk in
+The matrix of mlagen.families.mla_sparse_prefill.tools.verify_cases (H in {1, 5, 16, 64, 128} x topk in
 {1, 33, 640, 2048}; -1, negative, >= N and 2**31 - 1 indices; duplicates; topk_length short,
 zero and past topk; sink absent, finite, +inf, -inf and mixed; flat, [N, 1, d] and strided
 paged kv; empty rows; d_qk 512 and 576; strided q) runs on every spec of the family that
@@ -18,7 +18,7 @@ pytestmark = pytest.mark.gpu
 torch = pytest.importorskip("torch")
 
 import mlagen  # noqa: E402
-from mlagen import bench_sparse  # noqa: E402
+from mlagen.families.mla_sparse_prefill import tools as bench_sparse  # noqa: E402
 from mlagen.dispatch import family_specs  # noqa: E402
 from mlagen.families import mla_sparse_prefill as fam  # noqa: E402
 from mlagen.families.mla_sparse_prefill import reference as sp_ref  # noqa: E402

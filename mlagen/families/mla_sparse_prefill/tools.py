@@ -1,12 +1,12 @@
 """The sparse family's device tool: the correctness matrix, a sanitizer case, a profile case, and
 ``mlagen bench`` on the sparse shapes with forced variants beside the default.
 
-    python -m mlagen.bench_sparse verify [--kernel SPEC]  # the correctness matrix (exit 1 on a failure)
-    python -m mlagen.bench_sparse sanitize                # one small fuzzed case, for compute-sanitizer
-    python -m mlagen.bench_sparse profile [--shape S1]    # one call of ours and of FlashMLA's, for ncu
-    python -m mlagen.bench_sparse bench [--shapes S1,S5] [--variant l2_evict_last=false] [--json F]
-    python -m mlagen.bench_sparse verify-fp8 [--kernel SPEC]  # the FP8-cache matrix (issue 10)
-    python -m mlagen.bench_sparse bench-fp8 [--shapes S1,S3]  # FP8 cache (staged, in-kernel) vs bf16 copy vs
+    python -m mlagen.families.mla_sparse_prefill.tools verify [--kernel SPEC]  # the correctness matrix (exit 1 on a failure)
+    python -m mlagen.families.mla_sparse_prefill.tools sanitize                # one small fuzzed case, for compute-sanitizer
+    python -m mlagen.families.mla_sparse_prefill.tools profile [--shape S1]    # one call of ours and of FlashMLA's, for ncu
+    python -m mlagen.families.mla_sparse_prefill.tools bench [--shapes S1,S5] [--variant l2_evict_last=false] [--json F]
+    python -m mlagen.families.mla_sparse_prefill.tools verify-fp8 [--kernel SPEC]  # the FP8-cache matrix (issue 10)
+    python -m mlagen.families.mla_sparse_prefill.tools bench-fp8 [--shapes S1,S3]  # FP8 cache (staged, in-kernel) vs bf16 copy vs
                                                               # FlashMLA / the serving path
 
 The benchmark itself is ``mlagen bench`` (:mod:`mlagen.bench`, the family's peers in
@@ -23,12 +23,12 @@ import math
 import sys
 import time
 
-from . import measure
-from .errors import MlagenError
-from .families import mla_sparse_prefill as fam
-from .families.mla_sparse_prefill import problem as sp_problem, compile as sp_compile, reference as sp_ref
-from .families.base import Peer
-from .families.mla_sparse_prefill.peers import FLASHMLA
+from ... import measure
+from ...errors import MlagenError
+from . import FAMILY
+from . import problem as sp_problem, compile as sp_compile, reference as sp_ref
+from ..base import Peer
+from .peers import FLASHMLA
 
 
 # --- correctness ------------------------------------------------------------------------------
@@ -252,7 +252,7 @@ def make_fp8_kv(torch, layout: str, n: int, fmt, gen, device, spread: float = 2.
     stays in e4m3's range), with scales of ``scale_fmt`` (operands.SCALE_FORMATS). Returns the cache tensor
     as a caller passes it (uint8, [blocks, page, row_bytes] or [blocks, page, 1, row_bytes];
     strided pages sit in slots twice their size)."""
-    from . import operands
+    from ... import operands
 
     page, four_d, strided = FP8_LAYOUTS[layout]
     blocks = -(-n // page)
@@ -328,7 +328,7 @@ def logit_bound(torch, q, rows32, idx, length, scale: float):
 def fp8_case_inputs(torch, case: dict, seed: int):
     """An FP8-cache case's inputs, drawn from ``seed`` on the GPU: (fmt, q (a strided view of a
     wider tensor), cache, indices, topk_length, sink, softmax_scale)."""
-    from . import operands
+    from ... import operands
 
     device = torch.device("cuda")
     gen = torch.Generator(device=device)
@@ -351,7 +351,7 @@ def check_fp8_case(torch, case: dict, seed: int, kernel=None) -> tuple[bool, str
     the bf16 rounding bound (``logit_bound``); and bit for bit against the bf16 kernel on the bf16 copy."""
     import mlagen
 
-    from . import operands
+    from ... import operands
 
     sq, heads = case["sq"], case["heads"]
     fmt, q, cache, idx, length, sink, scale = fp8_case_inputs(torch, case, seed)
@@ -390,12 +390,12 @@ def _spec_reading(kv_format: str, device, heads: int) -> str:
     for such calls (``sp_compile.preferred``: ``problem.max_heads``, ``problem.preferred_kv_formats``)."""
     from types import SimpleNamespace
 
-    from .dispatch import family_specs
-    from .runtime import device_info
+    from ...dispatch import family_specs
+    from ...runtime import device_info
 
     target = device_info(device.index if device.index is not None else 0).target.name
     call = SimpleNamespace(heads=heads, kv_format=kv_format)
-    return next(s.name for s in family_specs(fam.FAMILY.name)
+    return next(s.name for s in family_specs(FAMILY.name)
                 if target in s.targets and kv_format in dict(s.specialize).get("kv_format", ())
                 and sp_compile.preferred(s, call))
 
@@ -429,7 +429,7 @@ def bench_fp8(shapes, rounds, iters, scale_fmts=("ue8m0", "fp32"), formats=("fp8
 
     import mlagen
 
-    from . import operands
+    from ... import operands
 
     path, why = FLASHMLA.status()
     peer = FLASHMLA.load().sparse_fwd if path else None
@@ -521,13 +521,13 @@ def bench_fp8(shapes, rounds, iters, scale_fmts=("ue8m0", "fp32"), formats=("fp8
 def variant_peer(text: str) -> Peer:
     """An ``mlagen`` peer that forces one variant of the sm90 spec, from ``name=value,...`` (the
     others at their defaults): for comparing tunables in the same process as the default."""
-    from . import spec as spec_mod
-    from . import variant as variant_mod
+    from ... import spec as spec_mod
+    from ... import variant as variant_mod
 
     spec = spec_mod.load("mla_sparse_prefill_sm90")
     values = variant_mod.parse_assignments(spec, [text])
     variant_mod.make(spec, {**values, "d_qk": 576, "paged": False})   # names and values checked now
-    ours = fam.FAMILY.peers()["mlagen"]
+    ours = FAMILY.peers()["mlagen"]
 
     def prepare(shape, inputs, arg=None):
         v = variant_mod.make(spec, {**values, **sp_compile.specialization(shape)})
@@ -538,14 +538,14 @@ def variant_peer(text: str) -> Peer:
 
 def bench(shapes: str, rounds: int, iters: int, peers: str | None, variant_texts=(), json_path=None) -> int:
     """``mlagen bench`` on sparse shapes (its timing, report and JSON), plus forced variants."""
-    from . import bench as bench_mod
+    from ... import bench as bench_mod
 
-    names = bench_mod.parse_peers(peers, [fam.FAMILY]) if peers else bench_mod.default_peers(fam.FAMILY, print)
+    names = bench_mod.parse_peers(peers, [FAMILY]) if peers else bench_mod.default_peers(FAMILY, print)
     results = bench_mod.run(shapes, [*names, *map(variant_peer, variant_texts)], iters=iters, rounds=rounds)
     env = bench_mod.environment()
     print(bench_mod.format_table(results, env))
     if json_path:
-        from .cache import atomic_write
+        from ...cache import atomic_write
 
         atomic_write(json_path, bench_mod.results_to_json(results, env).encode())
     return 1 if any(p.ours and p.wrong for r in results for p in r.peers.values()) else 0
@@ -556,7 +556,7 @@ def profile(shape_text: str) -> int:
     import torch
 
     import mlagen
-    from .families.mla_sparse_prefill.peers import FLASHMLA
+    from .peers import FLASHMLA
 
     shape = sp_problem.parse_shape(shape_text)
     inp = sp_ref.make_inputs(shape, "cuda", seed=0)
@@ -572,7 +572,7 @@ def profile(shape_text: str) -> int:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="mlagen.bench_sparse")
+    ap = argparse.ArgumentParser(prog="mlagen.families.mla_sparse_prefill.tools")
     sub = ap.add_subparsers(dest="cmd", required=True)
     v = sub.add_parser("verify")
     v.add_argument("--kernel", default=None, help="force a spec, e.g. mla_sparse_prefill_sm80")
@@ -598,7 +598,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     try:
         if args.cmd == "bench-fp8":   # the arguments first, then the GPU
-            from . import operands
+            from ... import operands
 
             args.formats = tuple(args.formats.split(","))
             bad = [f for f in args.formats if f not in operands.NAMES or not operands.get(f).quantized]
@@ -619,7 +619,7 @@ def main(argv=None) -> int:
             return profile(args.shape)
         return bench(args.shapes, args.rounds, args.iters, args.peers, args.variant, args.json)
     except (MlagenError, ValueError) as exc:   # a bad argument or no GPU: one line, no traceback
-        print(f"mlagen.bench_sparse: {exc}", file=sys.stderr)
+        print(f"mlagen.families.mla_sparse_prefill.tools: {exc}", file=sys.stderr)
         return 2
 
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from mlagen import knobs, plans
-from mlagen.families.mla_prefill import TMA_PARAMS
+from mlagen.families.mla_prefill.params import TMA_PARAMS
 from mlagen.families.mla_sparse_prefill.params import params_for
 
 

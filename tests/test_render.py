@@ -22,7 +22,7 @@ from mlagen import gen_wgmma, paths, render
 from mlagen import spec as spec_mod
 from mlagen import variant
 from mlagen.errors import RenderError
-from mlagen.families.mla_prefill import SIMT_PARAMS, TMA_PARAMS
+from mlagen.families.mla_prefill.params import SIMT_PARAMS, TMA_PARAMS
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
 UPDATE = os.environ.get("MLAGEN_UPDATE_GOLDEN") == "1"

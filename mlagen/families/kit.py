@@ -84,3 +84,37 @@ def out_error(out, ref_out) -> tuple[float, float]:
     if norm == 0.0:
         return max_abs, max_abs
     return max_abs, float(diff.norm()) / norm
+
+
+def check_default_constraints(spec) -> None:
+    """The spec's default variant meets the spec's own constraints (SpecError naming the
+    constraint otherwise): a spec whose defaults it cannot build is a typo, caught at load time."""
+    from .. import expr, variant
+    from ..errors import SpecError
+
+    env = variant.make(spec, {}).env()
+    for i, c in enumerate(spec.constraints):
+        try:
+            ok = c.require(env)
+        except expr.ExprError as exc:
+            raise SpecError(spec.path, f"constraints[{i}].require", str(exc)) from None
+        if not ok:
+            raise SpecError(spec.path, "tune", f"the default variant breaks constraint {i}: {c.message} "
+                            f"(requires {c.require.text})")
+
+
+class ShapesOf:
+    """The shape half of the Family protocol read from a family's problem module (``problem``:
+    its ``SHAPES``, the BENCHMARKS.md shapes by id, ``parse_shape`` and ``describe_shape``)."""
+
+    problem = None
+
+    def parse_shape(self, text: str, id: str | None = None):
+        return self.problem.parse_shape(text, id)
+
+    def describe_shape(self, shape) -> str:
+        return self.problem.describe_shape(shape)
+
+    def shapes(self) -> dict:
+        """The shapes of BENCHMARKS.md of this family, by id."""
+        return dict(self.problem.SHAPES)

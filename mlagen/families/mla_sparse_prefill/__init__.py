@@ -17,16 +17,19 @@ from dataclasses import replace
 
 from ... import operands
 from ...errors import SpecError
+from .. import kit
 from ..base import Family, register
+from . import problem as _problem
 from .compile import accepts, evaluate_schedule, specialization, validate_schedule
 from .params import ABIS
-from .problem import D_QK_VALUES, D_V, NAME, SHAPES, ProblemKey, Shape, describe_shape, flops, parse_shape, problem_key
+from .problem import D_QK_VALUES, D_V, NAME, SHAPES, ProblemKey, Shape, flops, problem_key
 from .reference import REL_TOL
 
 # --- the family (compile side) --------------------------------------------------------------
 
 
-class MlaSparsePrefillFamily(Family):
+class MlaSparsePrefillFamily(kit.ShapesOf, Family):
+    problem = _problem
     name = NAME
 
     def validate_spec(self, spec) -> None:
@@ -58,17 +61,7 @@ class MlaSparsePrefillFamily(Family):
                             f"{list(D_QK_VALUES)}), paged (false, true) and kv_format (from {list(operands.NAMES)})")
         if spec.schedule is not None:
             validate_schedule(spec)
-        from ... import expr, variant
-
-        env = variant.make(spec, {}).env()
-        for i, c in enumerate(spec.constraints):
-            try:
-                ok = c.require(env)
-            except expr.ExprError as exc:
-                raise SpecError(spec.path, f"constraints[{i}].require", str(exc)) from None
-            if not ok:
-                raise SpecError(spec.path, "tune", f"the default variant breaks constraint {i}: {c.message} "
-                                f"(requires {c.require.text})")
+        kit.check_default_constraints(spec)
 
     def check_variant(self, variant, target, resources) -> list[str]:
         fmt = operands.get(variant["kv_format"], variant["d_qk"])
@@ -122,16 +115,6 @@ class MlaSparsePrefillFamily(Family):
     def problem_specialization(self, problem: str) -> dict:
         key = ProblemKey.parse(problem)
         return {"d_qk": key.d_qk, "paged": key.layout == "paged", "kv_format": key.kv_format}
-
-    def parse_shape(self, text: str, id: str | None = None) -> Shape:
-        return parse_shape(text, id)
-
-    def describe_shape(self, shape) -> str:
-        return describe_shape(shape)
-
-    def shapes(self) -> dict[str, Shape]:
-        """S1 ... S6 of BENCHMARKS.md."""
-        return dict(SHAPES)
 
     def check_shapes(self, problem: str) -> list[Shape]:
         """The named shapes of the class; for a quantized cache's class, the first bf16 shape of

@@ -504,7 +504,7 @@ def _short(text: str, limit: int | None = None) -> str:
 
 def _tolerances(results) -> str:
     """The tolerance the error column was judged by: one value, or one per shape where they differ
-    (the sparse family's compute="fp8" shapes allow more than its bf16 ones)."""
+    (a family whose shapes differ in precision says so per shape)."""
     tols = {r.shape.id: r.family.tolerance_for(r.shape) for r in results}
     if len(set(tols.values())) == 1:
         return f"{next(iter(tols.values())):g}"

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-SPEC = "mla_sparse_prefill_sm90_fp8"
-CHANGED = "templates/include/mlagen/sm90/sparse_prefill.cuh"   # included by sparse_fp8mma.cuh
+SPEC = "mla_sparse_prefill_sm90_h16"
+CHANGED = "templates/include/mlagen/sm90/sparse_gather.cuh"   # included by sparse_h16.cuh
 
 pytestmark = pytest.mark.skipif(shutil.which("git") is None or not (ROOT / ".git").exists(),
                                 reason="needs git and a git checkout of mlagen (the tool reads old revisions)")
@@ -30,7 +30,7 @@ def load_tool():
 
 @pytest.fixture
 def clone(tmp_path):
-    """A clone of this checkout's HEAD whose sparse_prefill.cuh then differs from HEAD's."""
+    """A clone of this checkout's HEAD whose sparse_gather.cuh then differs from HEAD's."""
     dst = tmp_path / "clone"
     subprocess.run(["git", "clone", "-q", str(ROOT), str(dst)], check=True)
     with open(dst / CHANGED, "a") as f:
@@ -47,16 +47,16 @@ def test_plan_copies_the_changed_header_and_its_includers_only(clone):
     tool = load_tool()
     files = tool.plan(SPEC, "HEAD", clone)
     headers = {p for p in files if p.startswith("templates/include/")}
-    assert headers == {"templates/include/mlagen/sm90/sparse_prefill_base.cuh",
-                       "templates/include/mlagen/sm90/sparse_fp8mma_base.cuh"}
-    assert '#include "mlagen/sm90/sparse_fp8mma_base.cuh"' in files["templates/mla_sparse_prefill_sm90_fp8_base.cu.j2"]
-    fp8mma = files["templates/include/mlagen/sm90/sparse_fp8mma_base.cuh"]
-    assert '#include "mlagen/sm90/sparse_prefill_base.cuh"' in fp8mma
-    assert '#include "mlagen/sm90/wgmma.cuh"' in fp8mma              # unchanged and includes nothing changed
-    assert "must not reach the base kernel" not in files["templates/include/mlagen/sm90/sparse_prefill_base.cuh"]
+    assert headers == {"templates/include/mlagen/sm90/sparse_gather_base.cuh",
+                       "templates/include/mlagen/sm90/sparse_h16_base.cuh"}
+    assert '#include "mlagen/sm90/sparse_h16_base.cuh"' in files["templates/mla_sparse_prefill_sm90_h16_base.cu.j2"]
+    h16 = files["templates/include/mlagen/sm90/sparse_h16_base.cuh"]
+    assert '#include "mlagen/sm90/sparse_gather_base.cuh"' in h16
+    assert '#include "mlagen/sm90/wgmma.cuh"' in h16              # unchanged and includes nothing changed
+    assert "must not reach the base kernel" not in files["templates/include/mlagen/sm90/sparse_gather_base.cuh"]
     spec_text = files[f"specs/{SPEC}_base.yaml"]
     assert f"name: {SPEC}_base" in spec_text and "priority: 1" in spec_text
-    assert "template: mla_sparse_prefill_sm90_fp8_base.cu.j2" in spec_text
+    assert "template: mla_sparse_prefill_sm90_h16_base.cu.j2" in spec_text
 
 
 def test_install_compiles_both_kernels_and_remove_leaves_nothing(clone):

@@ -8,7 +8,7 @@ import struct
 import pytest
 
 from mlagen import abi
-from mlagen.families.mla_prefill import SIMT_PARAMS, TMA_PARAMS
+from mlagen.families.mla_prefill.params import SIMT_PARAMS, TMA_PARAMS
 
 CTYPE = {
     "const bf16*": ctypes.c_void_p, "bf16*": ctypes.c_void_p, "const u8*": ctypes.c_void_p,

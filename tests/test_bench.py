@@ -13,8 +13,8 @@ from mlagen.errors import BenchError, MlagenError, ShapeError
 from mlagen.families.base import Peer, Prepared
 from mlagen.families.mla_prefill.problem import SHAPES as D_SHAPES
 from mlagen.families.mla_prefill.reference import Check as DenseCheck
-from mlagen.families.mla_sparse_prefill import SHAPES as S_SHAPES
-from mlagen.families.mla_sparse_prefill import Check as SparseCheck
+from mlagen.families.mla_sparse_prefill.problem import SHAPES as S_SHAPES
+from mlagen.families.kit import Check as SparseCheck
 
 DENSE = families.get("mla_prefill")
 SPARSE = families.get("mla_sparse_prefill")
@@ -336,7 +336,7 @@ from mlagen.families.mla_prefill.problem import Shape as DenseShape  # noqa: E40
 from mlagen.families.mla_prefill.reference import compare as dense_compare  # noqa: E402
 from mlagen.families.mla_prefill.reference import make_inputs as dense_inputs  # noqa: E402
 from mlagen.families.mla_prefill.reference import reference_heads  # noqa: E402
-from mlagen.families.mla_sparse_prefill import Shape as SparseShape  # noqa: E402
+from mlagen.families.mla_sparse_prefill.problem import Shape as SparseShape  # noqa: E402
 from mlagen.families.mla_sparse_prefill import peers as sparse_peers  # noqa: E402
 
 TINY = {
@@ -513,7 +513,7 @@ def test_flashmla_peer_leaves_a_problem_it_takes_alone():
 def test_naive_peer_matches_the_reference(sink):
     """The naive peer is MLA.md section 2: invalid indices, topk_length (0 included) and the
     sink, against the family's float64 reference."""
-    from mlagen.families.mla_sparse_prefill import compare, reference
+    from mlagen.families.mla_sparse_prefill.reference import compare, reference
 
     gen = torch.Generator().manual_seed(4)
     sq, heads, topk, n = 9, 5, 70, 50
@@ -570,7 +570,7 @@ def test_gpu_telemetry_picks_the_device_by_uuid(monkeypatch):
 
 
 def test_bench_sparse_variant_peers_are_checked_before_any_gpu_work():
-    from mlagen import bench_sparse
+    from mlagen.families.mla_sparse_prefill import tools as bench_sparse
     from mlagen.errors import SpecError
 
     peer = bench_sparse.variant_peer("l2_evict_last=false,epilogue=direct")

@@ -64,12 +64,11 @@ def test_specs(run):
     rows = {line.split()[0]: line.split() for line in lines[2:] if line.startswith("mla_")}
     assert set(rows) == {"mla_prefill_sm80", "mla_prefill_sm90", "mla_prefill_gfx942", "mla_prefill_gfx950",
                          "mla_prefill_gfx942_fp8", "mla_prefill_gfx950_fp8", "mla_prefill_sm90_fp8", "mla_sparse_prefill_sm80",
-                         "mla_sparse_prefill_sm90", "mla_sparse_prefill_sm90_fp8", "mla_sparse_prefill_sm90_h16"}
+                         "mla_sparse_prefill_sm90", "mla_sparse_prefill_sm90_h16"}
     assert rows["mla_prefill_gfx942_fp8"][7:] == ["none", "(compiled", "only)"]
     assert rows["mla_prefill_sm90"][7] == "sm_90a" and rows["mla_prefill_gfx950"][7:] == ["none", "(compiled", "only)"]
     assert rows["mla_sparse_prefill_sm90"][1:5] == ["mla_sparse_prefill", "gather", "20", "sm_90a"]
     assert rows["mla_sparse_prefill_sm90_h16"][1:5] == ["mla_sparse_prefill", "gather_tma", "30", "sm_90a"]
-    assert rows["mla_sparse_prefill_sm90_fp8"][1:5] == ["mla_sparse_prefill", "gather", "20", "sm_90a"]
     assert rows["mla_prefill_sm80"][1:6] == ["mla_prefill", "simt", "10", "sm_80,sm_86,sm_89,sm_90a,sm_100a", "256"]
     sizes = math.prod(len(t.values) for t in S90.tunables) * 2
     assert rows["mla_prefill_sm90"][5] == str(sizes)

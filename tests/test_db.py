@@ -13,7 +13,7 @@ import pytest
 from mlagen import db, paths
 from mlagen import spec as spec_mod
 from mlagen.errors import DatabaseError
-from mlagen.families.mla_prefill import ProblemKey
+from mlagen.families.mla_prefill.problem import ProblemKey
 
 KEY = db.RecordKey(family="mla_prefill", spec="mla_prefill_sm90", problem="causal/h128/q8192/k8192", dtypes="bf16",
                    device="NVIDIA H100 80GB HBM3", sm_count=132, driver="13.0", compiler="nvrtc 13.0",

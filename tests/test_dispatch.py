@@ -133,7 +133,7 @@ def test_mla_sparse_prefill_select_memo_follows_the_dispatcher(monkeypatch):
     specialisation (a paged pool), a forced spec, or after dispatcher().clear()."""
     import types
 
-    from mlagen.families import mla_sparse_prefill as sparse
+    from mlagen.families.mla_sparse_prefill import entry as sp_entry
 
     asked = []
 
@@ -143,21 +143,21 @@ def test_mla_sparse_prefill_select_memo_follows_the_dispatcher(monkeypatch):
 
     monkeypatch.setattr(dispatch.Dispatcher, "select", fake_select)
     monkeypatch.delenv("MLAGEN_FAMILY", raising=False)
-    monkeypatch.setattr(sparse, "_selected", None)
+    monkeypatch.setattr(sp_entry, "_selected", None)
 
     def call(heads=128, page_size=0):
         q = types.SimpleNamespace(device=types.SimpleNamespace(index=0))
         return types.SimpleNamespace(q=q, d_qk=576, page_size=page_size, kv_format="bf16",
                                      key=f"d576/h{heads}/k2048/{'paged' if page_size else 'flat'}")
 
-    first = sparse.select(call())[1]
-    assert sparse.select(call())[1] is first and len(asked) == 1          # the same class: the memo
-    assert sparse.select(call(heads=64))[1].n == 2                       # another class
-    assert sparse.select(call(page_size=64))[1].n == 3                   # another specialisation
+    first = sp_entry.select(call())[1]
+    assert sp_entry.select(call())[1] is first and len(asked) == 1          # the same class: the memo
+    assert sp_entry.select(call(heads=64))[1].n == 2                       # another class
+    assert sp_entry.select(call(page_size=64))[1].n == 3                   # another specialisation
     assert asked[-1][1] == (("d_qk", 576), ("paged", True), ("kv_format", "bf16"))
     monkeypatch.setenv("MLAGEN_FAMILY", "mla_sparse_prefill_sm80")
-    assert sparse.select(call())[1].n == 4                               # a forced spec is part of the key
+    assert sp_entry.select(call())[1].n == 4                               # a forced spec is part of the key
     monkeypatch.delenv("MLAGEN_FAMILY")
-    assert sparse.select(call())[1] is first
+    assert sp_entry.select(call())[1] is first
     dispatch.dispatcher().clear()
-    assert sparse.select(call())[1].n == 5                               # cleared: asked again
+    assert sp_entry.select(call())[1].n == 5                               # cleared: asked again

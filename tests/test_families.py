@@ -9,8 +9,9 @@ import random
 
 import pytest
 
-from mlagen.families import mla_prefill as fam
-from mlagen.families.mla_prefill import ProblemKey
+from mlagen.families.mla_prefill import problem as dense_problem
+from mlagen.families.mla_prefill import reference as dense_reference
+from mlagen.families.mla_prefill.problem import ProblemKey
 
 torch = pytest.importorskip("torch")
 
@@ -57,7 +58,7 @@ def test_problem_key_distance(a, b, d):
     ((129, 8193, 2048, 1, True), "causal/h256/q16384/k2048"),
 ])
 def test_problem_key_of_a_call(args, key):
-    assert str(fam.problem_key(*args)) == key
+    assert str(dense_problem.problem_key(*args)) == key
 
 
 # --- visible pairs and FLOPs ----------------------------------------------------------------
@@ -70,14 +71,14 @@ def brute_pairs(lq, lk, causal):
 def test_visible_pairs_against_brute_force():
     for lq, lk in itertools.product(range(0, 26), range(0, 26)):
         for causal in (True, False):
-            assert fam.visible_pairs(lq, lk, causal) == brute_pairs(lq, lk, causal), (lq, lk, causal)
+            assert dense_problem.visible_pairs(lq, lk, causal) == brute_pairs(lq, lk, causal), (lq, lk, causal)
 
 
 def test_visible_pairs_random_larger_shapes():
     rng = random.Random(0)
     for _ in range(60):
         lq, lk = rng.randint(0, 300), rng.randint(0, 300)
-        assert fam.visible_pairs(lq, lk, True) == brute_pairs(lq, lk, True), (lq, lk)
+        assert dense_problem.visible_pairs(lq, lk, True) == brute_pairs(lq, lk, True), (lq, lk)
 
 
 @pytest.mark.parametrize("lq, lk, pairs", [
@@ -87,24 +88,24 @@ def test_visible_pairs_random_larger_shapes():
     (5, 0, 0), (0, 5, 0),
 ])
 def test_visible_pairs_closed_forms(lq, lk, pairs):
-    assert fam.visible_pairs(lq, lk, True) == pairs
+    assert dense_problem.visible_pairs(lq, lk, True) == pairs
 
 
 def test_flops():
     lengths = [(0, 3, 0, 5), (3, 0, 5, 2), (3, 7, 7, 4)]
     heads = 16
     expect = sum(2 * heads * (192 + 128) * brute_pairs(lq, lk, True) for _, lq, _, lk in lengths)
-    assert fam.flops(lengths, heads, True) == expect
-    assert fam.flops(lengths, heads, False) == 2 * heads * 320 * (15 + 0 + 28)
-    assert fam.flops([(0, 8192, 0, 8192)], 128, True) == 2 * 128 * 320 * 8192 * 8193 // 2
+    assert dense_problem.flops(lengths, heads, True) == expect
+    assert dense_problem.flops(lengths, heads, False) == 2 * heads * 320 * (15 + 0 + 28)
+    assert dense_problem.flops([(0, 8192, 0, 8192)], 128, True) == 2 * 128 * 320 * 8192 * 8193 // 2
 
 
 def test_sequence_lengths():
-    assert fam.sequence_lengths(None, None, 7, 9) == [(0, 7, 0, 9)]
-    assert fam.sequence_lengths([0, 3, 3, 8], [0, 5, 7, 7], 8, 7) == [(0, 3, 0, 5), (3, 0, 5, 2), (3, 5, 7, 0)]
+    assert dense_problem.sequence_lengths(None, None, 7, 9) == [(0, 7, 0, 9)]
+    assert dense_problem.sequence_lengths([0, 3, 3, 8], [0, 5, 7, 7], 8, 7) == [(0, 3, 0, 5), (3, 0, 5, 2), (3, 5, 7, 0)]
     cu_q = torch.tensor([0, 2, 6], dtype=torch.int32)
     cu_k = torch.tensor([0, 4, 4], dtype=torch.int32)
-    assert fam.sequence_lengths(cu_q, cu_k, 6, 4) == [(0, 2, 0, 4), (2, 4, 4, 0)]
+    assert dense_problem.sequence_lengths(cu_q, cu_k, 6, 4) == [(0, 2, 0, 4), (2, 4, 4, 0)]
 
 
 # --- the reference --------------------------------------------------------------------------
@@ -181,17 +182,17 @@ def test_reference_matches_naive_loops(lq, lk, heads, causal, rope):
         kwargs = {"cu_seqlens_q": torch.tensor(cu_q, dtype=torch.int32),
                   "cu_seqlens_k": torch.tensor(cu_k, dtype=torch.int32)}
     if rope == "shared":
-        out, lse = fam.reference(q, k, v, k_rope=shared, causal=causal, **kwargs)
+        out, lse = dense_reference.reference(q, k, v, k_rope=shared, causal=causal, **kwargs)
     elif rope == "per_head":
-        out, lse = fam.reference(q, k, v, k_rope=shared.expand(-1, heads, -1).contiguous(), causal=causal, **kwargs)
+        out, lse = dense_reference.reference(q, k, v, k_rope=shared.expand(-1, heads, -1).contiguous(), causal=causal, **kwargs)
     else:
-        out, lse = fam.reference(q, full_k, v, causal=causal, **kwargs)
+        out, lse = dense_reference.reference(q, full_k, v, causal=causal, **kwargs)
     check(out, lse, ref_out, ref_lse)
 
 
 def test_rows_that_see_nothing():
     q, k, shared, v, _, _ = inputs([6], [2], 2)
-    out, lse = fam.reference(q, k, v, k_rope=shared, causal=True)
+    out, lse = dense_reference.reference(q, k, v, k_rope=shared, causal=True)
     assert torch.isinf(lse[:4]).all() and (lse[:4] > 0).all()
     assert (out[:4] == 0).all()
     assert torch.isfinite(lse[4:]).all()
@@ -199,7 +200,7 @@ def test_rows_that_see_nothing():
 
 def test_reference_with_no_keys_at_all():
     q, k, shared, v, _, _ = inputs([4], [0], 2)
-    out, lse = fam.reference(q, k, v, k_rope=shared, causal=False)
+    out, lse = dense_reference.reference(q, k, v, k_rope=shared, causal=False)
     assert (out == 0).all() and (lse == math.inf).all()
 
 
@@ -207,7 +208,7 @@ def test_reference_scale_and_head_chunks():
     q, k, shared, v, cu_q, cu_k = inputs([4, 3], [6, 3], 5, seed=3)
     full_k = torch.cat([k, shared.expand(-1, 5, -1)], dim=-1)
     ref_out, ref_lse = naive(q, full_k, v, cu_q, cu_k, True, 0.3)
-    out, lse = fam.reference(q, k, v, k_rope=shared, cu_seqlens_q=torch.tensor(cu_q, dtype=torch.int32),
+    out, lse = dense_reference.reference(q, k, v, k_rope=shared, cu_seqlens_q=torch.tensor(cu_q, dtype=torch.int32),
                              cu_seqlens_k=torch.tensor(cu_k, dtype=torch.int32), causal=True, softmax_scale=0.3,
                              head_chunk=2)
     check(out, lse, ref_out, ref_lse)
@@ -215,9 +216,9 @@ def test_reference_scale_and_head_chunks():
 
 def test_reference_dtype():
     q, k, shared, v, _, _ = inputs([3], [3], 1)
-    out, lse = fam.reference(q, k, v, k_rope=shared, dtype=torch.float32)
+    out, lse = dense_reference.reference(q, k, v, k_rope=shared, dtype=torch.float32)
     assert out.dtype == lse.dtype == torch.float32
-    out64, _ = fam.reference(q, k, v, k_rope=shared)
+    out64, _ = dense_reference.reference(q, k, v, k_rope=shared)
     torch.testing.assert_close(out.double(), out64, rtol=1e-5, atol=1e-5)
 
 
@@ -225,7 +226,7 @@ def test_causal_is_bottom_right_aligned():
     # With Lk = Lq + 2, the first query already sees three keys; the last sees all.
     q, k, shared, v, _, _ = inputs([2], [4], 1, seed=5)
     full_k = torch.cat([k, shared], dim=-1)
-    out, lse = fam.reference(q, k, v, k_rope=shared, causal=True)
+    out, lse = dense_reference.reference(q, k, v, k_rope=shared, causal=True)
     s = (q[0, 0].double() @ full_k[:3, 0].double().T) / math.sqrt(192)
     assert lse[0, 0].item() == pytest.approx(torch.logsumexp(s, 0).item(), rel=1e-12)
 

@@ -245,7 +245,7 @@ def test_ziglang_fallback_compiles(tmp_path):
 def test_kernel_takes_the_param_struct_by_value(clang):
     """HIP copies kernel arguments by the sizes in the code object's metadata: one by-value
     argument of exactly the size the launcher packs (tests/test_abi.py checks the offsets)."""
-    from mlagen.families.mla_prefill import SIMT_PARAMS
+    from mlagen.families.mla_prefill.params import SIMT_PARAMS
 
     s = spec_mod.load("mla_prefill_gfx942")
     b = clang.compile(render.render(variant_mod.make(s, {})), "gfx942")

@@ -123,7 +123,8 @@ def test_errors_pickle_with_their_types():
 
 COMPILE_SCRIPT = textwrap.dedent("""
     import math, torch, mlagen
-    from mlagen.families.mla_prefill import op, reference
+    from mlagen.families.mla_prefill import op
+    from mlagen.families.mla_prefill.reference import reference
 
     # A CPU kernel (the float64 reference), registered in this process only, so the op runs here.
     @op._op.register_kernel("cpu")

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from mlagen import knobs, plans
-from mlagen.families.mla_prefill import TMA_PARAMS
-from mlagen.families.mla_sparse_prefill import params_for
+from mlagen.families.mla_prefill.params import TMA_PARAMS
+from mlagen.families.mla_sparse_prefill.params import params_for
 
 
 class RecordingKernel:
@@ -76,7 +76,8 @@ def test_only_pointers_and_maps_vary_and_every_pointer_does():
 def test_the_families_write_every_pointer_per_call():
     from mlagen.families.mla_prefill import plan as dense_plan
     from mlagen.families.mla_prefill.params import ABIS, VT_PARAMS
-    from mlagen.families.mla_sparse_prefill import _POINTERS, params_tma_for
+    from mlagen.families.mla_sparse_prefill.entry import _POINTERS
+    from mlagen.families.mla_sparse_prefill.params import params_tma_for
 
     pairs = [(ABIS["simt"], dense_plan._SIMT_VARIABLE), (ABIS["tma"], dense_plan._TMA_VARIABLE),
              (ABIS["tma_fp8"], dense_plan._FP8_VARIABLE), (VT_PARAMS, dense_plan._VT_VARIABLE),

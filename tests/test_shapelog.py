@@ -10,6 +10,7 @@ import pytest
 
 from mlagen import shapelog
 from mlagen.families import mla_prefill as fam
+from mlagen.families.mla_prefill import problem as dense_problem
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -52,10 +53,10 @@ def test_counts_and_first_description_per_class(recording):
 def test_every_description_parses_back_to_its_class(recording):
     for text in ("b=4,q=4096,k=4096,h=16,causal", "b=16,q=2105,h=128,causal", "b=1,q=2048,k=16384,h=128,causal",
                  "b=2,q=8192,h=16,none"):
-        shape = fam.parse_shape(text)
-        assert fam.parse_shape(fam.describe_shape(shape)) == fam.Shape(fam.describe_shape(shape), shape.q_lens,
+        shape = dense_problem.parse_shape(text)
+        assert dense_problem.parse_shape(dense_problem.describe_shape(shape)) == dense_problem.Shape(dense_problem.describe_shape(shape), shape.q_lens,
                                                                         shape.k_lens, shape.heads, shape.causal)
-        assert fam.FAMILY.problem_key(shape) == str(fam.problem_key(shape.heads, sum(shape.q_lens),
+        assert fam.FAMILY.problem_key(shape) == str(dense_problem.problem_key(shape.heads, sum(shape.q_lens),
                                                                     sum(shape.k_lens), len(shape.q_lens), shape.causal))
 
 
@@ -99,14 +100,14 @@ def test_flushes_every_n_calls(recording, monkeypatch):
 ])
 def test_shape_descriptions_reject(text, match):
     with pytest.raises(ValueError, match=match):
-        fam.parse_shape(text)
+        dense_problem.parse_shape(text)
 
 
 def test_ragged_shape_description():
-    s = fam.parse_shape("q=[100,200,300],k=[150,200,400],h=8,none")
+    s = dense_problem.parse_shape("q=[100,200,300],k=[150,200,400],h=8,none")
     assert (s.q_lens, s.k_lens, s.heads, s.causal, s.batch) == ((100, 200, 300), (150, 200, 400), 8, False, 3)
-    assert fam.describe_shape(s) == "b=3,q=[100,200,300],k=[150,200,400],h=8,none"
-    assert fam.FAMILY.flops(s) == fam.flops([(0, 100, 0, 150), (0, 200, 0, 200), (0, 300, 0, 400)], 8, False)
+    assert dense_problem.describe_shape(s) == "b=3,q=[100,200,300],k=[150,200,400],h=8,none"
+    assert fam.FAMILY.flops(s) == dense_problem.flops([(0, 100, 0, 150), (0, 200, 0, 200), (0, 300, 0, 400)], 8, False)
 
 
 def test_a_call_is_described_by_its_batch_mean_lengths_heads_and_mask():
@@ -117,4 +118,4 @@ def test_a_call_is_described_by_its_batch_mean_lengths_heads_and_mask():
     assert describe_call(call) == "b=4,q=2100,h=128,causal"
     call = Call(*[None] * 8, total_q=2048, total_k=16384, heads=128, batch=1, causal=False, scale=1.0, rope="shared")
     assert describe_call(call) == "b=1,q=2048,k=16384,h=128,none"
-    assert fam.FAMILY.problem_key(fam.parse_shape(describe_call(call))) == str(call.key)
+    assert fam.FAMILY.problem_key(dense_problem.parse_shape(describe_call(call))) == str(call.key)

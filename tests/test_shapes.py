@@ -214,10 +214,10 @@ def test_a_recorded_file_is_a_workload(tmp_path, monkeypatch):
 
 
 def test_ids_resolve_to_their_family():
-    from mlagen.families import mla_sparse_prefill as sparse
+    from mlagen.families.mla_sparse_prefill import problem as sp_problem
 
     assert shapes.parse_shape("d1") is dense.SHAPES["D1"]
-    assert shapes.parse_shape("S3") == sparse.SHAPES["S3"] and shapes.parse_shape("S3").s_kv == 131072
+    assert shapes.parse_shape("S3") == sp_problem.SHAPES["S3"] and shapes.parse_shape("S3").s_kv == 131072
     assert shapes.parse_shape("sq=64,h=16,topk=32,skv=128").topk == 32
     assert shapes.parse_shape("b=4,q=4096,h=16") == dense.parse_shape("b=4,q=4096,h=16")
 

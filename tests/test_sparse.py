@@ -13,6 +13,7 @@ from mlagen.errors import SpecError
 torch = pytest.importorskip("torch")
 
 from mlagen.families import mla_sparse_prefill as fam  # noqa: E402
+from mlagen.families.mla_sparse_prefill import problem as sp_problem, params as sp_params, call as sp_call, compile as sp_compile, reference as sp_ref  # noqa: E402
 
 SPECS = ["mla_sparse_prefill_sm90", "mla_sparse_prefill_sm80"]
 
@@ -82,10 +83,8 @@ def test_sm90_is_preferred_on_hopper():
     from mlagen.dispatch import family_specs
 
     names = [s.name for s in family_specs("mla_sparse_prefill")]
-    # The H <= 16 kernel first: dispatch takes it only up to its max_heads (16). The fp8-mode spec
-    # serves only compute="fp8" calls (fam.accepts), so its rank among the bf16 specs changes nothing.
-    assert names == ["mla_sparse_prefill_sm90_h16", "mla_sparse_prefill_sm90", "mla_sparse_prefill_sm90_fp8",
-                     "mla_sparse_prefill_sm80"]
+    # The H <= 16 kernel first: dispatch takes it only up to its max_heads (16).
+    assert names == ["mla_sparse_prefill_sm90_h16", "mla_sparse_prefill_sm90", "mla_sparse_prefill_sm80"]
 
 
 def test_max_heads_limits_what_dispatch_may_choose_unasked():
@@ -94,8 +93,8 @@ def test_max_heads_limits_what_dispatch_may_choose_unasked():
     h16 = spec.load("mla_sparse_prefill_sm90_h16")
     sm90 = spec.load("mla_sparse_prefill_sm90")
     assert dict(h16.problem)["max_heads"] == 16
-    assert fam.preferred(h16, SimpleNamespace(heads=16)) and not fam.preferred(h16, SimpleNamespace(heads=17))
-    assert fam.preferred(sm90, SimpleNamespace(heads=128))
+    assert sp_compile.preferred(h16, SimpleNamespace(heads=16)) and not sp_compile.preferred(h16, SimpleNamespace(heads=17))
+    assert sp_compile.preferred(sm90, SimpleNamespace(heads=128))
 
 
 def test_preferred_kv_formats_limit_what_dispatch_may_choose_unasked():
@@ -106,9 +105,9 @@ def test_preferred_kv_formats_limit_what_dispatch_may_choose_unasked():
     h16 = spec.load("mla_sparse_prefill_sm90_h16")
     sm90 = spec.load("mla_sparse_prefill_sm90")
     assert "fp8_v32" in dict(h16.specialize)["kv_format"] and dict(h16.problem)["preferred_kv_formats"] == "bf16"
-    assert fam.preferred(h16, SimpleNamespace(heads=16, kv_format="bf16"))
-    assert not fam.preferred(h16, SimpleNamespace(heads=16, kv_format="fp8_v32"))
-    assert fam.preferred(sm90, SimpleNamespace(heads=16, kv_format="fp8_v32"))
+    assert sp_compile.preferred(h16, SimpleNamespace(heads=16, kv_format="bf16"))
+    assert not sp_compile.preferred(h16, SimpleNamespace(heads=16, kv_format="fp8_v32"))
+    assert sp_compile.preferred(sm90, SimpleNamespace(heads=16, kv_format="fp8_v32"))
 
 
 @pytest.mark.parametrize("value", ["\"\"", "fp8_v31", "bf16,fp8_v31", "[bf16]"])
@@ -139,7 +138,7 @@ def test_h16_fp8_variants_compile_without_spills(kv_format):
 
 
 def test_gather_tma_abi_adds_one_aligned_tensor_map():
-    plain, tma = fam.params_for("bf16"), fam.params_tma_for("bf16")
+    plain, tma = sp_params.params_for("bf16"), sp_params.params_tma_for("bf16")
     assert tma.fields[:-1] == plain.fields and tma.fields[-1].name == "kv_map"
     (_, offset), = [(f, o) for f, o in tma.layout if f.name == "kv_map"]
     assert offset % 64 == 0 and tma.alignment == 64 and tma.size == offset + 128
@@ -165,24 +164,24 @@ def test_max_heads_must_be_a_positive_integer(tmp_path):
 
 
 def test_problem_key_round_trip():
-    k = fam.ProblemKey(576, 128, 2048, "flat")
-    assert str(k) == "d576/h128/k2048/flat" and fam.ProblemKey.parse(str(k)) == k
-    assert k.distance(fam.ProblemKey(576, 64, 2048)) == 1
-    assert k.distance(fam.ProblemKey(512, 128, 2048)) == math.inf
-    assert k.distance(fam.ProblemKey(576, 128, 2048, "paged")) == math.inf
+    k = sp_problem.ProblemKey(576, 128, 2048, "flat")
+    assert str(k) == "d576/h128/k2048/flat" and sp_problem.ProblemKey.parse(str(k)) == k
+    assert k.distance(sp_problem.ProblemKey(576, 64, 2048)) == 1
+    assert k.distance(sp_problem.ProblemKey(512, 128, 2048)) == math.inf
+    assert k.distance(sp_problem.ProblemKey(576, 128, 2048, "paged")) == math.inf
     with pytest.raises(ValueError):
-        fam.ProblemKey.parse("causal/h128/q1/k1")
+        sp_problem.ProblemKey.parse("causal/h128/q1/k1")
 
 
 def test_family_protocol_shapes():
     f = fam.FAMILY
     s = f.parse_shape("sq=4096,h=16,topk=2048,skv=32768", id="S5")
     assert (s.id, s.sq, s.heads, s.topk, s.s_kv, s.d_qk, s.sink) == ("S5", 4096, 16, 2048, 32768, 576, True)
-    assert f.parse_shape(f.describe_shape(s)) == fam.Shape(f.describe_shape(s), 4096, 16, 2048, 32768)
+    assert f.parse_shape(f.describe_shape(s)) == sp_problem.Shape(f.describe_shape(s), 4096, 16, 2048, 32768)
     assert f.problem_key(s) == "d576/h16/k2048/flat"
     assert f.problem_specialization(f.problem_key(s)) == f.specialization(s) == {"d_qk": 576, "paged": False,
                                                                                   "kv_format": "bf16"}
-    assert f.flops(s) == fam.flops(4096, 16, 2048)
+    assert f.flops(s) == sp_problem.flops(4096, 16, 2048)
     c = f.check_shape(s)
     assert c.topk % 64 and c.topk <= c.s_kv and c.heads == 16
     for bad in ("sq=1,h=1,topk=5,skv=4", "sq=1,h=1,topk=1", "sq=1,h=1,topk=1,skv=1,x=2", "sq=1,h=1,topk=1,skv=1,d=100"):
@@ -195,17 +194,17 @@ def test_compare_flags_coverage_and_empty_rows():
            torch.tensor([[1.0, 2.0, math.inf]] * 2, dtype=torch.float64))
     ref[1][:, 2] = -math.inf
     good = (ref[0].to(torch.bfloat16), ref[1].float(), ref[2].float())
-    assert fam.compare(good, ref).ok
+    assert sp_ref.compare(good, ref).ok
     nan_out = good[0].clone()
     nan_out[0, 0, 0] = math.nan
-    assert not fam.compare((nan_out, good[1], good[2]), ref).ok
+    assert not sp_ref.compare((nan_out, good[1], good[2]), ref).ok
     wrong_lse = good[2].clone()
     wrong_lse[0, 2] = 0.0
-    assert "lse" in fam.compare((good[0], good[1], wrong_lse), ref).problem
+    assert "lse" in sp_ref.compare((good[0], good[1], wrong_lse), ref).problem
 
 
 def test_flops_convention():
-    assert fam.flops(4096, 128, 2048) == 2 * 4096 * 128 * 2048 * (576 + 512)
+    assert sp_problem.flops(4096, 128, 2048) == 2 * 4096 * 128 * 2048 * (576 + 512)
 
 
 def _brute(q, kv, idx, scale, length, sink):
@@ -241,13 +240,13 @@ def test_reference_semantics(layout):
         kv = torch.randn(13, 1, 576, generator=g).to(torch.bfloat16)
     else:
         kv = torch.randn(4, 8, 576, generator=g).to(torch.bfloat16)[:, :4]  # strided pages of 4 rows
-    n = fam.kv_rows(kv).shape[0]
+    n = sp_ref.kv_rows(kv).shape[0]
     idx = torch.randint(-3, n + 3, (sq, topk), generator=g, dtype=torch.int32)
     idx[0] = -1                      # a row with no valid entry
     idx[1, :3] = 2                   # duplicates count each time
     length = torch.tensor([9, 9, 0, 4, 20, 1], dtype=torch.int32)
     sink = torch.tensor([0.3, math.inf, -math.inf, -1.0])
-    out, ml, lse = fam.reference(q, kv, idx, softmax_scale=0.07, topk_length=length, attn_sink=sink)
+    out, ml, lse = sp_ref.reference(q, kv, idx, softmax_scale=0.07, topk_length=length, attn_sink=sink)
     bo, bml, blse = _brute(q, kv, idx, 0.07, length.tolist(), sink)
     assert out.dtype == torch.float64
     assert torch.allclose(out, bo, atol=1e-12)
@@ -264,8 +263,8 @@ def test_sink_enters_the_denominator_only():
     q = torch.randn(2, 3, 512, generator=g).to(torch.bfloat16)
     kv = torch.randn(20, 512, generator=g).to(torch.bfloat16)
     idx = torch.randint(0, 20, (2, 7), generator=g, dtype=torch.int32)
-    o0, m0, l0 = fam.reference(q, kv, idx, softmax_scale=0.1)
-    o1, m1, l1 = fam.reference(q, kv, idx, softmax_scale=0.1, attn_sink=torch.zeros(3))
+    o0, m0, l0 = sp_ref.reference(q, kv, idx, softmax_scale=0.1)
+    o1, m1, l1 = sp_ref.reference(q, kv, idx, softmax_scale=0.1, attn_sink=torch.zeros(3))
     assert torch.equal(m0, m1) and torch.equal(l0, l1)
     ratio = o1 / o0
     expect = torch.exp(l0) / (torch.exp(l0) + 1.0)
@@ -277,6 +276,30 @@ def test_arguments_need_cuda_and_name_the_argument():
     kv = torch.zeros(10, 576, dtype=torch.bfloat16)
     idx = torch.zeros(2, 8, dtype=torch.int32)
     with pytest.raises(ValueError, match="q: must be a CUDA tensor"):
-        fam.prepare(q, kv, idx, softmax_scale=0.1)
+        sp_call.prepare(q, kv, idx, softmax_scale=0.1)
     with pytest.raises(TypeError, match="q: expected a torch.Tensor"):
-        fam.prepare([1], kv, idx, softmax_scale=0.1)
+        sp_call.prepare([1], kv, idx, softmax_scale=0.1)
+
+
+@pytest.mark.parametrize("compute, kind, message", [
+    ("fp8", ValueError, r"compute: the fp8 compute mode was removed .*compute='bf16', reads FP8 caches"),
+    ("fp4", ValueError, r"compute: 'fp4': the only compute mode is 'bf16'"),
+    (8, TypeError, r"compute: expected the string 'bf16', got 8"),
+])
+def test_the_removed_fp8_compute_mode_is_one_clear_error(compute, kind, message):
+    torch = pytest.importorskip("torch")
+    import mlagen
+
+    q = torch.zeros((2, 4, 576), dtype=torch.bfloat16)
+    kv = torch.zeros((8, 656), dtype=torch.uint8)
+    idx = torch.zeros((2, 4), dtype=torch.int32)
+    with pytest.raises(kind, match=message):
+        mlagen.mla_sparse_prefill(q, kv, idx, softmax_scale=0.1, kv_format="fp8_v32", compute=compute)
+
+
+def test_a_spec_with_problem_compute_is_refused(tmp_path):
+    text = spec.resolve("mla_sparse_prefill_sm90").read_text().replace("  d_v: 512\n", "  d_v: 512\n  compute: fp8\n", 1)
+    path = tmp_path / "fp8_compute.yaml"
+    path.write_text(text)
+    with pytest.raises(SpecError, match=r"problem.compute.*fp8 compute mode was removed"):
+        spec.load(path)

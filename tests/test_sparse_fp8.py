@@ -14,8 +14,9 @@ from mlagen import operands, render, spec, variant
 
 torch = pytest.importorskip("torch")
 
-from mlagen import bench_sparse  # noqa: E402
+from mlagen.families.mla_sparse_prefill import tools as bench_sparse  # noqa: E402
 from mlagen.families import mla_sparse_prefill as fam  # noqa: E402
+from mlagen.families.mla_sparse_prefill import problem as sp_problem, call as sp_call, compile as sp_compile, reference as sp_ref  # noqa: E402
 
 FP8 = [n for n in operands.NAMES if n != "bf16"]
 
@@ -95,9 +96,9 @@ def test_reference_dequantizes_then_computes_as_for_bf16(layout):
     idx = torch.randint(-3, n + 3, (4, 40), generator=g, dtype=torch.int32)
     sink = torch.randn(3, generator=g)
     length = torch.tensor([40, 0, 17, 100], dtype=torch.int32)
-    got = fam.reference(q, cache, idx, softmax_scale=0.05, attn_sink=sink, topk_length=length, kv_format="fp8_v32")
+    got = sp_ref.reference(q, cache, idx, softmax_scale=0.05, attn_sink=sink, topk_length=length, kv_format="fp8_v32")
     rows = operands.dequantize(cache, fmt)             # [N, 576] float32 rows
-    want = fam.reference(q, rows, idx, softmax_scale=0.05, attn_sink=sink, topk_length=length)
+    want = sp_ref.reference(q, rows, idx, softmax_scale=0.05, attn_sink=sink, topk_length=length)
     for a, b in zip(got, want):
         assert torch.equal(a, b)
     assert got[2][1].isinf().all() and (got[0][1] == 0).all()   # topk_length 0: no key
@@ -105,7 +106,7 @@ def test_reference_dequantizes_then_computes_as_for_bf16(layout):
 
 def _cpu_call(kv, kv_format, q=None):
     q = torch.zeros(2, 4, 576, dtype=torch.bfloat16) if q is None else q
-    return fam.kv_layout(kv, fam.kv_format_of(kv_format, q.shape[-1]))
+    return sp_call.kv_layout(kv, sp_call.kv_format_of(kv_format, q.shape[-1]))
 
 
 def test_cache_layouts_map_onto_rows():
@@ -144,19 +145,19 @@ def test_prepare_checks_kv_format_and_q_width_first():
     kv = torch.zeros(4, 64, 656, dtype=torch.uint8)
     idx = torch.zeros(2, 8, dtype=torch.int32)
     with pytest.raises(ValueError, match="kv_format: 'nope' is not one of"):
-        fam.prepare(q, kv, idx, softmax_scale=0.1, kv_format="nope")
+        sp_call.prepare(q, kv, idx, softmax_scale=0.1, kv_format="nope")
     with pytest.raises(ValueError, match="q: must be a CUDA tensor"):
-        fam.prepare(q, kv, idx, softmax_scale=0.1, kv_format="fp8_v32")
+        sp_call.prepare(q, kv, idx, softmax_scale=0.1, kv_format="fp8_v32")
 
 
 def test_problem_keys_and_shapes_carry_the_format():
-    k = fam.ProblemKey(576, 128, 2048, "paged", "fp8_v32")
-    assert str(k) == "d576/h128/k2048/paged/fp8_v32" and fam.ProblemKey.parse(str(k)) == k
-    assert fam.ProblemKey.parse("d576/h128/k2048/flat").kv_format == "bf16"
-    assert k.distance(fam.ProblemKey(576, 128, 2048, "paged")) == math.inf
-    assert k.distance(fam.ProblemKey(576, 64, 2048, "paged", "fp8_v32")) == 1
+    k = sp_problem.ProblemKey(576, 128, 2048, "paged", "fp8_v32")
+    assert str(k) == "d576/h128/k2048/paged/fp8_v32" and sp_problem.ProblemKey.parse(str(k)) == k
+    assert sp_problem.ProblemKey.parse("d576/h128/k2048/flat").kv_format == "bf16"
+    assert k.distance(sp_problem.ProblemKey(576, 128, 2048, "paged")) == math.inf
+    assert k.distance(sp_problem.ProblemKey(576, 64, 2048, "paged", "fp8_v32")) == 1
     with pytest.raises(ValueError):
-        fam.ProblemKey.parse("d576/h128/k2048/flat/fp9")
+        sp_problem.ProblemKey.parse("d576/h128/k2048/flat/fp9")
     f = fam.FAMILY
     s = f.parse_shape("sq=4096,h=128,topk=2048,skv=8192,kv=fp8_v32", id="S1f")
     assert s.kv_format == "fp8_v32" and f.parse_shape(f.describe_shape(s)).kv_format == "fp8_v32"
@@ -170,7 +171,7 @@ def test_problem_keys_and_shapes_carry_the_format():
 
 
 def test_make_inputs_builds_a_paged_fp8_cache():
-    inp = fam.make_inputs({"sq": 3, "heads": 2, "topk": 5, "s_kv": 70, "kv_format": "fp8_v32"}, "cpu", seed=1)
+    inp = sp_ref.make_inputs({"sq": 3, "heads": 2, "topk": 5, "s_kv": 70, "kv_format": "fp8_v32"}, "cpu", seed=1)
     assert inp["kv_format"] == "fp8_v32" and inp["kv"].dtype == torch.uint8 and inp["kv"].shape == (2, 64, 656)
     ref = fam.FAMILY.reference(None, inp)
     assert ref[0].shape == (3, 2, 512) and torch.isfinite(ref[2]).all()
@@ -191,7 +192,7 @@ def test_spec_variants_for_each_format():
     assert not dup.ok and any("L1 prefetches" in r for r in dup.reasons)
     sm80 = spec.load("mla_sparse_prefill_sm80")
     assert dict(sm80.specialize)["kv_format"] == ("bf16",)
-    assert fam.kv_format_targets("fp8_v32") == ["sm_90a"] and "sm_80" in fam.kv_format_targets("bf16")
+    assert sp_compile.kv_format_targets("fp8_v32") == ["sm_90a"] and "sm_80" in sp_compile.kv_format_targets("bf16")
 
 
 @pytest.mark.parametrize("values", [
@@ -231,8 +232,8 @@ def test_the_rounding_bound_holds_on_the_reference_and_catches_more():
     q = torch.randn(6, 8, 576, generator=g).to(torch.bfloat16)
     idx = bench_sparse.fuzzed_indices(torch, 6, 64, n, g, "cpu")
     scale = 576 ** -0.5
-    ref32 = fam.reference(q, cache, idx, softmax_scale=scale, kv_format=fmt.name)
-    ref16 = fam.reference(q, operands.dequantize(cache, fmt, round_bf16=True), idx, softmax_scale=scale)
+    ref32 = sp_ref.reference(q, cache, idx, softmax_scale=scale, kv_format=fmt.name)
+    ref16 = sp_ref.reference(q, operands.dequantize(cache, fmt, round_bf16=True), idx, softmax_scale=scale)
     bound = bench_sparse.logit_bound(torch, q, operands.dequantize(cache, fmt), idx, None, scale)
     assert (bound > 0).any()
     ok, msg = bench_sparse.judge(torch, ref16, ref32, bench_sparse.FP8_OUT_TOL, bound=bound)

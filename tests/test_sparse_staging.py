@@ -41,7 +41,7 @@ def test_the_staging_kernels_compile_without_spills(name, target):
 
 
 def _call(**kw):
-    base = dict(compute="bf16", kv_format="fp8_v32", d_qk=576, num_kv=8192, sq=4096, topk=2048)
+    base = dict(kv_format="fp8_v32", d_qk=576, num_kv=8192, sq=4096, topk=2048)
     return SimpleNamespace(**{**base, **kw})
 
 
@@ -70,8 +70,7 @@ def test_the_workspace_bound_and_the_budget(monkeypatch):
     (_call(), None, True),
     (_call(), "mla_sparse_prefill_sm90", False),          # a kernel named: it converts in the kernel
     (_call(kv_format="bf16"), None, False),               # nothing to stage
-    (_call(compute="fp8"), None, False),                  # the FP8 tensor cores read the cache as it is
-], ids=["default", "named", "bf16", "fp8-mode"])
+], ids=["default", "named", "bf16"])
 def test_which_calls_are_staged(monkeypatch, call, kernel, staged):
     import mlagen.runtime as runtime
 

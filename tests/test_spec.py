@@ -47,7 +47,7 @@ def test_packaged_specs_are_available():
                                                   "mla_prefill_gfx950_fp8.yaml", "mla_prefill_sm80.yaml",
                                                   "mla_prefill_sm90.yaml", "mla_prefill_sm90_fp8.yaml",
                                                   "mla_sparse_prefill_sm80.yaml",
-                                                  "mla_sparse_prefill_sm90.yaml", "mla_sparse_prefill_sm90_fp8.yaml",
+                                                  "mla_sparse_prefill_sm90.yaml",
                                                   "mla_sparse_prefill_sm90_h16.yaml"]
 
 

@@ -141,7 +141,7 @@ def test_the_sparse_call_asks_dispatch_for_its_shape_class(monkeypatch):
     """``mla_sparse_prefill`` selects through the dispatcher with the call's shape class and
     specialisation (which choose_variant above resolves to the tuned record)."""
     torch = pytest.importorskip("torch")
-    from mlagen.families import mla_sparse_prefill as fam
+    from mlagen.families.mla_sparse_prefill import call as sp_call, entry as sp_entry
 
     asked = {}
 
@@ -154,14 +154,14 @@ def test_the_sparse_call_asks_dispatch_for_its_shape_class(monkeypatch):
             return "selection"
 
     monkeypatch.setattr(dispatch, "dispatcher", lambda: FakeDispatcher())
-    monkeypatch.setattr(fam, "_selected", None)   # a fresh select memo
+    monkeypatch.setattr(sp_entry, "_selected", None)   # a fresh select memo
     q = SimpleNamespace(device=torch.device("cuda", 1))
-    call = fam.Call(q, None, None, None, None, None, None, None, sq=4096, heads=128, topk=2048, d_qk=576,
+    call = sp_call.Call(q, None, None, None, None, None, None, None, sq=4096, heads=128, topk=2048, d_qk=576,
                     num_kv=8192, kv_row_stride=576, kv_page_stride=0, page_size=0, scale=0.04)
-    assert fam.select(call) == (1, "selection")
+    assert sp_entry.select(call) == (1, "selection")
     assert asked == {"family": "mla_sparse_prefill", "problem": "d576/h128/k2048/flat",
                      "specialization": FLAT576, "device": 1, "accepts": True, "variant": None, "only": None}
-    fam.select(call, "mla_sparse_prefill_sm80")
+    sp_entry.select(call, "mla_sparse_prefill_sm80")
     assert asked["only"] == "mla_sparse_prefill_sm80"
 
 

@@ -9,8 +9,8 @@ it on its own), with ``<template>_base`` and a ``_base`` copy of every device he
 at the revision, and of every header that includes one of those, so that nothing of the working
 tree leaks into the base kernel. Call both by name (``kernel="<spec>"`` / ``kernel="<spec>_base"``).
 
-    python tools/ab_install.py mla_sparse_prefill_sm90_fp8 927c246     # prints what it wrote
-    python tools/ab_install.py mla_sparse_prefill_sm90_fp8 --remove   # deletes it again
+    python tools/ab_install.py mla_sparse_prefill_sm90_h16 927c246     # prints what it wrote
+    python tools/ab_install.py mla_sparse_prefill_sm90_h16 --remove   # deletes it again
 
 Meant for the device machine's copy of the tree (a device script installs, times, and the copy is
 thrown away); ``--remove`` cleans a checkout. Needs git and the revision in the repository it runs
@@ -118,7 +118,7 @@ def installed(spec: str, root: Path = ROOT) -> list[Path]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("spec", help="spec name, e.g. mla_sparse_prefill_sm90_fp8")
+    ap.add_argument("spec", help="spec name, e.g. mla_sparse_prefill_sm90_h16")
     ap.add_argument("rev", nargs="?", help="git revision of the base kernel (e.g. a commit or HEAD~1)")
     ap.add_argument("--remove", action="store_true", help="delete a previous install of the spec")
     ap.add_argument("--root", type=Path, default=ROOT, help="the checkout to install into (default: this one)")

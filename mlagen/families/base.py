@@ -254,8 +254,9 @@ def register(family: Family) -> Family:
 
 
 def names() -> list[str]:
-    """Every family under ``mlagen/families/`` (a package, or a single module), sorted."""
-    return sorted(m.name for m in pkgutil.iter_modules([str(Path(__file__).parent)]) if m.name != "base")
+    """Every family under ``mlagen/families/`` (a package, or a single module), sorted; ``base``
+    (the protocol) and ``kit`` (the shared call path) are none."""
+    return sorted(m.name for m in pkgutil.iter_modules([str(Path(__file__).parent)]) if m.name not in ("base", "kit"))
 
 
 def get(name: str, path=None) -> Family:

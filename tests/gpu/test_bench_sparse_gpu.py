@@ -18,10 +18,12 @@ torch = pytest.importorskip("torch")
 
 from click.testing import CliRunner  # noqa: E402
 
-from mlagen import bench, bench_sparse, db  # noqa: E402
+from mlagen import bench, db  # noqa: E402
+from mlagen.families.mla_sparse_prefill import tools as bench_sparse  # noqa: E402
 from mlagen.cli import cli  # noqa: E402
 from mlagen.dispatch import dispatcher  # noqa: E402
 from mlagen.families import mla_sparse_prefill as fam  # noqa: E402
+from mlagen.families.mla_sparse_prefill import problem as sp_problem, call as sp_call, entry as sp_entry, reference as sp_ref  # noqa: E402
 from mlagen.families.mla_sparse_prefill.peers import FLASHMLA  # noqa: E402
 from mlagen.tune import TuneConfig, tune  # noqa: E402
 
@@ -104,8 +106,8 @@ def test_a_sparse_tune_is_dispatched_to(tmp_path, monkeypatch):
     monkeypatch.setenv("MLAGEN_NO_SHIPPED", "1")
     dispatcher().clear()
     try:
-        x = fam.make_inputs(fam.parse_shape("sq=32,h=50,topk=200,skv=500"), "cuda", seed=2)   # same class
-        _, sel = fam.select(fam.prepare(x["q"], x["kv"], x["indices"], softmax_scale=x["softmax_scale"],
+        x = sp_ref.make_inputs(sp_problem.parse_shape("sq=32,h=50,topk=200,skv=500"), "cuda", seed=2)   # same class
+        _, sel = sp_entry.select(sp_call.prepare(x["q"], x["kv"], x["indices"], softmax_scale=x["softmax_scale"],
                                         attn_sink=x["attn_sink"]))
         assert (sel.variant.symbol, sel.origin) == (result.best.variant.symbol, "user")
     finally:

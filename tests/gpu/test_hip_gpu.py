@@ -39,7 +39,7 @@ def test_hiprtc_compiles_and_loads_the_default_variant():
 
 def test_one_call_matches_the_reference():
     from mlagen import api
-    from mlagen.families.mla_prefill import reference
+    from mlagen.families.mla_prefill.reference import reference
 
     g = torch.Generator(device="cuda").manual_seed(0)
     q = torch.randn(300, 16, 192, generator=g, device="cuda").to(torch.bfloat16)

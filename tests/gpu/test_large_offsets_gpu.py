@@ -21,7 +21,7 @@ torch = pytest.importorskip("torch")
 
 import mlagen  # noqa: E402
 from mlagen import operands  # noqa: E402
-from mlagen.families import mla_sparse_prefill as sparse  # noqa: E402
+from mlagen.families.mla_sparse_prefill import reference as sp_ref  # noqa: E402
 
 BIG = 2 ** 31
 NEED_BYTES = 24 << 30
@@ -145,7 +145,7 @@ def _sparse_reference(q, table, indices, rows, scale, sink, kv_format="bf16"):
     used = torch.unique(idx[valid])
     remap = torch.full_like(idx, -1)
     remap[valid] = torch.searchsorted(used, idx[valid])
-    return sparse.reference(q[rows], table[used].contiguous(), remap.to(torch.int32), softmax_scale=scale,
+    return sp_ref.reference(q[rows], table[used].contiguous(), remap.to(torch.int32), softmax_scale=scale,
                             attn_sink=sink, kv_format=kv_format)
 
 
@@ -178,13 +178,12 @@ def test_sparse_bf16_past_2_31(heads):
     torch.cuda.synchronize()
     rows = _rows(sq)
     ref = _sparse_reference(q, kv, indices, rows, scale, sink)
-    _check_sparse(got, ref, rows, sparse.REL_TOL, sparse.STAT_TOL)
+    _check_sparse(got, ref, rows, sp_ref.REL_TOL, sp_ref.STAT_TOL)
     assert bool((buf[..., 1088:] == SENTINEL).all())
 
 
 @pytest.mark.skipif(_other_than_sm90a(), reason="FP8 caches have sparse kernels on sm_90a only (this GPU is another)")
-@pytest.mark.parametrize("compute", ["bf16", "fp8"])
-def test_sparse_fp8_cache_past_2_31(compute):
+def test_sparse_fp8_cache_past_2_31():
     sq, heads, topk = 4001, 128, 96
     fmt = operands.get("fp8_v32")
     pages = (7 << 19) // 64 + 5                 # 3.7 M tokens of 656 B: index x stride to 2.4e9 bytes
@@ -200,15 +199,9 @@ def test_sparse_fp8_cache_past_2_31(compute):
     sink = torch.randn((heads,), generator=g, device="cuda")
     assert (n - 1) * fmt.row_bytes > BIG
     scale = 576 ** -0.5
-    kwargs = {} if compute == "bf16" else {"compute": "fp8"}
-    got = mlagen.mla_sparse_prefill(q, cache, indices, softmax_scale=scale, attn_sink=sink, kv_format=fmt.name,
-                                    **kwargs)
+    got = mlagen.mla_sparse_prefill(q, cache, indices, softmax_scale=scale, attn_sink=sink, kv_format=fmt.name)
     torch.cuda.synchronize()
     rows = _rows(sq)
-    qr = q if compute == "bf16" else sparse.quantize_q_fp8(q)
-    ref = _sparse_reference(qr, flat, indices, rows, scale, sink, kv_format=fmt.name)
-    if compute == "bf16":
-        # bf16 rounding of the dequantized rows on top of the bf16 kernel's own (notes-sparse.md)
-        _check_sparse(got, ref, rows, 2e-2, 1e-2)
-    else:
-        _check_sparse(got, ref, rows, sparse.FP8_REL_TOL, sparse.FP8_STAT_TOL)
+    ref = _sparse_reference(q, flat, indices, rows, scale, sink, kv_format=fmt.name)
+    # bf16 rounding of the dequantized rows on top of the bf16 kernel's own (notes-sparse.md)
+    _check_sparse(got, ref, rows, 2e-2, 1e-2)

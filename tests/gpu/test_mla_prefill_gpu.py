@@ -16,7 +16,7 @@ torch = pytest.importorskip("torch")
 
 from mlagen import api  # noqa: E402
 from mlagen.dispatch import dispatcher, family_specs  # noqa: E402
-from mlagen.families.mla_prefill import reference  # noqa: E402
+from mlagen.families.mla_prefill.reference import reference  # noqa: E402
 from mlagen.runtime import device_info  # noqa: E402
 
 OUT_REL_TOL = 1e-2   # bf16 P and output rounding; fp32 accumulation

@@ -24,7 +24,7 @@ SCRIPT = textwrap.dedent('''
     import torch
     import mlagen
     from mlagen import operands
-    from mlagen.families import mla_sparse_prefill as sparse
+    from mlagen.families.mla_sparse_prefill import reference as sp_ref
     from mlagen.families.mla_prefill import reference as dense_ref  # the package re-exports the function
 
     current, other = int(sys.argv[1]), int(sys.argv[2])
@@ -45,19 +45,19 @@ SCRIPT = textwrap.dedent('''
     assert err < 1e-2 and (lse - ref_lse).abs().max().item() < 2e-3, ("dense", err)
 
     # sparse: bf16 rows, then the FP8 paged cache (bf16 compute)
-    inp = sparse.make_inputs({"sq": 64, "heads": 64, "topk": 256, "s_kv": 2000}, dev, seed=3)
+    inp = sp_ref.make_inputs({"sq": 64, "heads": 64, "topk": 256, "s_kv": 2000}, dev, seed=3)
     got = mlagen.mla_sparse_prefill(**inp)
-    ref = sparse.reference(inp["q"], inp["kv"], inp["indices"], softmax_scale=inp["softmax_scale"],
+    ref = sp_ref.reference(inp["q"], inp["kv"], inp["indices"], softmax_scale=inp["softmax_scale"],
                            attn_sink=inp["attn_sink"])
-    assert sparse.compare(got, ref).ok, "sparse bf16"
-    inp = sparse.make_inputs({"sq": 64, "heads": 128, "topk": 256, "s_kv": 2000, "kv_format": "fp8_v32"}, dev,
+    assert sp_ref.compare(got, ref).ok, "sparse bf16"
+    inp = sp_ref.make_inputs({"sq": 64, "heads": 128, "topk": 256, "s_kv": 2000, "kv_format": "fp8_v32"}, dev,
                              seed=4)
     got = mlagen.mla_sparse_prefill(**inp)
     assert got[0].device == dev and torch.cuda.current_device() == current
     rows = operands.dequantize(inp["kv"], operands.get("fp8_v32"), round_bf16=True)  # what the kernel computes on
-    ref = sparse.reference(inp["q"], rows, inp["indices"], softmax_scale=inp["softmax_scale"],
+    ref = sp_ref.reference(inp["q"], rows, inp["indices"], softmax_scale=inp["softmax_scale"],
                            attn_sink=inp["attn_sink"])
-    assert sparse.compare(got, ref).ok, "sparse fp8_v32"
+    assert sp_ref.compare(got, ref).ok, "sparse fp8_v32"
     torch.cuda.synchronize(dev)
     print("ok")
 ''')

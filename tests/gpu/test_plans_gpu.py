@@ -14,7 +14,7 @@ torch = pytest.importorskip("torch")
 
 import mlagen  # noqa: E402
 from mlagen import dispatch  # noqa: E402
-from mlagen.families import mla_sparse_prefill as sparse  # noqa: E402
+from mlagen.families.mla_sparse_prefill import entry as sp_entry, reference as sp_ref  # noqa: E402
 from mlagen.families.mla_prefill import plan as dense_plan  # noqa: E402
 
 
@@ -54,11 +54,9 @@ def _sparse_args(case: str, seed: int) -> dict:
         shape["heads"] = 16
     elif case == "h128":
         shape["heads"] = 128
-    elif case in ("fp8_v32", "fp8_compute"):
+    elif case == "fp8_v32":
         shape["kv_format"] = "fp8_v32"
-        if case == "fp8_compute":
-            shape["compute"] = "fp8"
-    args = sparse.make_inputs(shape, "cuda", seed=seed)
+    args = sp_ref.make_inputs(shape, "cuda", seed=seed)
     if case == "topk_length":
         args["topk_length"] = torch.randint(0, 301, (37,), device="cuda", dtype=torch.int32)
         args["attn_sink"] = None
@@ -92,26 +90,26 @@ def test_dense_plans_match_the_full_path(case, monkeypatch):
     _check(mlagen.mla_prefill, lambda seed: _dense_args(case, seed), dense_plan._plans, monkeypatch)
 
 
-@pytest.mark.parametrize("case", ["flat", "h16", "h128", "topk_length", "paged", "fp8_v32", "fp8_compute"])
+@pytest.mark.parametrize("case", ["flat", "h16", "h128", "topk_length", "paged", "fp8_v32"])
 def test_sparse_plans_match_the_full_path(case, monkeypatch):
-    _check(mlagen.mla_sparse_prefill, lambda seed: _sparse_args(case, seed), sparse._plans, monkeypatch)
+    _check(mlagen.mla_sparse_prefill, lambda seed: _sparse_args(case, seed), sp_entry._plans, monkeypatch)
 
 
 def test_plans_follow_the_dispatcher_and_the_knobs(monkeypatch):
     args = _sparse_args("flat", 3)
     monkeypatch.setenv("MLAGEN_PLANS", "1")
     mlagen.mla_sparse_prefill(**args)
-    hits = sparse._plans.hits
+    hits = sp_entry._plans.hits
     mlagen.mla_sparse_prefill(**args)
-    assert sparse._plans.hits == hits + 1
+    assert sp_entry._plans.hits == hits + 1
     dispatch.dispatcher().clear()              # a new tuning record, say: plan again
     mlagen.mla_sparse_prefill(**args)
-    assert sparse._plans.hits == hits + 1
+    assert sp_entry._plans.hits == hits + 1
     mlagen.mla_sparse_prefill(**args)
-    assert sparse._plans.hits == hits + 2
+    assert sp_entry._plans.hits == hits + 2
     monkeypatch.setenv("MLAGEN_FAMILY", "mla_sparse_prefill_sm80")   # a knob the call reads
     mlagen.mla_sparse_prefill(**args)
-    assert sparse._plans.hits == hits + 2
+    assert sp_entry._plans.hits == hits + 2
 
 
 def test_bad_arguments_never_take_a_plan(monkeypatch):

@@ -1,6 +1,6 @@
 """Sparse MLA prefill straight from an FP8 latent cache (issue 10) on the GPU.
 
-The matrix of mlagen.bench_sparse.fp8_cases (H in {1, 16, 64, 128} x topk in {1, 33, 640, 2048};
+The matrix of mlagen.families.mla_sparse_prefill.tools.fp8_cases (H in {1, 16, 64, 128} x topk in {1, 33, 640, 2048};
 fp8_v32 and scale blocks 64 / 32 / none; page sizes 64 and 1, FlashMLA's 4-D decode form and
 strided pages; per-block scales spread over four orders of magnitude; -1, negative, >= N and
 2**31 - 1 indices; duplicates; topk_length; every sink mode; outputs poisoned with NaN): each
@@ -17,9 +17,10 @@ pytestmark = pytest.mark.gpu
 torch = pytest.importorskip("torch")
 
 import mlagen  # noqa: E402
-from mlagen import bench_sparse, operands  # noqa: E402
+from mlagen import operands  # noqa: E402
+from mlagen.families.mla_sparse_prefill import tools as bench_sparse  # noqa: E402
 from mlagen.errors import NoDeviceError  # noqa: E402
-from mlagen.families import mla_sparse_prefill as fam  # noqa: E402
+from mlagen.families.mla_sparse_prefill import reference as sp_ref  # noqa: E402
 
 CASES = bench_sparse.fp8_cases()
 
@@ -39,7 +40,7 @@ def test_fp8_cache_matches_reference_and_bf16_kernel(i, kernel):
 
 
 def _inputs(seed=4):
-    return fam.make_inputs({"sq": 16, "heads": 64, "topk": 256, "s_kv": 1000, "kv_format": "fp8_v32"}, "cuda",
+    return sp_ref.make_inputs({"sq": 16, "heads": 64, "topk": 256, "s_kv": 1000, "kv_format": "fp8_v32"}, "cuda",
                            seed=seed)
 
 

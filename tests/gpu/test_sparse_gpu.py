@@ -1,6 +1,6 @@
 """Sparse MLA prefill on the GPU against the float32 reference of MLA.md section 2.
 
-The matrix of mlagen.bench_sparse.verify_cases (H in {1, 5, 16, 64, 128} x topk in
+The matrix of mlagen.families.mla_sparse_prefill.tools.verify_cases (H in {1, 5, 16, 64, 128} x topk in
 {1, 33, 640, 2048}; -1, negative, >= N and 2**31 - 1 indices; duplicates; topk_length short,
 zero and past topk; sink absent, finite, +inf, -inf and mixed; flat, [N, 1, d] and strided
 paged kv; empty rows; d_qk 512 and 576; strided q) runs on every spec of the family that
@@ -18,19 +18,19 @@ pytestmark = pytest.mark.gpu
 torch = pytest.importorskip("torch")
 
 import mlagen  # noqa: E402
-from mlagen import bench_sparse  # noqa: E402
+from mlagen.families.mla_sparse_prefill import tools as bench_sparse  # noqa: E402
 from mlagen.dispatch import family_specs  # noqa: E402
 from mlagen.families import mla_sparse_prefill as fam  # noqa: E402
+from mlagen.families.mla_sparse_prefill import reference as sp_ref  # noqa: E402
 from mlagen.runtime import device_info  # noqa: E402
 
 
 def _specs():
-    """The bf16-mode specs targeting the device (an fp8-mode spec serves only compute="fp8"
-    calls on FP8 caches: tests/gpu/test_sparse_fp8_compute_gpu.py)."""
+    """The specs targeting the device."""
     if not torch.cuda.is_available():
         return ["mla_sparse_prefill_sm90"]
     target = device_info(torch.cuda.current_device()).target.name
-    return [s.name for s in family_specs(fam.FAMILY.name) if target in s.targets and fam.spec_compute(s) == "bf16"]
+    return [s.name for s in family_specs(fam.FAMILY.name) if target in s.targets]
 
 
 CASES = bench_sparse.verify_cases()
@@ -91,7 +91,7 @@ def test_running_max_with_rising_and_falling_scores(softmax_max, rising):
                      {"softmax_max": softmax_max, "d_qk": 576, "paged": False, "kv_format": "bf16"})
     out = torch.full((sq, heads, 512), math.nan, dtype=torch.bfloat16, device="cuda")
     got = mlagen.mla_sparse_prefill(q, kv, idx, softmax_scale=0.05, attn_sink=sink, out=out, kernel=v)
-    ref = fam.reference(q, kv, idx, softmax_scale=0.05, attn_sink=sink)
+    ref = sp_ref.reference(q, kv, idx, softmax_scale=0.05, attn_sink=sink)
     torch.cuda.synchronize()
     # The first blocks' logits are a few units, the largest ones tens: far beyond the lazy margin.
     assert float(ref[1].min()) > 20
@@ -135,7 +135,7 @@ def test_h16_schedules_with_rising_and_falling_scores(options, rising):
     pool[:, :page] = kv.view(n // page, page, 576)
     out = torch.full((sq, heads, 512), math.nan, dtype=torch.bfloat16, device="cuda")
     got = mlagen.mla_sparse_prefill(q, pool[:, :page], idx, softmax_scale=0.05, attn_sink=sink, out=out, kernel=v)
-    ref = fam.reference(q, kv, idx, softmax_scale=0.05, attn_sink=sink)
+    ref = sp_ref.reference(q, kv, idx, softmax_scale=0.05, attn_sink=sink)
     torch.cuda.synchronize()
     assert float(ref[1].min()) > 20
     ok, msg = bench_sparse.judge(torch, got, ref)
@@ -148,10 +148,10 @@ def test_cuda_graph_capture_and_replay():
 
 
 def test_flash_mla_signature_and_return_order():
-    inp = fam.make_inputs({"sq": 8, "heads": 16, "topk": 100, "s_kv": 500}, "cuda", seed=3)
+    inp = sp_ref.make_inputs({"sq": 8, "heads": 16, "topk": 100, "s_kv": 500}, "cuda", seed=3)
     out, max_logits, lse = mlagen.flash_mla_sparse_fwd(inp["q"], inp["kv"], inp["indices"], inp["softmax_scale"],
                                                        512, inp["attn_sink"], None)
-    ro, rml, rlse = fam.reference(inp["q"], inp["kv"], inp["indices"], softmax_scale=inp["softmax_scale"],
+    ro, rml, rlse = sp_ref.reference(inp["q"], inp["kv"], inp["indices"], softmax_scale=inp["softmax_scale"],
                                   attn_sink=inp["attn_sink"])
     assert out.shape == (8, 16, 512) and max_logits.shape == lse.shape == (8, 16)
     assert ((out.float() - ro).norm() / ro.norm()).item() < 1e-2
@@ -175,7 +175,7 @@ def test_unaligned_views_are_copied_not_misread():
     kv = torch.randn((50, 576), generator=g, device="cuda").to(torch.bfloat16)
     idx = torch.randint(-5, 60, (5, 40), generator=g, device="cuda", dtype=torch.int32)
     out, ml, lse = mlagen.mla_sparse_prefill(q, kv, idx, softmax_scale=0.05)
-    ro, _, rlse = fam.reference(q, kv, idx, softmax_scale=0.05)
+    ro, _, rlse = sp_ref.reference(q, kv, idx, softmax_scale=0.05)
     assert ((out.float() - ro).norm() / ro.norm()).item() < 1e-2
 
 
@@ -190,7 +190,7 @@ def test_unaligned_views_are_copied_not_misread():
     ({"d_v": lambda d: 128}, ValueError, "d_v"),
 ])
 def test_argument_errors_name_the_argument(change, error, match):
-    args = fam.make_inputs({"sq": 4, "heads": 8, "topk": 16, "s_kv": 64}, "cuda", seed=1)
+    args = sp_ref.make_inputs({"sq": 4, "heads": 8, "topk": 16, "s_kv": 64}, "cuda", seed=1)
     args["d_v"] = 512
     for k, f in change.items():
         args[k] = f(args[k])
@@ -199,7 +199,7 @@ def test_argument_errors_name_the_argument(change, error, match):
 
 
 def test_the_default_call_does_not_synchronise():
-    inp = fam.make_inputs({"sq": 16, "heads": 64, "topk": 256, "s_kv": 1024}, "cuda", seed=2)
+    inp = sp_ref.make_inputs({"sq": 16, "heads": 64, "topk": 256, "s_kv": 1024}, "cuda", seed=2)
     inp["topk_length"] = torch.full((16,), 200, dtype=torch.int32, device="cuda")
     mlagen.mla_sparse_prefill(**inp)  # builds the kernel
     torch.cuda.synchronize()
@@ -212,7 +212,7 @@ def test_the_default_call_does_not_synchronise():
 
 @pytest.mark.parametrize("preallocated", [False, True])
 def test_torch_compile_fullgraph_matches_eager(preallocated):
-    inp = fam.make_inputs({"sq": 12, "heads": 20, "topk": 150, "s_kv": 700}, "cuda", seed=4)
+    inp = sp_ref.make_inputs({"sq": 12, "heads": 20, "topk": 150, "s_kv": 700}, "cuda", seed=4)
 
     def layer(q, kv, indices, sink):
         if preallocated:
@@ -236,7 +236,7 @@ def test_torch_compile_fullgraph_matches_eager(preallocated):
 def test_opcheck_on_the_gpu():
     from mlagen.families.mla_sparse_prefill import op
 
-    inp = fam.make_inputs({"sq": 6, "heads": 8, "topk": 70, "s_kv": 300}, "cuda", seed=9)
+    inp = sp_ref.make_inputs({"sq": 6, "heads": 8, "topk": 70, "s_kv": 300}, "cuda", seed=9)
     args = (inp["q"], inp["kv"], inp["indices"], 0.04, None, inp["attn_sink"], None, "bf16")
     for name, result in torch.library.opcheck(op._op, args).items():
         assert result == "SUCCESS", (name, result)

@@ -9,7 +9,7 @@ peer's ``build_fa3.py`` with this folder's two FP8 leaves (``inst_*_varlen.cu``)
     python tools/fa3_fp8/build.py [--build-dir out/fa3_fp8] [--jobs N] [--force]
 
 Result: ``<build-dir>/fa3_fp8_C.so``, loaded by ``tools/fa3_fp8/fa3_fp8.py`` (``torch.ops.fa3_fp8.fwd``) and by
-``python -m mlagen.bench_fp8 --fa3-fp8``.
+``python -m mlagen.families.mla_prefill.tools --fa3-fp8``.
 """
 import importlib.util
 import os

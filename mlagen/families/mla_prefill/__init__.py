@@ -14,26 +14,25 @@ Modules, in the order a call meets them:
 * bench: :mod:`.peers` (FlashAttention-3, cuDNN, FlashAttention-2 and the public call).
 
 ``FAMILY`` implements :class:`mlagen.families.base.Family`. Importing this package does not
-import torch. The names re-exported below (``reference``, ``flops``, ``problem_key`` ...) keep
-the pre-package imports of tune.py and bench.py working for one merge.
+import torch; it re-exports nothing: import a name from the module that defines it.
 """
 
 from __future__ import annotations
 
+from .. import kit
 from ..base import Family, register
 from . import compile as _compile
 from . import problem as _problem
 from .launch import accepts, launch
-from .params import SIMT_PARAMS, TMA_PARAMS
-from .problem import (D_NOPE, D_QK, D_ROPE, D_V, MASKS, SHAPES, ProblemKey, Shape, describe_shape, flops,
-                      parse_shape, parse_shapes, problem_key, ragged_lengths, sequence_lengths, visible_pairs)
-from .reference import REL_TOL, reference
+from .problem import D_V, ProblemKey, Shape, flops
+from .reference import REL_TOL
 
 
-class MlaPrefillFamily(Family):
+class MlaPrefillFamily(kit.ShapesOf, Family):
     """Dense MLA prefill: q [Tq, H, 192], k/v [Tk, H, 128] (+ k_rope) -> out [Tq, H, 128], lse [Tq, H]."""
 
     name = "mla_prefill"
+    problem = _problem
 
     def validate_spec(self, spec) -> None:
         _compile.validate_spec(spec)
@@ -55,16 +54,6 @@ class MlaPrefillFamily(Family):
 
     def problem_specialization(self, problem: str) -> dict:
         return {"mask": ProblemKey.parse(problem).mask}
-
-    def parse_shape(self, text: str, id: str | None = None) -> Shape:
-        return parse_shape(text, id)
-
-    def describe_shape(self, shape) -> str:
-        return describe_shape(shape)
-
-    def shapes(self) -> dict[str, Shape]:
-        """D1 ... D7 of BENCHMARKS.md."""
-        return dict(SHAPES)
 
     def check_shapes(self, problem: str) -> list[Shape]:
         """The named shapes of the class, else one sequence of the class's lengths and heads (a
@@ -149,7 +138,3 @@ class MlaPrefillFamily(Family):
 
 
 FAMILY = register(MlaPrefillFamily())
-
-__all__ = ["FAMILY", "MlaPrefillFamily", "D_NOPE", "D_QK", "D_ROPE", "D_V", "MASKS", "SHAPES", "ProblemKey", "Shape",
-           "SIMT_PARAMS", "TMA_PARAMS", "accepts", "describe_shape", "flops", "launch", "parse_shape", "parse_shapes",
-           "problem_key", "ragged_lengths", "reference", "sequence_lengths", "visible_pairs"]

@@ -17,6 +17,7 @@ from typing import Any
 
 from ... import knobs
 from ...errors import ArgumentError, ArgumentTypeError
+from .. import kit
 from .problem import D_NOPE, D_QK, D_ROPE, D_V, ProblemKey, problem_key
 
 
@@ -69,7 +70,7 @@ class Call:
 
     def _tma_check(self) -> str | None:
         for name in ("q", "k", "k_rope", "v", "out"):
-            if _aligned(getattr(self, name)):
+            if kit.aligned(getattr(self, name)):
                 continue
             t = getattr(self, name)
             if t.data_ptr() % 16:
@@ -258,18 +259,6 @@ def check_arguments(torch, q, k, v, k_rope=None, cu_seqlens_q=None, cu_seqlens_k
     return total_q, total_k, heads, batch, rope
 
 
-def _aligned(t) -> bool:
-    """Whether t's base and its strides (but the last, and of dimensions of size 1) are multiples
-    of 16 bytes: what cp.async and TMA need."""
-    if t.data_ptr() % 16:
-        return False
-    elem = t.element_size()
-    return not any(size > 1 and (stride * elem) % 16 for size, stride in zip(t.shape[:-1], t.stride()[:-1]))
-
-
-def _aligned_or_copy(t):
-    """cp.async and TMA read 16-byte chunks: a view whose base or strides break that is copied."""
-    return t if _aligned(t) else t.contiguous()
 
 
 def _check_cu_values(cu, arg: str, total: int, longest: int | None, longest_arg: str) -> None:
@@ -338,10 +327,10 @@ def prepare(q, k, v, *, k_rope=None, cu_seqlens_q=None, cu_seqlens_k=None, causa
     if k_rope is None:
         k_rope = k[:, :, D_NOPE:]
         k = k[:, :, :D_NOPE]
-    q, k, k_rope, v = _aligned_or_copy(q), _aligned_or_copy(k), _aligned_or_copy(k_rope), _aligned_or_copy(v)
+    q, k, k_rope, v = kit.aligned_or_copy(q), kit.aligned_or_copy(k), kit.aligned_or_copy(k_rope), kit.aligned_or_copy(v)
     call = Call(q, k, k_rope, v, out, lse, cu_q, cu_k, total_q, total_k, heads, batch, causal, scale, rope,
                 max_seqlen_q, max_seqlen_k, dtype, q_descale, k_descale, v_descale)
-    # TMA's rules are _aligned's: q, k, k_rope and v now meet them, and out was checked above (its
+    # TMA's rules are kit.aligned's: q, k, k_rope and v now meet them, and out was checked above (its
     # strides by check_arguments) or allocated here; so dispatch need not look again.
     call._tma_verdict = None
     return call

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from ... import expr, resources, variant
+from ... import resources
+from .. import kit
 from ...errors import SpecError
 from . import schedule
 from .call import FP8_DTYPES, INPUT_DTYPES
@@ -32,16 +33,7 @@ def validate_spec(spec) -> None:
         raise SpecError(spec.path, "specialize", f"this family specialises on mask only, values from {list(MASKS)}")
     if spec.abi in TMA_ABIS:
         schedule.validate_spec(spec)
-    default = variant.make(spec, {})
-    env = default.env()
-    for i, c in enumerate(spec.constraints):
-        try:
-            ok = c.require(env)
-        except expr.ExprError as exc:
-            raise SpecError(spec.path, f"constraints[{i}].require", str(exc)) from None
-        if not ok:
-            raise SpecError(spec.path, "tune", f"the default variant breaks constraint {i}: {c.message} "
-                            f"(requires {c.require.text})")
+    kit.check_default_constraints(spec)
 
 
 def check_variant(v, target, res) -> list[str]:

@@ -4,9 +4,9 @@ shape, and the comparison tune and bench use to accept a kernel's result."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any
 
+from ..kit import Check
 from .problem import D_QK, D_ROPE, D_V, sequence_lengths, shape_sequences
 
 REL_TOL = 2e-2      # relative L2 error of out allowed against the float32 reference
@@ -174,20 +174,6 @@ def reference_heads(shape, inputs: dict, heads: int | None = 2, budget_bytes: in
             out[qs + r0:qs + r1] = o
             lse[qs + r0:qs + r1] = l
     return out, lse
-
-
-@dataclass(frozen=True)
-class Check:
-    """How one result compares with the reference; ``problem`` is None when it passes."""
-
-    max_abs: float
-    rel_l2: float
-    lse_max_abs: float | None
-    problem: str | None = None
-
-    @property
-    def ok(self) -> bool:
-        return self.problem is None
 
 
 #: The stress check's bound on bias: out / reference by least squares within this of 1. The FP8

@@ -20,15 +20,12 @@ from typing import Optional
 import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode as _current_dispatch_mode
 
-from . import D_V, ArgumentError, check_compute, compute_kv_formats, run
+from ...errors import ArgumentError
+from .call import check_compute
+from .entry import run
+from .problem import D_V
 
 Tensor = torch.Tensor
-
-
-@torch.compiler.assume_constant_result
-def _compute_kv_formats(compute: str) -> tuple:
-    """:func:`compute_kv_formats` as a constant to torch.compile (it reads the spec files once)."""
-    return compute_kv_formats(compute)
 
 
 def _shapes(q, kv, indices):
@@ -100,15 +97,9 @@ def mla_sparse_prefill(q, kv, indices, *, softmax_scale, topk_length=None, attn_
             ``"fp8_v32"`` (DeepSeek-V3.2: 512 e4m3 values, 4 fp32 scales one per 128 values,
             64 bf16 rope values; 656 bytes), ``"fp8_b64"`` / ``"fp8_b32"`` (a scale per 64 / 32
             values), ``"fp8_b0"`` (no scales). Quantized rows need d_qk 576. sm_90a only.
-        compute: how a quantized cache is computed with: ``"bf16"`` (default) dequantizes the
-            rows in the kernel (fp32 product of value and scale, rounded to bf16) and runs the
-            bf16 tensor cores, so the result is the bf16 kernel's on those dequantized rows;
-            ``"fp8"`` runs FP8 tensor cores on the cache's e4m3 values (Q and P rounded to e4m3
-            in the kernel; faster, with a larger error against float32: see
-            ``FP8_REL_TOL`` / ``FP8_STAT_TOL`` in :mod:`mlagen.families.mla_sparse_prefill`).
-            ``"fp8"`` needs an FP8 cache whose format an fp8-mode kernel reads (every packaged one:
-            ``fp8_v32``, ``fp8_b64``, ``fp8_b32``, ``fp8_b0``); a bf16 cache raises ValueError
-            naming compute.
+        compute: ``"bf16"``, the only mode (kept so calls that name it still work): an FP8 cache
+            is read as bf16 (dequantized in the kernel, or staged first). ``"fp8"`` (FP8 tensor
+            cores) was removed on 2026-12-01 and raises ValueError naming compute.
 
     Returns:
         (out, max_logits, lse): out [Sq, H, 512] bf16; max_logits and lse [Sq, H] fp32, natural
@@ -129,7 +120,7 @@ def mla_sparse_prefill(q, kv, indices, *, softmax_scale, topk_length=None, attn_
         raise TypeError(f"mla_sparse_prefill: softmax_scale: expected a float, got {softmax_scale!r}")
     if not isinstance(kv_format, str):
         raise TypeError(f"mla_sparse_prefill: kv_format: expected a string, got {kv_format!r}")
-    check_compute(compute, kv_format, _compute_kv_formats)   # at trace time, with the eager call's messages
+    check_compute(compute)   # at trace time, with the eager call's messages
     args = (q, kv, indices, float(softmax_scale), topk_length, attn_sink, kernel, kv_format)
     if out is None and max_logits is None and lse is None:
         return torch.ops.mlagen.mla_sparse_prefill(*args, compute)

@@ -10,8 +10,8 @@ kv [s_kv, 1, d_qk], indices [Sq, 1, topk] a uniform choice without repetition, t
   padded heads' outputs are dropped. The strongest sparse peer: the first column.
 * ``naive``: PyTorch gather + matmul (:func:`naive`), what a model falls back to without a kernel.
 * ``mlagen``: the public call exactly as a user writes it, ``mlagen.mla_sparse_prefill(q, kv,
-  indices, softmax_scale=..., attn_sink=...)`` (plus ``kv_format=`` / ``compute=`` for a shape
-  with a quantized cache or the fp8 compute mode): default arguments, the dispatched kernel;
+  indices, softmax_scale=..., attn_sink=...)`` (plus ``kv_format=`` for a shape
+  with a quantized cache): default arguments, the dispatched kernel;
   ``mlagen:<spec>`` forces one kernel spec, ``mlagen:<kernel symbol>`` one variant.
 
 Checked calls return (out, max_logits, lse), what the family's ``compare`` takes.
@@ -155,7 +155,9 @@ def mlagen_peer(shape, inputs: dict, arg=None) -> Prepared:
     (``mlagen:<kernel symbol>``) or, from Python, a Variant. The checked call poisons all three
     outputs with NaN so an element the kernel never writes shows up."""
     from ... import dispatch
-    from . import FAMILY, prepare, select
+    from . import FAMILY
+    from .call import prepare
+    from .entry import select
     from .op import mla_sparse_prefill
 
     if isinstance(arg, str):
@@ -165,10 +167,9 @@ def mlagen_peer(shape, inputs: dict, arg=None) -> Prepared:
     kwargs = {"softmax_scale": inputs["softmax_scale"], "attn_sink": inputs.get("attn_sink")}
     if inputs.get("topk_length") is not None:
         kwargs["topk_length"] = inputs["topk_length"]
-    # A quantized cache's format and a compute mode other than the default, as a user passes them.
-    for name in ("kv_format", "compute"):
-        if inputs.get(name, "bf16") != "bf16":
-            kwargs[name] = inputs[name]
+    # A quantized cache's format, as a user passes it.
+    if inputs.get("kv_format", "bf16") != "bf16":
+        kwargs["kv_format"] = inputs["kv_format"]
     extra = {} if arg is None else {"kernel": arg}
 
     def fn():

@@ -1,7 +1,7 @@
-"""An FP8 cache staged into bf16 before the sparse bf16 kernel: what ``compute="bf16"`` runs by
+"""An FP8 cache staged into bf16 before the sparse bf16 kernel: what the default call runs by
 default (dispatch's choice, no ``kernel=``) on a CUDA device.
 
-The bf16 compute mode is defined as the bf16 kernel's result on the dequantized rows
+A call on an FP8 cache is defined as the bf16 kernel's result on the dequantized rows
 (``operands.dequantize(cache, fmt, round_bf16=True)``). Converting the rows inside the kernel
 (``sparse_kv_fp8.cuh``, still what ``kernel="mla_sparse_prefill_sm90"`` or a pinned variant runs)
 costs the producer warps more issue slots than the bf16 kernel has spare: 0.63-0.71x the bf16 kernel
@@ -84,12 +84,12 @@ def workspace_bytes(call) -> int:
 
 
 def applies(call, kernel) -> bool:
-    """Whether a call takes the staged path: an FP8 cache computed in bf16, the kernel left to
+    """Whether a call takes the staged path: an FP8 cache, the kernel left to
     dispatch (no ``kernel=``, no MLAGEN_FAMILY), on a CUDA device (elsewhere the in-kernel path
     says what the device lacks), and a workspace within MLAGEN_STAGING_MB."""
     from ...runtime import vendor
 
-    return (kernel is None and call.compute == "bf16" and call.kv_format != "bf16" and knobs.FAMILY.raw() is None
+    return (kernel is None and call.kv_format != "bf16" and knobs.FAMILY.raw() is None
             and vendor() == "cuda" and workspace_bytes(call) <= knobs.staging_bytes())
 
 

@@ -1,13 +1,12 @@
 """The sparse family's device tool: the correctness matrix, a sanitizer case, a profile case, and
 ``mlagen bench`` on the sparse shapes with forced variants beside the default.
 
-    python -m mlagen.bench_sparse verify [--kernel SPEC]  # the correctness matrix (exit 1 on a failure)
-    python -m mlagen.bench_sparse sanitize                # one small fuzzed case, for compute-sanitizer
-    python -m mlagen.bench_sparse profile [--shape S1]    # one call of ours and of FlashMLA's, for ncu
-    python -m mlagen.bench_sparse bench [--shapes S1,S5] [--variant l2_evict_last=false] [--json F]
-    python -m mlagen.bench_sparse verify-fp8 [--kernel SPEC]  # the FP8-cache matrix (issue 10)
-    python -m mlagen.bench_sparse verify-fp8 --compute fp8    # the same cache, compute="fp8" (FP8 tensor cores)
-    python -m mlagen.bench_sparse bench-fp8 [--shapes S1,S3]  # FP8 cache (both compute modes) vs bf16 copy vs
+    python -m mlagen.families.mla_sparse_prefill.tools verify [--kernel SPEC]  # the correctness matrix (exit 1 on a failure)
+    python -m mlagen.families.mla_sparse_prefill.tools sanitize                # one small fuzzed case, for compute-sanitizer
+    python -m mlagen.families.mla_sparse_prefill.tools profile [--shape S1]    # one call of ours and of FlashMLA's, for ncu
+    python -m mlagen.families.mla_sparse_prefill.tools bench [--shapes S1,S5] [--variant l2_evict_last=false] [--json F]
+    python -m mlagen.families.mla_sparse_prefill.tools verify-fp8 [--kernel SPEC]  # the FP8-cache matrix (issue 10)
+    python -m mlagen.families.mla_sparse_prefill.tools bench-fp8 [--shapes S1,S3]  # FP8 cache (staged, in-kernel) vs bf16 copy vs
                                                               # FlashMLA / the serving path
 
 The benchmark itself is ``mlagen bench`` (:mod:`mlagen.bench`, the family's peers in
@@ -24,11 +23,12 @@ import math
 import sys
 import time
 
-from . import measure
-from .errors import MlagenError
-from .families import mla_sparse_prefill as fam
-from .families.base import Peer
-from .families.mla_sparse_prefill.peers import FLASHMLA
+from ... import measure
+from ...errors import MlagenError
+from . import FAMILY
+from . import problem as sp_problem, compile as sp_compile, reference as sp_ref
+from ..base import Peer
+from .peers import FLASHMLA
 
 
 # --- correctness ------------------------------------------------------------------------------
@@ -114,7 +114,7 @@ def check_case(torch, case: dict, seed: int, kernel=None) -> tuple[bool, str]:
     out = torch.full((sq, heads, 512), math.nan, dtype=torch.bfloat16, device=device)
     o, ml, lse = mlagen.mla_sparse_prefill(q, kv, idx, softmax_scale=scale, topk_length=length, attn_sink=sink,
                                            out=out, kernel=kernel)
-    ro, rml, rlse = fam.reference(q, kv, idx, softmax_scale=scale, topk_length=length, attn_sink=sink)
+    ro, rml, rlse = sp_ref.reference(q, kv, idx, softmax_scale=scale, topk_length=length, attn_sink=sink)
     torch.cuda.synchronize()
     return judge(torch, (o, ml, lse), (ro, rml, rlse))
 
@@ -205,13 +205,13 @@ def check_graph(torch) -> tuple[bool, str]:
     """The call captured in a CUDA graph and replayed on new inputs matches a direct call."""
     import mlagen
 
-    inp = fam.make_inputs({"sq": 64, "heads": 64, "topk": 256, "s_kv": 4096}, "cuda", seed=5)
+    inp = sp_ref.make_inputs({"sq": 64, "heads": 64, "topk": 256, "s_kv": 4096}, "cuda", seed=5)
     mlagen.mla_sparse_prefill(**inp)  # builds the kernel outside capture
     torch.cuda.synchronize()
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         o, ml, lse = mlagen.mla_sparse_prefill(**inp)
-    new = fam.make_inputs({"sq": 64, "heads": 64, "topk": 256, "s_kv": 4096}, "cuda", seed=6)
+    new = sp_ref.make_inputs({"sq": 64, "heads": 64, "topk": 256, "s_kv": 4096}, "cuda", seed=6)
     for k in ("q", "kv", "indices", "attn_sink"):
         inp[k].copy_(new[k])
     g.replay()
@@ -252,7 +252,7 @@ def make_fp8_kv(torch, layout: str, n: int, fmt, gen, device, spread: float = 2.
     stays in e4m3's range), with scales of ``scale_fmt`` (operands.SCALE_FORMATS). Returns the cache tensor
     as a caller passes it (uint8, [blocks, page, row_bytes] or [blocks, page, 1, row_bytes];
     strided pages sit in slots twice their size)."""
-    from . import operands
+    from ... import operands
 
     page, four_d, strided = FP8_LAYOUTS[layout]
     blocks = -(-n // page)
@@ -328,7 +328,7 @@ def logit_bound(torch, q, rows32, idx, length, scale: float):
 def fp8_case_inputs(torch, case: dict, seed: int):
     """An FP8-cache case's inputs, drawn from ``seed`` on the GPU: (fmt, q (a strided view of a
     wider tensor), cache, indices, topk_length, sink, softmax_scale)."""
-    from . import operands
+    from ... import operands
 
     device = torch.device("cuda")
     gen = torch.Generator(device=device)
@@ -351,7 +351,7 @@ def check_fp8_case(torch, case: dict, seed: int, kernel=None) -> tuple[bool, str
     the bf16 rounding bound (``logit_bound``); and bit for bit against the bf16 kernel on the bf16 copy."""
     import mlagen
 
-    from . import operands
+    from ... import operands
 
     sq, heads = case["sq"], case["heads"]
     fmt, q, cache, idx, length, sink, scale = fp8_case_inputs(torch, case, seed)
@@ -365,9 +365,9 @@ def check_fp8_case(torch, case: dict, seed: int, kernel=None) -> tuple[bool, str
     got = mlagen.mla_sparse_prefill(q, cache, idx, softmax_scale=scale, topk_length=length, attn_sink=sink, out=out,
                                     max_logits=ml, lse=lse, kernel=kernel, kv_format=fmt.name)
     copy = operands.dequantize(cache, fmt, round_bf16=True)       # [N, 576] bf16, what the kernel holds
-    strict = fam.reference(q, copy, idx, softmax_scale=scale, topk_length=length, attn_sink=sink)
+    strict = sp_ref.reference(q, copy, idx, softmax_scale=scale, topk_length=length, attn_sink=sink)
     ok, msg = judge(torch, got, strict)
-    ref32 = fam.reference(q, cache, idx, softmax_scale=scale, topk_length=length, attn_sink=sink, kv_format=fmt.name)
+    ref32 = sp_ref.reference(q, cache, idx, softmax_scale=scale, topk_length=length, attn_sink=sink, kv_format=fmt.name)
     bound = logit_bound(torch, q, operands.dequantize(cache, fmt), idx, length, scale)
     ok32, msg32 = judge(torch, got, ref32, FP8_OUT_TOL, bound=bound)
     ok, msg = ok and ok32, f"vs bf16-rounded rows: {msg}; vs fp32-dequantized rows: {msg32}"
@@ -387,98 +387,21 @@ def check_fp8_case(torch, case: dict, seed: int, kernel=None) -> tuple[bool, str
 def _spec_reading(kv_format: str, device, heads: int) -> str:
     """The spec dispatch uses for ``kv_format`` caches of ``heads`` heads on ``device``: the
     highest-priority one of the family that targets it, reads that format and is chosen unasked
-    for such calls (``fam.preferred``: ``problem.max_heads``, ``problem.preferred_kv_formats``)."""
+    for such calls (``sp_compile.preferred``: ``problem.max_heads``, ``problem.preferred_kv_formats``)."""
     from types import SimpleNamespace
 
-    from .dispatch import family_specs
-    from .runtime import device_info
+    from ...dispatch import family_specs
+    from ...runtime import device_info
 
     target = device_info(device.index if device.index is not None else 0).target.name
     call = SimpleNamespace(heads=heads, kv_format=kv_format)
-    return next(s.name for s in family_specs(fam.FAMILY.name)
+    return next(s.name for s in family_specs(FAMILY.name)
                 if target in s.targets and kv_format in dict(s.specialize).get("kv_format", ())
-                and fam.spec_compute(s) == "bf16" and fam.preferred(s, call))
+                and sp_compile.preferred(s, call))
 
 
-def verify_fp8(kernel=None, compute: str = "bf16") -> int:
-    if compute == "fp8":
-        return run_cases("verify-fp8 --compute fp8", fp8_compute_cases(), check_fp8_compute_case, 3000, kernel)
+def verify_fp8(kernel=None) -> int:
     return run_cases("verify-fp8", fp8_cases(), check_fp8_case, 2000, kernel)
-
-
-# --- the "fp8" compute mode (FP8 tensor cores on the cache's e4m3 values) ----------------------
-# Its tolerances are the family's FP8_REL_TOL / FP8_STAT_TOL (one place; calibrated on the GPU).
-
-
-def fp8_compute_formats() -> tuple[str, ...]:
-    """The kv_format values some fp8-mode spec reads (from the specs)."""
-    return fam.compute_kv_formats("fp8")
-
-
-def fp8_compute_cases() -> list[dict]:
-    """The compute="fp8" matrix: the cases of :func:`fp8_cases` whose format an fp8-mode spec
-    reads, then H in {1, 5, 16, 64, 128} x topk in {1, 33, 640, 2048} over those formats, every
-    cache layout (page sizes 64 and 1, the 4-D form, strided pages), every sink mode, the
-    topk_length modes (a row of length 0 among them) and both scale formats, per-block scales
-    10**+-2 apart; plus all-invalid indices, all-valid, and power-of-two scales from 2^-40 to 2^20.
-    Every case has an empty row (row 0: all indices invalid, :func:`fuzzed_indices`)."""
-    formats = list(fp8_compute_formats())
-    if not formats:
-        return []
-    cases = [c for c in fp8_cases() if c.get("kv_format", "fp8_v32") in formats]
-    layouts = list(FP8_LAYOUTS)
-    sinks = ["none", "finite", "+inf", "-inf", "mixed"]
-    i = 0
-    for heads in (1, 5, 16, 64, 128):
-        for topk in (1, 33, 640, 2048):
-            cases.append({
-                "sq": 9 if topk >= 640 else 13, "heads": heads, "topk": topk, "n": 3000 if topk < 2048 else 5000,
-                "kv": layouts[i % len(layouts)], "kv_format": formats[(i // 2) % len(formats)],
-                "sink": sinks[(i + i // len(sinks)) % len(sinks)], "topk_length": [None, "short", "long"][i % 3],
-                "idx3": i % 2 == 0, "scales": "ue8m0" if i % 3 == 0 else "fp32",
-            })
-            i += 1
-    for fmt in formats:
-        cases.append({"sq": 5, "heads": 128, "topk": 128, "n": 100, "invalid": 1.0, "sink": "finite", "kv": "p1",
-                      "kv_format": fmt})
-        cases.append({"sq": 7, "heads": 64, "topk": 2048, "n": 8192, "invalid": 0.0, "sink": "none", "kv": "p64",
-                      "kv_format": fmt, "scales": "ue8m0"})
-        cases.append({"sq": 9, "heads": 128, "topk": 640, "n": 3000, "sink": "finite", "kv": "p64_strided",
-                      "kv_format": fmt, "scales": "ue8m0", "spread": 6.0})
-    return cases
-
-
-def check_fp8_compute_case(torch, case: dict, seed: int, kernel=None) -> tuple[bool, str]:
-    """One case of :func:`fp8_compute_cases` (or :func:`fp8_cases`) with compute="fp8", the
-    outputs poisoned with NaN first: against the float32 reference with Q as the kernel rounds it
-    (``fam.quantize_q_fp8``) on fp32-dequantized rows at ``fam.FP8_REL_TOL`` / ``fam.FP8_STAT_TOL``
-    (what is left is P's e4m3 rounding), the same infinities (rows with no valid key: out 0, lse
-    +inf, max_logits -inf); and lse / max_logits against the reference with the exact Q within
-    ``fam.fp8_q_logit_bound`` (Q's own rounding) plus the same tolerance. Out against the exact Q
-    is reported, not judged: it moves with the logits' size (notes-sparse.md)."""
-    import mlagen
-
-    from . import operands
-
-    sq, heads = case["sq"], case["heads"]
-    fmt, q, cache, idx, length, sink, scale = fp8_case_inputs(torch, case, seed)
-    device = q.device
-    out = torch.full((sq, heads, 512), math.nan, dtype=torch.bfloat16, device=device)
-    ml = torch.full((sq, heads), math.nan, device=device)
-    lse = torch.full((sq, heads), math.nan, device=device)
-    got = mlagen.mla_sparse_prefill(q, cache, idx, softmax_scale=scale, topk_length=length, attn_sink=sink, out=out,
-                                    max_logits=ml, lse=lse, kernel=kernel, kv_format=fmt.name, compute="fp8")
-    torch.cuda.synchronize()
-    if any(a.data_ptr() != b.data_ptr() for a, b in zip(got, (out, ml, lse))):
-        return False, "returned new tensors instead of the out= / max_logits= / lse= given"
-    refq = fam.reference(fam.quantize_q_fp8(q), cache, idx, softmax_scale=scale, topk_length=length,
-                         attn_sink=sink, kv_format=fmt.name)
-    ok, msg = judge(torch, got, refq, fam.FP8_REL_TOL, fam.FP8_STAT_TOL)
-    ref32 = fam.reference(q, cache, idx, softmax_scale=scale, topk_length=length, attn_sink=sink, kv_format=fmt.name)
-    bound = fam.fp8_q_logit_bound(q, operands.dequantize(cache, fmt), idx, length, scale)
-    ok32, msg32 = judge(torch, got, ref32, math.inf, fam.FP8_STAT_TOL, bound=bound)
-    return ok and ok32, (f"compute=fp8 vs Q as rounded: {msg}; vs exact Q (lse / max_logits within Q's rounding "
-                         f"bound): {msg32}")
 
 
 def serving_dequant(torch, cache, fmt, out):
@@ -495,56 +418,38 @@ def serving_dequant(torch, cache, fmt, out):
     return out
 
 
-#: What the "fp8" compute mode is for: at least this many times FlashMLA's bf16 kernel on the
-#: dequantized bf16 copy of the cache (bench-fp8's "x FlashMLA" column).
-FP8_COMPUTE_BAR = 1.15
-
-
 def bench_fp8(shapes, rounds, iters, scale_fmts=("ue8m0", "fp32"), formats=("fp8_v32",)) -> None:
-    """S1 / S3 from an FP8 cache (pages of 64; ``formats``, default V3.2's fp8_v32): the kernel reading it ("bf16" compute
-    mode), our bf16 kernel on the dequantized bf16 copy, and the serving path (dequantize the
+    """S1 / S3 from an FP8 cache (pages of 64; ``formats``, default V3.2's fp8_v32): the kernel reading it, our bf16 kernel on the dequantized bf16 copy, and the serving path (dequantize the
     request's cache into bf16, then FlashMLA if its build is found (MLAGEN_PEERS_DIR), else our bf16
     kernel). Once per scale format: "ue8m0" (powers of two, what V3.2's quantizer writes) and
     "fp32" (amax / 448).
-    Where an fp8-mode spec reads the format on this device, also the "fp8" compute mode, called
-    as a user writes it (``mla_sparse_prefill(..., kv_format=fmt, compute="fp8")``), checked in
-    the same run against the float32 reference on fp32-dequantized rows at the family's
-    FP8_REL_TOL / FP8_STAT_TOL, and compared with FlashMLA's bf16 kernel on the dequantized copy
-    (timed on the copy, no dequantization in the call; the bar is :data:`FP8_COMPUTE_BAR`) and
-    with our bf16 kernel on the copy.
     Interleaved rounds in one process, L2 flushed before each call; TFLOP/s by the FLOP
     convention of BENCHMARKS.md."""
     import torch
 
     import mlagen
 
-    from . import operands
+    from ... import operands
 
     path, why = FLASHMLA.status()
     peer = FLASHMLA.load().sparse_fwd if path else None
     if peer is None:
         print(f"flashmla skipped (the serving path then runs our bf16 kernel): {why}")
-    from .runtime import device_info
 
     dev = torch.cuda.get_device_properties(0)
     print(f"device: {dev.name}, torch {torch.__version__}, cuda {torch.version.cuda}, {time.strftime('%Y-%m-%d %H:%M')}")
-    target = device_info(torch.cuda.current_device()).target
     flush = measure.L2Flush("cuda")
     rows = []
     for name, fmt_name, scale_fmt in itertools.product(shapes, formats, scale_fmts):
         fmt = operands.get(fmt_name)
-        fp8_compute = target is not None and target.name in fam.kv_format_targets(fmt.name, "fp8")
-        if not fp8_compute:
-            print(f"compute=fp8 skipped: no fp8-mode spec reads {fmt.name} on {target.name if target else dev.name} "
-                  f"(targets: {', '.join(fam.kv_format_targets(fmt.name, 'fp8')) or 'none'})")
-        shape = dataclasses.replace(fam.parse_shape(name), kv_format=fmt.name)
-        inp = fam.make_inputs(shape, "cuda", seed=0)
+        shape = dataclasses.replace(sp_problem.parse_shape(name), kv_format=fmt.name)
+        inp = sp_ref.make_inputs(shape, "cuda", seed=0)
         q, cache, idx, sink, sc = inp["q"], inp["kv"], inp["indices"], inp["attn_sink"], inp["softmax_scale"]
         if scale_fmt != "fp32":   # make_inputs quantizes with amax / 448
             cache = operands.quantize(operands.dequantize(cache, fmt), fmt, scale_fmt=scale_fmt).view(cache.shape)
         copy = operands.dequantize(cache, fmt, round_bf16=True)
         buf = torch.empty_like(copy)
-        fl = fam.flops(shape.sq, shape.heads, shape.topk)
+        fl = sp_problem.flops(shape.sq, shape.heads, shape.topk)
         in_kernel = _spec_reading(fmt.name, q.device, shape.heads)
         fns = {   # "fp8": the call as users write it (staged into bf16 first); "fp8_kernel": converted in the kernel
             "fp8": lambda: mlagen.mla_sparse_prefill(q, cache, idx, softmax_scale=sc, attn_sink=sink,
@@ -553,9 +458,6 @@ def bench_fp8(shapes, rounds, iters, scale_fmts=("ue8m0", "fp32"), formats=("fp8
                                                             kv_format=fmt.name, kernel=in_kernel),
             "bf16_copy": lambda: mlagen.mla_sparse_prefill(q, copy, idx, softmax_scale=sc, attn_sink=sink),
         }
-        if fp8_compute:   # the FP8 tensor-core kernel, exactly as a user calls it
-            fns["fp8_compute"] = lambda: mlagen.mla_sparse_prefill(q, cache, idx, softmax_scale=sc, attn_sink=sink,
-                                                                   kv_format=fmt.name, compute="fp8")
         if shape.heads <= 16:   # the H <= 16 kernel reads FP8 caches when asked by name (not dispatch's choice)
             fns["fp8_h16"] = lambda: mlagen.mla_sparse_prefill(q, cache, idx, softmax_scale=sc, attn_sink=sink,
                                                                kv_format=fmt.name, kernel="mla_sparse_prefill_sm90_h16")
@@ -570,8 +472,6 @@ def bench_fp8(shapes, rounds, iters, scale_fmts=("ue8m0", "fp32"), formats=("fp8
                     sp[:shape.heads] = sink
             fns["serving"] = lambda: peer(qp, serving_dequant(torch, cache, fmt, buf).view(-1, 1, 576), idx, sc, 512,
                                           sp, None)
-            if fp8_compute:   # FlashMLA bf16 on the dequantized copy, prepared once (the compute=fp8 bar)
-                fns["flashmla_copy"] = lambda: peer(qp, copy.view(-1, 1, 576), idx, sc, 512, sp, None)
         else:
             fns["serving"] = lambda: mlagen.mla_sparse_prefill(q, serving_dequant(torch, cache, fmt, buf), idx,
                                                                softmax_scale=sc, attn_sink=sink)
@@ -582,13 +482,6 @@ def bench_fp8(shapes, rounds, iters, scale_fmts=("ue8m0", "fp32"), formats=("fp8
         twin_k = mlagen.mla_sparse_prefill(q, copy, idx, softmax_scale=sc, attn_sink=sink, kernel=in_kernel)
         torch.cuda.synchronize()
         same = torch.equal(results["fp8"][0], twin[0]) and torch.equal(results["fp8_kernel"][0], twin_k[0])
-        fp8c = {}
-        if "fp8_compute" in results:
-            refq = fam.reference(fam.quantize_q_fp8(q), cache, idx, softmax_scale=sc, attn_sink=sink,
-                                 kv_format=fmt.name)
-            ok, msg = judge(torch, results["fp8_compute"], refq, fam.FP8_REL_TOL, fam.FP8_STAT_TOL)
-            fp8c = {"fp8_compute_ok": ok, "fp8_compute_check": msg}
-            refq = None
         times = {k: [] for k in fns}
         for _ in range(rounds):
             for k, f in fns.items():
@@ -601,19 +494,13 @@ def bench_fp8(shapes, rounds, iters, scale_fmts=("ue8m0", "fp32"), formats=("fp8
                "fp8_kernel_vs_serving": med["serving"] / med["fp8_kernel"],
                **({"h16_vs_fp8": med["fp8"] / med["fp8_h16"]} if "fp8_h16" in med else {}),
                "serving_peer": "flashmla" if peer is not None else "ours (bf16)", "fp8_equals_bf16_copy": same,
-               **fp8c, "rounds": times}
-        if "fp8_compute" in med:
-            row["fp8_compute_vs_bf16_copy"] = med["bf16_copy"] / med["fp8_compute"]
-            row["fp8_compute_vs_fp8"] = med["fp8"] / med["fp8_compute"]
-            if "flashmla_copy" in med:
-                row["fp8_compute_vs_flashmla_copy"] = med["flashmla_copy"] / med["fp8_compute"]
-                row["fp8_compute_meets_bar"] = row["fp8_compute_vs_flashmla_copy"] >= FP8_COMPUTE_BAR
+               "rounds": times}
         rows.append(row)
         print(row, flush=True)
         fns = results = twin = twin_k = inp = cache = copy = buf = None   # free the tensors before the next shape
         torch.cuda.empty_cache()
     print()
-    print('compute="bf16" on the FP8 cache: "call" as users write it (staged: the rows dequantized into a bf16 '
+    print('On the FP8 cache: "call" as users write it (staged: the rows dequantized into a bf16 '
           'workspace first), "in-kernel" with the kernel named (rows converted by its producer warps); '
           "both bit for bit the bf16 kernel on the dequantized copy (" + ("yes" if all(r["fp8_equals_bf16_copy"]
                                                                               for r in rows) else "NO") + ")")
@@ -626,25 +513,6 @@ def bench_fp8(shapes, rounds, iters, scale_fmts=("ue8m0", "fp32"), formats=("fp8
         print(f"| {r['shape']} | {r['format']} | {r['scales']} | {r['fp8_ms']:.3f} | {r['fp8_tflops']:.0f} | "
               f"{r['fp8_kernel_ms']:.3f} | {r['bf16_copy_ms']:.3f} | {r['serving_ms']:.3f} | {r['fp8_vs_bf16_copy']:.3f} | "
               f"{r['fp8_vs_serving']:.3f} | {r['fp8_kernel_vs_bf16_copy']:.3f} | {r['fp8_kernel_vs_serving']:.3f} | {old} |")
-    if any("fp8_compute_ms" in r for r in rows):
-        print()
-        print(f'compute="fp8" (FP8 tensor cores) on the same cache; FlashMLA and our bf16 kernel on the dequantized '
-              f"bf16 copy (no dequantization timed); bar: >= {FP8_COMPUTE_BAR:g}x FlashMLA; check: against the "
-              f"float32 reference with Q as the kernel rounds it, on fp32-dequantized rows (out rel L2 <= "
-              f"{fam.FP8_REL_TOL:g}, lse / max_logits <= {fam.FP8_STAT_TOL:g} x (1 + |ref|))")
-        print()
-        print("| shape | format | scales | fp8 compute ms | fp8 compute TFLOP/s | FlashMLA bf16 on copy ms | "
-              "x FlashMLA (bar) | x our bf16 on copy | x compute=bf16 on the cache | check |")
-        print("|---|---|---|---|---|---|---|---|---|---|")
-        for r in rows:
-            if "fp8_compute_ms" not in r:
-                continue
-            fm = (f"{r['flashmla_copy_ms']:.3f}", f"{r['fp8_compute_vs_flashmla_copy']:.3f} "
-                  f"({'meets' if r['fp8_compute_meets_bar'] else 'BELOW'} {FP8_COMPUTE_BAR:g})") \
-                if "flashmla_copy_ms" in r else ("-", "- (FlashMLA not built)")
-            check = "ok" if r["fp8_compute_ok"] else "WRONG: " + r["fp8_compute_check"]
-            print(f"| {r['shape']} | {r['format']} | {r['scales']} | {r['fp8_compute_ms']:.3f} | {r['fp8_compute_tflops']:.0f} | "
-                  f"{fm[0]} | {fm[1]} | {r['fp8_compute_vs_bf16_copy']:.3f} | {r['fp8_compute_vs_fp8']:.3f} | {check} |")
 
 
 # --- benchmark and profile ---------------------------------------------------------------------
@@ -653,16 +521,16 @@ def bench_fp8(shapes, rounds, iters, scale_fmts=("ue8m0", "fp32"), formats=("fp8
 def variant_peer(text: str) -> Peer:
     """An ``mlagen`` peer that forces one variant of the sm90 spec, from ``name=value,...`` (the
     others at their defaults): for comparing tunables in the same process as the default."""
-    from . import spec as spec_mod
-    from . import variant as variant_mod
+    from ... import spec as spec_mod
+    from ... import variant as variant_mod
 
     spec = spec_mod.load("mla_sparse_prefill_sm90")
     values = variant_mod.parse_assignments(spec, [text])
     variant_mod.make(spec, {**values, "d_qk": 576, "paged": False})   # names and values checked now
-    ours = fam.FAMILY.peers()["mlagen"]
+    ours = FAMILY.peers()["mlagen"]
 
     def prepare(shape, inputs, arg=None):
-        v = variant_mod.make(spec, {**values, **fam.specialization(shape)})
+        v = variant_mod.make(spec, {**values, **sp_compile.specialization(shape)})
         return ours.prepare(shape, inputs, v)
 
     return Peer(f"mlagen:{text}", f"the public call with the variant {text} forced", prepare, ours=True)
@@ -670,14 +538,14 @@ def variant_peer(text: str) -> Peer:
 
 def bench(shapes: str, rounds: int, iters: int, peers: str | None, variant_texts=(), json_path=None) -> int:
     """``mlagen bench`` on sparse shapes (its timing, report and JSON), plus forced variants."""
-    from . import bench as bench_mod
+    from ... import bench as bench_mod
 
-    names = bench_mod.parse_peers(peers, [fam.FAMILY]) if peers else bench_mod.default_peers(fam.FAMILY, print)
+    names = bench_mod.parse_peers(peers, [FAMILY]) if peers else bench_mod.default_peers(FAMILY, print)
     results = bench_mod.run(shapes, [*names, *map(variant_peer, variant_texts)], iters=iters, rounds=rounds)
     env = bench_mod.environment()
     print(bench_mod.format_table(results, env))
     if json_path:
-        from .cache import atomic_write
+        from ...cache import atomic_write
 
         atomic_write(json_path, bench_mod.results_to_json(results, env).encode())
     return 1 if any(p.ours and p.wrong for r in results for p in r.peers.values()) else 0
@@ -688,10 +556,10 @@ def profile(shape_text: str) -> int:
     import torch
 
     import mlagen
-    from .families.mla_sparse_prefill.peers import FLASHMLA
+    from .peers import FLASHMLA
 
-    shape = fam.parse_shape(shape_text)
-    inp = fam.make_inputs(shape, "cuda", seed=0)
+    shape = sp_problem.parse_shape(shape_text)
+    inp = sp_ref.make_inputs(shape, "cuda", seed=0)
     mlagen.mla_sparse_prefill(**inp)
     path, why = FLASHMLA.status()
     if path is None:
@@ -704,17 +572,15 @@ def profile(shape_text: str) -> int:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="mlagen.bench_sparse")
+    ap = argparse.ArgumentParser(prog="mlagen.families.mla_sparse_prefill.tools")
     sub = ap.add_subparsers(dest="cmd", required=True)
     v = sub.add_parser("verify")
     v.add_argument("--kernel", default=None, help="force a spec, e.g. mla_sparse_prefill_sm80")
     sub.add_parser("sanitize")
     vf = sub.add_parser("verify-fp8", help="the FP8-cache correctness matrix (issue 10)")
     vf.add_argument("--kernel", default=None)
-    vf.add_argument("--compute", default="bf16", choices=fam.COMPUTE_MODES,
-                    help='the compute mode: "bf16" (dequantized to bf16 in the kernel) or "fp8" (FP8 tensor cores)')
-    bf = sub.add_parser("bench-fp8", help="S1/S3 from an FP8 cache (compute bf16 and, where a kernel serves it, "
-                                          "fp8) vs bf16 on the copy (ours, FlashMLA) vs the serving path")
+    bf = sub.add_parser("bench-fp8", help="S1/S3 from an FP8 cache "
+                                          "vs bf16 on the copy (ours, FlashMLA) vs the serving path")
     bf.add_argument("--formats", default="fp8_v32", help="cache formats (kv_format values), e.g. fp8_v32,fp8_b64")
     bf.add_argument("--shapes", default="S1,S3")
     bf.add_argument("--rounds", type=int, default=3)
@@ -732,7 +598,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     try:
         if args.cmd == "bench-fp8":   # the arguments first, then the GPU
-            from . import operands
+            from ... import operands
 
             args.formats = tuple(args.formats.split(","))
             bad = [f for f in args.formats if f not in operands.NAMES or not operands.get(f).quantized]
@@ -745,7 +611,7 @@ def main(argv=None) -> int:
         if args.cmd == "sanitize":
             return sanitize()
         if args.cmd == "verify-fp8":
-            return verify_fp8(args.kernel, args.compute)
+            return verify_fp8(args.kernel)
         if args.cmd == "bench-fp8":
             bench_fp8(args.shapes.split(","), args.rounds, args.iters, tuple(args.scales.split(",")), args.formats)
             return 0
@@ -753,7 +619,7 @@ def main(argv=None) -> int:
             return profile(args.shape)
         return bench(args.shapes, args.rounds, args.iters, args.peers, args.variant, args.json)
     except (MlagenError, ValueError) as exc:   # a bad argument or no GPU: one line, no traceback
-        print(f"mlagen.bench_sparse: {exc}", file=sys.stderr)
+        print(f"mlagen.families.mla_sparse_prefill.tools: {exc}", file=sys.stderr)
         return 2
 
 

@@ -1,7 +1,7 @@
 """Dense FP8 prefill on the device (issue 10 item 3): the public call on e4m3 inputs against the
 public call on bf16 inputs of the same shape, in one process, in interleaved rounds.
 
-    python -m mlagen.bench_fp8 [--shapes D1,D3] [--variant block_n=128,swizzle_v=128 ...] [--rounds 5] [--iters 10]
+    python -m mlagen.families.mla_prefill.tools [--shapes D1,D3] [--variant block_n=128,swizzle_v=128 ...] [--rounds 5] [--iters 10]
                                [--fa3-fp8]
 
 Per shape: the FP8 call's accuracy against the float32 reference on the dequantized inputs (2
@@ -23,8 +23,8 @@ import argparse
 import importlib
 import sys
 
-from . import measure
-from .errors import MlagenError
+from ... import measure
+from ...errors import MlagenError
 
 FP8_SPEC = "mla_prefill_sm90_fp8"
 FA3_FP8_LIBRARY = "fa3_fp8_C.so"
@@ -39,7 +39,7 @@ def fa3_fp8_op():
     import torch
 
     path = os.environ.get("FA3_FP8_SO") or str(
-        Path(os.environ.get("FA3_FP8_BUILD") or Path(__file__).resolve().parent.parent / "out" / "fa3_fp8")
+        Path(os.environ.get("FA3_FP8_BUILD") or Path(__file__).resolve().parents[3] / "out" / "fa3_fp8")
         / FA3_FP8_LIBRARY)
     if not os.path.exists(path):
         raise SystemExit(f"--fa3-fp8: {path} not found; build it on the GPU machine with: "
@@ -83,11 +83,11 @@ def _parse_variant(text: str) -> dict:
 def bench_shape(sid: str, variants: list[dict], rounds: int, iters: int, flush, fa3_fp8=None) -> list[str]:
     import torch
 
-    from .dispatch import family_specs
-    from .families import get as get_family
-    from .families.mla_prefill import call as call_mod
-    from .families.mla_prefill import entry
-    from .variant import make
+    from ...dispatch import family_specs
+    from .. import get as get_family
+    from . import call as call_mod
+    from . import entry
+    from ...variant import make
 
     tma = importlib.import_module("mlagen.families.mla_prefill.tma")
     family = get_family("mla_prefill")
@@ -139,7 +139,7 @@ def bench_shape(sid: str, variants: list[dict], rounds: int, iters: int, flush, 
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="mlagen.bench_fp8", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="mlagen.families.mla_prefill.tools", description=__doc__.split("\n\n")[0])
     ap.add_argument("--shapes", default="D1,D3", help="ids of BENCHMARKS.md (default D1,D3)")
     ap.add_argument("--variant", action="append", default=[], help=f"tunables of {FP8_SPEC} to force (repeatable)")
     ap.add_argument("--rounds", type=int, default=5)
@@ -151,7 +151,7 @@ def main(argv=None) -> int:
     try:
         measure.require_gpu("the FP8 dense benchmark")
     except MlagenError as exc:
-        print(f"mlagen.bench_fp8: {exc}", file=sys.stderr)
+        print(f"mlagen.families.mla_prefill.tools: {exc}", file=sys.stderr)
         return 2
     print(f"{torch.cuda.get_device_name()}; torch {torch.__version__}; CUDA {torch.version.cuda}", flush=True)
     flush = measure.L2Flush(torch.device("cuda", torch.cuda.current_device()))

@@ -1,0 +1,150 @@
+"""The problem of sparse MLA prefill (MLA.md section 2): its constants, the tuning shape class
+(:class:`ProblemKey`), the benchmark shapes S1-S6 of BENCHMARKS.md and their description grammar,
+and the FLOP convention."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+from ... import operands
+
+NAME = "mla_sparse_prefill"
+D_V = 512
+D_QK_VALUES = (576, 512)
+BLOCK_H = 64      # heads per CTA of the sm90 kernel (fewer are zero-padded)
+MAX_ROWS = 2**31 - 1
+
+
+def _pow2_ceil(x: float) -> int:
+    return 1 if x <= 1 else 1 << math.ceil(math.log2(x))
+
+
+
+@dataclass(frozen=True)
+class ProblemKey:
+    """Shape class of a call for tuning records: d_qk, heads and topk rounded up to powers of
+    two, the KV layout (a flat table or a pool of strided pages: compiled separately), the KV
+    format (``operands.NAMES``; written only when it is not bf16, so bf16 keys read as before)
+    (``d576/h128/k2048/paged/fp8_v32``)."""
+
+    d_qk: int
+    heads: int
+    topk: int
+    layout: str = "flat"
+    kv_format: str = "bf16"
+
+    def __str__(self) -> str:
+        fmt = "" if self.kv_format == "bf16" else f"/{self.kv_format}"
+        return f"d{self.d_qk}/h{self.heads}/k{self.topk}/{self.layout}{fmt}"
+
+    @classmethod
+    def parse(cls, text: str) -> "ProblemKey":
+        try:
+            parts = text.split("/")
+            if len(parts) == 4:
+                parts.append("bf16")
+            elif len(parts) == 5 and parts[4] == "bf16":
+                raise ValueError   # bf16 is never written: one text per key
+            d, h, k, layout, fmt = parts
+            if d[0] != "d" or h[0] != "h" or k[0] != "k" or layout not in ("flat", "paged") \
+                    or fmt not in operands.NAMES:
+                raise ValueError
+            key = cls(int(d[1:]), int(h[1:]), int(k[1:]), layout, fmt)
+            if key.d_qk not in D_QK_VALUES or min(key.heads, key.topk) < 1:
+                raise ValueError
+            return key
+        except (ValueError, IndexError):
+            raise ValueError(f"{text!r} is not a sparse problem key like 'd576/h128/k2048/flat', "
+                             f"or 'd576/h128/k2048/paged/fp8_v32'") from None
+
+    def distance(self, other: "ProblemKey") -> float:
+        if self.d_qk != other.d_qk or self.layout != other.layout or self.kv_format != other.kv_format:
+            return math.inf
+        return abs(math.log2(self.heads) - math.log2(other.heads)) + abs(math.log2(self.topk) - math.log2(other.topk))
+
+
+def problem_key(call) -> ProblemKey:
+    """The shape class of a Call or a Shape."""
+    paged = getattr(call, "page_size", 0) > 0
+    return ProblemKey(call.d_qk, _pow2_ceil(call.heads), _pow2_ceil(max(call.topk, 1)), "paged" if paged else "flat",
+                      getattr(call, "kv_format", "bf16"))
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A benchmark / tuning problem: Sq query tokens, H heads, topk indices per token drawn
+    without repetition from s_kv rows (BENCHMARKS.md), d_qk, whether the sink is on, the KV
+    cache format (``operands.NAMES``; a quantized cache is a pool of 64-token pages).
+    Text form: ``sq=4096,h=128,topk=2048,skv=8192[,d=576][,sink=1][,kv=fp8_v32]``."""
+
+    id: str
+    sq: int
+    heads: int
+    topk: int
+    s_kv: int
+    d_qk: int = 576
+    sink: bool = True
+    kv_format: str = "bf16"
+
+
+_SHAPE_KEYS = {"sq": "sq", "h": "heads", "topk": "topk", "skv": "s_kv", "d": "d_qk", "sink": "sink",
+               "kv": "kv_format"}
+
+#: The sparse shapes of BENCHMARKS.md (d_qk 576, sink on).
+SHAPES: dict[str, Shape] = {s.id: s for s in (
+    Shape("S1", 4096, 128, 2048, 8192),
+    Shape("S2", 4096, 128, 2048, 32768),
+    Shape("S3", 4096, 128, 2048, 131072),
+    Shape("S4", 4096, 64, 2048, 32768),
+    Shape("S5", 4096, 16, 2048, 32768),
+    Shape("S6", 4096, 128, 1024, 65536),
+)}
+
+
+def parse_shape(text: str, id: str | None = None) -> Shape:
+    """A shape from an id of :data:`SHAPES` (any case) or
+    ``sq=..,h=..,topk=..,skv=..[,d=..][,sink=..][,kv=..]``; ValueError naming the bad item."""
+    if text.strip().upper() in SHAPES:
+        named = SHAPES[text.strip().upper()]
+        return named if id is None else replace(named, id=id)
+    values: dict = {}
+    for item in text.replace(" ", "").split(","):
+        if "=" not in item:
+            raise ValueError(f"{text!r}: not a shape id ({', '.join(SHAPES)}) nor name=value items like "
+                             "sq=4096,h=128,topk=2048,skv=8192[,d=576][,sink=1]")
+        k, v = item.split("=", 1)
+        if k not in _SHAPE_KEYS:
+            raise ValueError(f"{text!r}: unknown item {k!r}; known: {', '.join(_SHAPE_KEYS)}")
+        if k == "kv":
+            if v not in operands.NAMES:
+                raise ValueError(f"{text!r}: kv must be one of {list(operands.NAMES)}, got {v!r}")
+            values["kv_format"] = v
+            continue
+        try:
+            values[_SHAPE_KEYS[k]] = int(v)
+        except ValueError:
+            raise ValueError(f"{text!r}: {k} must be an integer, got {v!r}") from None
+    missing = [k for k, f in _SHAPE_KEYS.items() if f not in values and k not in ("d", "sink", "kv")]
+    if missing:
+        raise ValueError(f"{text!r}: missing {', '.join(missing)}")
+    values["sink"] = bool(values.get("sink", 1))
+    shape = Shape(id or text, **values)
+    if shape.d_qk not in D_QK_VALUES or min(shape.sq, shape.heads, shape.topk, shape.s_kv) < 1 or shape.topk > shape.s_kv:
+        raise ValueError(f"{text!r}: needs d in {list(D_QK_VALUES)}, positive sizes and topk <= skv")
+    if shape.kv_format != "bf16" and shape.d_qk != operands.get(shape.kv_format).d_qk:
+        raise ValueError(f"{text!r}: kv={shape.kv_format} holds d={operands.get(shape.kv_format).d_qk} rows")
+    return shape
+
+
+def describe_shape(shape: Shape) -> str:
+    fmt = "" if shape.kv_format == "bf16" else f",kv={shape.kv_format}"
+    return (f"sq={shape.sq},h={shape.heads},topk={shape.topk},skv={shape.s_kv},d={shape.d_qk},"
+            f"sink={int(shape.sink)}{fmt}")
+
+
+
+def flops(sq: int, heads: int, topk: int, d_qk: int = 576, d_v: int = D_V) -> int:
+    """BENCHMARKS.md convention: 2 * Sq * H * topk * (d_qk + d_v), invalid entries counted."""
+    return 2 * sq * heads * topk * (d_qk + d_v)
+

@@ -41,17 +41,21 @@ def _tokens_fold(tensors) -> bool:
     return all(_mergeable(t, 0, 1) for t in tensors if t is not None)
 
 
-def choose_fold(tensors) -> str:
-    """The first fold of :data:`FOLDS` that every [B, S, H, ...] tensor (None skipped) allows.
-    The heads fold needs every tensor to have q's head count: a shared k_rope [B, Sk, 1, 64]
-    would fold to B heads, not B*H."""
+def allowed_folds(tensors) -> tuple[str, ...]:
+    """The folds of :data:`FOLDS` that every [B, S, H, ...] tensor (None skipped) allows; "batch"
+    always. The heads fold needs every tensor to have q's head count: a shared k_rope
+    [B, Sk, 1, 64] would fold to B heads, not B*H."""
     tensors = [t for t in tensors if t is not None]
-    if _tokens_fold(tensors):
-        return "tokens"
     heads = tensors[0].size(2)
-    if all(t.dim() >= 3 and t.size(2) == heads and _mergeable(t, 0, 2) for t in tensors):
-        return "heads"
-    return "batch"
+    ok = {"tokens": _tokens_fold(tensors),
+          "heads": all(t.dim() >= 3 and t.size(2) == heads and _mergeable(t, 0, 2) for t in tensors),
+          "batch": True}
+    return tuple(f for f in FOLDS if ok[f])
+
+
+def choose_fold(tensors) -> str:
+    """The first fold the tensors allow (:func:`allowed_folds`)."""
+    return allowed_folds(tensors)[0]
 
 
 def fold_tokens(t):
@@ -104,7 +108,7 @@ def dense_batched(call, tracing: bool, q, k, v, *, k_rope=None, cu_seqlens_q=Non
     """``call`` (mlagen's packed ``mla_prefill``) on batched inputs: q [B, S, H, 192], k
     [B, Sk, H, 192 or 128], v [B, Sk, H, 128], k_rope [B, Sk, 1 or H, 64]; returns out
     [B, S, H, 128] and lse [B, S, H]. ``fold`` forces one of :data:`FOLDS` (tests, benchmarks);
-    a fold the strides do not allow raises ValueError."""
+    a fold the strides do not allow (:func:`allowed_folds`) raises ValueError."""
     fn = "mla_prefill"
     for name, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
         if cu is not None:
@@ -116,13 +120,13 @@ def dense_batched(call, tracing: bool, q, k, v, *, k_rope=None, cu_seqlens_q=Non
     seqlen_k = k.shape[1]
     d_v = v.shape[3]
     inputs = (q, k, v, k_rope)
-    chosen = choose_fold(inputs + (out, lse))
+    allowed = allowed_folds(inputs + (out, lse))
     if fold is None:
-        fold = chosen
+        fold = allowed[0]
     elif fold not in FOLDS:
         _fail(fn, "fold", f"must be one of {', '.join(FOLDS)}, got {fold!r}")
-    elif FOLDS.index(fold) < FOLDS.index(chosen):
-        _fail(fn, "fold", f"{fold!r} does not fit these tensors' strides (they allow {chosen!r} or later)")
+    elif fold not in allowed:
+        _fail(fn, "fold", f"{fold!r} does not fit these tensors' strides (they allow {', '.join(allowed)})")
     if batch == 1 or seqlen == 0 or seqlen_k == 0:
         fold = "batch"   # no batch to fold, or nothing for the fold's arithmetic to divide
     device = q.device

@@ -218,3 +218,26 @@ def test_the_transformers_attention_function_traces_under_torch_compile_fullgrap
     eager = attend(q, k, v)
     torch._dynamo.reset()
     assert torch.equal(torch.compile(attend, fullgraph=True)(q, k, v), eager)
+
+
+def test_a_workload_recorded_through_flash_attn_varlen_func_loads_for_tuning(tmp_path, monkeypatch):
+    """docs/integration.md's tuning step: MLAGEN_RECORD_SHAPES counts what the serving calls ran,
+    and ``mlagen tune --workload`` reads the file (here: its loader, without tuning)."""
+    from mlagen import shapelog
+    from mlagen.shapes import load_workload
+
+    path = tmp_path / "shapes.yaml"
+    monkeypatch.setenv("MLAGEN_RECORD_SHAPES", str(path))
+    shapelog.reset()
+    try:
+        g = torch.Generator(device="cuda").manual_seed(13)
+        q, k, v = _rnd(g, 600, 8, 192), _rnd(g, 600, 8, 192), _rnd(g, 600, 8, 128)
+        cu = torch.tensor([0, 200, 600], dtype=torch.int32, device="cuda")
+        for _ in range(2):
+            mlagen.flash_attn_varlen_func(q, k, v, cu, cu, 400, 400, causal=True)
+        shapelog.flush()
+        family, shapes = shapelog.read(path)
+        assert family == "mla_prefill" and shapes == [{"shape": "b=2,q=300,k=300,h=8,causal", "weight": 2}]
+        assert len(load_workload(path)) == 1
+    finally:
+        shapelog.reset()

@@ -334,17 +334,22 @@ def test_flash_attn_vllm_keywords_are_accepted(kernel):
 # --- transformers -------------------------------------------------------------------------
 
 
-def _tiny_deepseek(heads: int, attn: str, dtype, seed: int = 0):
+def tiny_deepseek(heads: int, attn: str, dtype, device="cpu", hidden: int = 64, vocab: int = 128, rank: int = 32,
+                  positions: int = 64):
+    """A random-weight DeepseekV3ForCausalLM with MLA's head geometry (also tests/gpu's)."""
     transformers = pytest.importorskip("transformers", reason="transformers is not installed (pip install "
                                                               "'mlagen[transformers]')")
+    import mlagen.integrations.transformers  # noqa: F401 (registers "mlagen")
+
     config = transformers.DeepseekV3Config(
-        vocab_size=128, hidden_size=64, intermediate_size=64, moe_intermediate_size=32, num_hidden_layers=2,
-        num_attention_heads=heads, num_key_value_heads=heads, n_routed_experts=4, num_experts_per_tok=2,
-        n_shared_experts=1, first_k_dense_replace=1, n_group=1, topk_group=1, q_lora_rank=32, kv_lora_rank=32,
-        qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128, max_position_embeddings=64)
-    torch.manual_seed(seed)
+        vocab_size=vocab, hidden_size=hidden, intermediate_size=hidden, moe_intermediate_size=hidden // 4,
+        num_hidden_layers=2, num_attention_heads=heads, num_key_value_heads=heads, n_routed_experts=4,
+        num_experts_per_tok=2, n_shared_experts=1, first_k_dense_replace=1, n_group=1, topk_group=1,
+        q_lora_rank=rank, kv_lora_rank=rank, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128,
+        max_position_embeddings=positions)
+    torch.manual_seed(0)
     model = transformers.DeepseekV3ForCausalLM._from_config(config, attn_implementation=attn, dtype=torch.float32)
-    return model.to(dtype).eval()
+    return model.to(device=device, dtype=dtype).eval()
 
 
 @pytest.fixture
@@ -369,8 +374,8 @@ def test_a_deepseek_v3_model_runs_on_mlagen_as_on_eager(hf, kernel, monkeypatch,
     SDPA's; the kernel is handed the model's own q / k / v memory."""
     ids = torch.randint(0, 128, (2, 9), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
-        ref = _tiny_deepseek(heads, "eager", torch.float32)(ids).logits
-        sdpa = _tiny_deepseek(heads, "sdpa", torch.bfloat16)(ids).logits.float()
+        ref = tiny_deepseek(heads, "eager", torch.float32)(ids).logits
+        sdpa = tiny_deepseek(heads, "sdpa", torch.bfloat16)(ids).logits.float()
         handed = []
         real = hf.mla_prefill
 
@@ -379,7 +384,7 @@ def test_a_deepseek_v3_model_runs_on_mlagen_as_on_eager(hf, kernel, monkeypatch,
             return real(q, k, v, **kw)
 
         monkeypatch.setattr(hf, "mla_prefill", spy)
-        got = _tiny_deepseek(heads, "mlagen", torch.bfloat16)(ids).logits.float()
+        got = tiny_deepseek(heads, "mlagen", torch.bfloat16)(ids).logits.float()
     assert len(handed) == 2 and len(kernel.calls) == 2 * 2    # 2 layers; per sequence (v's strides: see layouts)
     for storages, call in zip(handed, kernel.calls[::2]):
         assert {_storage(call[n]) for n in ("q", "k", "v")} <= storages
@@ -392,8 +397,8 @@ def test_padding_is_unpadded_to_packed_sequences(hf, kernel):
     mask = torch.ones(2, 8, dtype=torch.long)
     mask[1, :3] = 0   # left padding of the second sequence
     with torch.no_grad():
-        ref = _tiny_deepseek(8, "eager", torch.float32)(ids, attention_mask=mask).logits
-        got = _tiny_deepseek(8, "mlagen", torch.bfloat16)(ids, attention_mask=mask).logits.float()
+        ref = tiny_deepseek(8, "eager", torch.float32)(ids, attention_mask=mask).logits
+        got = tiny_deepseek(8, "mlagen", torch.bfloat16)(ids, attention_mask=mask).logits.float()
     call = kernel.calls[0]
     assert call["cu_seqlens_q"].tolist() == [0, 8, 13] and call["cu_seqlens_k"].tolist() == [0, 8, 13]
     valid = mask.bool()

@@ -4,7 +4,9 @@ batched folds against the packed call bit for bit."""
 
 from __future__ import annotations
 
+import importlib.util
 import math
+from pathlib import Path
 
 import pytest
 
@@ -164,18 +166,12 @@ def test_flash_attn_func_against_flash_attentions_conventions(layout):
 
 
 def _model(heads: int, attn: str, dtype):
-    transformers = pytest.importorskip("transformers", reason="transformers is not installed (pip install "
-                                                              "'mlagen[transformers]')")
-    import mlagen.integrations.transformers  # noqa: F401 (registers "mlagen")
-
-    config = transformers.DeepseekV3Config(
-        vocab_size=512, hidden_size=256, intermediate_size=256, moe_intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=heads, num_key_value_heads=heads, n_routed_experts=4, num_experts_per_tok=2,
-        n_shared_experts=1, first_k_dense_replace=1, n_group=1, topk_group=1, q_lora_rank=64, kv_lora_rank=64,
-        qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128, max_position_embeddings=1024)
-    torch.manual_seed(0)
-    model = transformers.DeepseekV3ForCausalLM._from_config(config, attn_implementation=attn, dtype=torch.float32)
-    return model.to(device="cuda", dtype=dtype).eval()
+    # The GPU-free tests' model, by file (a "tests" package installed elsewhere could shadow ours).
+    spec = importlib.util.spec_from_file_location("_test_integrations_cpu",
+                                                  Path(__file__).resolve().parents[1] / "test_integrations.py")
+    cpu_tests = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cpu_tests)
+    return cpu_tests.tiny_deepseek(heads, attn, dtype, device="cuda", hidden=256, vocab=512, rank=64, positions=1024)
 
 
 @pytest.mark.parametrize("heads", [128, 64])   # DeepSeek-V3 and Kimi-K2

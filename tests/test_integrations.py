@@ -287,7 +287,7 @@ def test_flash_attn_func_returns_flash_attentions_layouts(kernel):
 
 @pytest.mark.parametrize("window,causal,want", [((-1, -1), False, False), ((-1, -1), True, True),
                                                 ((-1, 0), False, True), ((6, -1), False, False),
-                                                ((100, 100), True, True)])
+                                                ((100, 100), True, True), ((-1, 3), True, True)])
 def test_flash_attn_window_sizes_that_mean_full_or_causal(kernel, window, causal, want):
     import mlagen
 

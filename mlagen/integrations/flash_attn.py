@@ -40,7 +40,7 @@ def _fail(fn: str, arg: str, message: str):
 def _causal(fn: str, causal, window_size, softcap, alibi_slopes, dropout_p, max_seqlen_k) -> bool:
     """The mask mlagen runs for FlashAttention's mask arguments, or a ValueError naming the one
     it cannot honour. FlashAttention's rules: a window side of -1, or of at least the longest key
-    sequence, is unbounded; causal is the window (-1, 0)."""
+    sequence, is unbounded; causal is the window (-1, 0) and sets the right side to 0."""
     if not isinstance(causal, bool):
         raise TypeError(f"{fn}: causal: expected a bool, got {causal!r}")
     if dropout_p:
@@ -57,8 +57,8 @@ def _causal(fn: str, causal, window_size, softcap, alibi_slopes, dropout_p, max_
         raise TypeError(f"{fn}: window_size: expected a pair of ints (left, right), got {window_size!r}") from None
     if max_seqlen_k is not None:
         left, right = (-1 if w >= max_seqlen_k else w for w in (left, right))
-    if causal:
-        right = 0 if right < 0 else right
+    if causal:   # FlashAttention's causal is the window (left, 0) whatever right was given
+        right = 0
     if left < 0 and right < 0:
         return False
     if left < 0 and right == 0:

@@ -130,6 +130,10 @@ def dense_batched(call, tracing: bool, q, k, v, *, k_rope=None, cu_seqlens_q=Non
     if batch == 1 or seqlen == 0 or seqlen_k == 0:
         fold = "batch"   # no batch to fold, or nothing for the fold's arithmetic to divide
     device = q.device
+    if tracing and out is None and lse is None:
+        # Traced (torch.compile): the functional op allocates, and the result is viewed back, so the
+        # graph holds no mutation of a view (the eager path below writes into views it allocated).
+        return _traced(call, fold, batch, seqlen, seqlen_k, device, q, k, v, k_rope, rest)
     if fold == "heads":
         if out is None:
             out = torch.empty((batch, heads, seqlen, d_v), dtype=torch.bfloat16, device=device).transpose(1, 2)
@@ -150,6 +154,21 @@ def dense_batched(call, tracing: bool, q, k, v, *, k_rope=None, cu_seqlens_q=Non
     for b in range(batch):
         call(q[b], k[b], v[b], k_rope=None if k_rope is None else k_rope[b], out=out[b], lse=lse[b], **rest)
     return out, lse
+
+
+def _traced(call, fold, batch, seqlen, seqlen_k, device, q, k, v, k_rope, rest):
+    if fold == "heads":
+        out, lse = call(*(fold_heads(t) for t in (q, k, v)), k_rope=None if k_rope is None else fold_heads(k_rope),
+                        **rest)   # [S, B*H, d_v], [S, B*H]
+        return (out.view(seqlen, batch, -1, out.shape[-1]).transpose(0, 1),
+                lse.view(seqlen, batch, -1).transpose(0, 1))
+    if fold == "tokens":
+        cu_q, cu_k = batch_cu_seqlens(batch, seqlen, seqlen_k, device, True)
+        out, lse = call(*(fold_tokens(t) for t in (q, k, v)), k_rope=None if k_rope is None else fold_tokens(k_rope),
+                        cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, **rest)
+        return out.view(batch, seqlen, *out.shape[1:]), lse.view(batch, seqlen, -1)
+    parts = [call(q[b], k[b], v[b], k_rope=None if k_rope is None else k_rope[b], **rest) for b in range(batch)]
+    return torch.stack([p[0] for p in parts]), torch.stack([p[1] for p in parts])
 
 
 def sparse_batched(call, q, kv, indices, *, topk_length=None, out=None, max_logits=None, lse=None, **rest):

@@ -21,6 +21,7 @@ from typing import Optional
 import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode as _current_dispatch_mode
 
+from ... import layouts
 from ...errors import ArgumentTypeError
 from . import entry
 from .call import check_arguments, check_descales, check_scalars
@@ -135,7 +136,16 @@ def mla_prefill(q, k, v, *, k_rope=None, cu_seqlens_q=None, cu_seqlens_k=None, c
     eager calls run the operators' implementation directly, skipping the dispatcher (about 30 us
     functional and 90 us mutating per call on the 2-core CI machine, measured with an empty op),
     and so does a Variant ``kernel`` (a tuning aid).
+    Batched inputs (q [B, S, H, 192], k / v / k_rope [B, Sk, H, ...], no cu_seqlens) with any batch,
+    token and head strides go in without a copy and give out [B, S, H, 128], lse [B, S, H]:
+    :mod:`mlagen.layouts` (the transposed view of a [B, H, S, D] tensor included).
     """
+    if isinstance(q, torch.Tensor) and q.dim() == 4:   # issue 38 hook: batched inputs, mlagen/layouts.py
+        return layouts.dense_batched(mla_prefill, _tracing(q), q, k, v, k_rope=k_rope, cu_seqlens_q=cu_seqlens_q,
+                                     cu_seqlens_k=cu_seqlens_k, causal=causal, softmax_scale=softmax_scale, out=out,
+                                     lse=lse, check_seqlens=check_seqlens, max_seqlen_q=max_seqlen_q,
+                                     max_seqlen_k=max_seqlen_k, kernel=kernel, q_descale=q_descale,
+                                     k_descale=k_descale, v_descale=v_descale)
     if kernel is None and type(q) is torch.Tensor and not _tracing(q):
         # A call with a launch plan first (its signature is one whose arguments passed every check).
         hit, sig = entry.planned(q, k, v, k_rope, cu_seqlens_q, cu_seqlens_k, causal, softmax_scale, out, lse,

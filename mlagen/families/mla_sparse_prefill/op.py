@@ -20,6 +20,7 @@ from typing import Optional
 import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode as _current_dispatch_mode
 
+from ... import layouts
 from ...errors import ArgumentError
 from .call import check_compute
 from .entry import run
@@ -110,7 +111,14 @@ def mla_sparse_prefill(q, kv, indices, *, softmax_scale, topk_length=None, attn_
     the ``mlagen::mla_sparse_prefill`` / ``mlagen::mla_sparse_prefill_out`` operator, so
     ``torch.compile(fullgraph=True)`` has no graph break; eager calls run the same implementation
     without the dispatcher, and so does a Variant ``kernel`` (a tuning aid).
+    Batched queries q [B, S, H, d_qk] (indices [B, S, topk], topk_length [B, S]) over one pool give
+    out [B, S, H, 512], max_logits and lse [B, S, H], without a copy: :mod:`mlagen.layouts`.
     """
+    if isinstance(q, torch.Tensor) and q.dim() == 4:   # issue 38 hook: batched queries, mlagen/layouts.py
+        return layouts.sparse_batched(mla_sparse_prefill, q, kv, indices, topk_length=topk_length, out=out,
+                                      max_logits=max_logits, lse=lse, softmax_scale=softmax_scale,
+                                      attn_sink=attn_sink, d_v=d_v, kernel=kernel, kv_format=kv_format,
+                                      compute=compute)
     if kernel is not None and not isinstance(kernel, str) or not _tracing(q):
         return run(q, kv, indices, softmax_scale=softmax_scale, topk_length=topk_length, attn_sink=attn_sink, d_v=d_v,
                    out=out, max_logits=max_logits, lse=lse, kernel=kernel, kv_format=kv_format, compute=compute)

@@ -23,7 +23,7 @@ from xml.etree import ElementTree
 from . import arch, db, families, variant
 from . import spec as spec_mod
 from .build import BuildResult, build_many
-from .cache import atomic_write
+from .cache import atomic_write, check_build_dirs
 from .compiler import NvrtcCompiler
 from .errors import MlagenError
 
@@ -52,14 +52,26 @@ class Item:
 
 
 def items(specs: list[str] | None = None, targets: list[str] | None = None) -> list[Item]:
-    """Every spec default (per specialisation) and shipped record, for every target of its spec."""
+    """Every spec default (per specialisation) and shipped record, for every target of its spec.
+
+    CheckError for an unknown spec or target, and for a selection that names nothing to check
+    (a target no selected spec has, or only AMD targets, which expectations do not cover)."""
     out: dict[str, Item] = {}
     loaded = [spec_mod.load(p) for p in spec_mod.available()]
     if specs:
         unknown = set(specs) - {s.name for s in loaded}
         if unknown:
-            raise CheckError(f"unknown spec(s) {sorted(unknown)}; known: {', '.join(s.name for s in loaded)}")
+            raise CheckError(f"--spec: unknown spec(s) {', '.join(sorted(unknown))}; known: "
+                             f"{', '.join(s.name for s in loaded)}")
         loaded = [s for s in loaded if s.name in specs]
+    if targets:
+        unknown = [t for t in targets if t not in arch.TARGETS]
+        if unknown:
+            raise CheckError(f"--arch: unknown target(s) {', '.join(unknown)}; known: {', '.join(arch.TARGETS)}")
+        for t in targets:
+            if not any(t in s.targets for s in loaded):
+                raise CheckError(f"--arch {t}: no selected spec targets it (the selected specs target "
+                                 f"{', '.join(sorted({x for s in loaded for x in s.targets}))})")
     records = db.shipped_records()
     for s in loaded:
         family = families.get(s.family, s.path)
@@ -80,6 +92,9 @@ def items(specs: list[str] | None = None, targets: list[str] | None = None) -> l
                     continue
                 v = variant.make(s, {**r.variant, **family.problem_specialization(r.key.problem)})
                 _add(out, Item(s.name, target, v), f"{r.origin} {r.key.problem}")
+    if not out:
+        raise CheckError("nothing to check: the selection has no NVIDIA target (AMD kernels have no register "
+                         "expectations; check them with `mlagen build --arch gfx942 --all`)")
     return sorted(out.values(), key=lambda i: (i.spec, i.target, i.variant.symbol))
 
 
@@ -183,9 +198,21 @@ def compare(measured: dict[str, dict], expected: dict[str, dict], by_key: dict[s
     return out
 
 
-def _in_scope(key: str, specs: list[str] | None, targets: list[str] | None) -> bool:
+def spec_of(symbol: str, names) -> str | None:
+    """The spec a kernel symbol belongs to: the longest of ``names`` it starts with (followed by
+    "_"), so mla_prefill_sm90_fp8_... belongs to mla_prefill_sm90_fp8, not mla_prefill_sm90."""
+    matches = [n for n in names if symbol.startswith(n + "_")]
+    return max(matches, key=len) if matches else None
+
+
+def _in_scope(key: str, specs: list[str] | None, targets: list[str] | None, names=None) -> bool:
     symbol, _, target = key.rpartition("@")
-    return (not targets or target in targets) and (not specs or any(symbol.startswith(s + "_") for s in specs))
+    if targets and target not in targets:
+        return False
+    if not specs:
+        return True
+    names = set(specs) | set(names if names is not None else (p.stem for p in spec_mod.available()))
+    return spec_of(symbol, names) in specs
 
 
 @dataclass
@@ -206,6 +233,7 @@ def run(specs: list[str] | None = None, targets: list[str] | None = None, update
     """Build every item and compare it with the expectations (or write them with ``update``)."""
     nvrtc = NvrtcCompiler().version()
     todo = items(specs, targets)
+    check_build_dirs()  # a cache that cannot be written is one error, not a compile_error per kernel
     by_key = {i.key: i for i in todo}
     measured, details = {}, {}
     for t in sorted({i.target for i in todo}):
@@ -218,18 +246,37 @@ def run(specs: list[str] | None = None, targets: list[str] | None = None, update
                 progress(item, measured[item.key])
     if update:
         path = expectations or EXPECTATIONS_DIR / f"nvrtc-{nvrtc}.json"
-        kept = {}
-        if path.exists() and (specs or targets):  # a partial run keeps the other kernels' expectations
-            kept = {k: v for k, v in read_expectations(path).items() if not _in_scope(k, specs, targets)}
-        write_expectations(path, nvrtc, {**kept, **measured})
-        return Report(nvrtc, path, "", compare(measured, measured, by_key, details), updated=True)
+        return _update(path, nvrtc, measured, by_key, details, specs, targets)
     if expectations is not None:
         path, note = expectations, ""
     else:
         path, note = choose_expectations(nvrtc)
     expected = read_expectations(path)
-    scope = {k for k in expected if _in_scope(k, specs, targets)}
+    names = [p.stem for p in spec_mod.available()]
+    scope = {k for k in expected if _in_scope(k, specs, targets, names)}
     return Report(nvrtc, path, note, compare(measured, expected, by_key, details, scope))
+
+
+def _update(path: Path, nvrtc: str, measured: dict, by_key: dict, details: dict, specs, targets) -> Report:
+    """Write the expectations of this run. Only a kernel that compiled sets its expectation: one
+    that failed to compile keeps its old expectation (or gets none) and fails the report, and
+    stale expectations (kernels no longer built) are removed only by a run in which every kernel
+    compiled, so a broken compiler or cache can never turn expectations into compile errors or
+    delete them. Expectations outside the run's specs and targets are kept."""
+    old = read_expectations(path) if path.exists() else {}
+    failed = {k for k, m in measured.items() if m.get("status") == "compile_error"}
+    names = [p.stem for p in spec_mod.available()]
+    written = {k: v for k, v in old.items()
+               if not _in_scope(k, specs, targets, names) or (failed and k not in measured) or k in failed}
+    written.update({k: m for k, m in measured.items() if k not in failed})
+    write_expectations(path, nvrtc, written)
+    outcomes = compare({k: m for k, m in measured.items() if k not in failed}, written, by_key, details, set())
+    for k in sorted(failed):
+        note = "expectation kept" if k in old else "no expectation written"
+        outcomes.append(Outcome(by_key.get(k), k, measured[k], old.get(k),
+                                [f"does not compile; {note} (only a kernel that compiles sets its expectation)"],
+                                details.get(k, "")))
+    return Report(nvrtc, path, "", outcomes, updated=True)
 
 
 def junit_xml(report: Report, name: str = "mlagen check") -> str:

@@ -392,7 +392,8 @@ def db_import(database, path, replace):
               help="Seconds a GPU trial may take before it is recorded as a hang and its worker killed.")
 @click.option("--iters", default=20, show_default=True,
               help="Timed calls per trial (median); with several GPUs, equal shares on each (the mean of their medians).")
-@click.option("--jobs", "-j", type=int, default=None, help="Parallel compile processes (default: CPU count).")
+@click.option("--jobs", "-j", type=click.IntRange(min=1), default=None,
+              help="Parallel compile processes (default: CPU count).")
 @click.option("--db", "db_path", type=click.Path(dir_okay=False), default=None,
               help=f"Tuning database (default: ${knobs.TUNING_DB.name} or <out>/tuning.sqlite).")
 @click.option("--arch", "target", default=None, help="Target to build for (default: the GPU's).")
@@ -533,7 +534,8 @@ def bench_cmd(shape_texts, shapes, peers, list_peers, iters, rounds, warmup, see
               help="Also write the result as JUnit XML (atomically).")
 @click.option("--spec", "specs", multiple=True, help="Only this spec (repeatable).")
 @click.option("--arch", "archs", multiple=True, help="Only this target (repeatable).")
-@click.option("--jobs", "-j", type=int, default=None, help="Parallel compile processes (default: CPU count).")
+@click.option("--jobs", "-j", type=click.IntRange(min=1), default=None,
+              help="Parallel compile processes (default: CPU count).")
 @_friendly
 def check_cmd(update, gpu, tolerance, junit_path, specs, archs, jobs):
     """The CI regression check (no GPU needed): compile every spec default and every shipped record
@@ -561,6 +563,8 @@ def check_cmd(update, gpu, tolerance, junit_path, specs, archs, jobs):
     if junit_path:
         check.write_junit(junit_path, report)
     click.echo(check.format_report(report))
+    if not report.ok and report.updated:
+        raise click.ClickException("some kernels did not compile (see above); their expectations were not changed")
     if not report.ok:
         raise click.ClickException("kernels differ from the expectations (see above); if the change is intended, "
                                    "run `mlagen check --update` and commit the file")

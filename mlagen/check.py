@@ -328,6 +328,7 @@ class Speed:
     shape: str
     tflops: float | None
     problem: str | None  # None when it passes; else why not
+    other_device: bool = False  # the record was made on another device of this GPU's architecture
 
     @property
     def ok(self) -> bool:
@@ -342,9 +343,32 @@ def _problem_of(family, shape) -> str | None:
         return None
 
 
+def records_in_use(info) -> list[tuple[db.Best, bool]]:
+    """The shipped records dispatch uses on the device ``info`` describes, each with whether it
+    was made on another device: the device's own records, and where it has none for a spec,
+    shape class and dtypes, those of other devices of its architecture (the H100 records on an
+    H200), as :func:`mlagen.db.candidates` ranks them."""
+    from .dispatch import record_target
+
+    if info.target is None:
+        return []
+    out, own = [], set()
+    records = [r for r in db.shipped_records()
+               if info.target.name in spec_mod.load(r.key.spec).targets]
+    for r in records:
+        if r.key.device == info.name:
+            out.append((r, False))
+            own.add((r.key.spec, r.key.problem, r.key.dtypes))
+    for r in records:
+        if r.key.device != info.name and (r.key.spec, r.key.problem, r.key.dtypes) not in own \
+                and record_target(spec_mod.load(r.key.spec), r.key.device) == info.target.name:
+            out.append((r, True))
+    return out
+
+
 def measure_shipped(tolerance: float = 0.10, iters: int = 30, seed: int = 0, shapes=None, device=None, info=None,
                     timer=None) -> list[Speed]:
-    """Time every shipped winner of this GPU's device on the BENCHMARKS.md shapes of its shape
+    """Time every shipped winner dispatch uses on this GPU (:func:`records_in_use`) on the BENCHMARKS.md shapes of its shape
     class (the family's ``check_shapes``), after checking it against the reference; a winner
     slower than its recorded TFLOP/s by more than ``tolerance`` (a fraction) in three timings fails. ``timer(fn) -> seconds`` defaults to the
     benchmark's: the median of ``iters`` calls timed by CUDA events, L2 flushed before each."""
@@ -354,6 +378,10 @@ def measure_shipped(tolerance: float = 0.10, iters: int = 30, seed: int = 0, sha
     from .runtime import device_info
 
     if device is None:
+        if not torch.cuda.is_available():
+            from .errors import NoDeviceError
+
+            raise NoDeviceError(f"check --gpu needs a CUDA GPU; this PyTorch ({torch.__version__}) sees none")
         device = torch.device("cuda", torch.cuda.current_device())
     info = device_info(device.index) if info is None else info
     if timer is None:
@@ -363,11 +391,9 @@ def measure_shipped(tolerance: float = 0.10, iters: int = 30, seed: int = 0, sha
             return measure.median(measure.time_calls(fn, iters, flush))
 
     out = []
-    for r in db.shipped_records():
+    for r, other in records_in_use(info):
         spec = spec_mod.load(r.key.spec)
         family = families.get(spec.family, spec.path)
-        if info.target is None or info.target.name not in spec.targets or r.key.device != info.name:
-            continue
         # The record's family's BENCHMARKS.md shapes of its class (D1-D7 for dense records; the
         # family's check_shapes) unless shapes are given.
         if shapes is None:
@@ -375,7 +401,7 @@ def measure_shipped(tolerance: float = 0.10, iters: int = 30, seed: int = 0, sha
         else:
             matching = [s for s in shapes if _problem_of(family, s) == r.key.problem]
         if not matching:
-            out.append(Speed(r, "", None, f"no benchmark shape of class {r.key.problem} to time it on"))
+            out.append(Speed(r, "", None, f"no benchmark shape of class {r.key.problem} to time it on", other))
             continue
         v = variant.make(spec, {**r.variant, **family.problem_specialization(r.key.problem)})
         # A record of quantized inputs (the dense FP8 spec's) is timed on inputs of its dtypes.
@@ -385,7 +411,7 @@ def measure_shipped(tolerance: float = 0.10, iters: int = 30, seed: int = 0, sha
             got = family.call(inputs, variant=v, check=True)
             check = family.compare(got, family.reference(shape, inputs, heads=2), **dtype)
             if not check.ok:
-                out.append(Speed(r, shape.id, None, f"wrong result: {check.problem}"))
+                out.append(Speed(r, shape.id, None, f"wrong result: {check.problem}", other))
                 continue
             outputs = family.call(inputs, variant=v)
 
@@ -406,5 +432,5 @@ def measure_shipped(tolerance: float = 0.10, iters: int = 30, seed: int = 0, sha
             tflops = family.flops(shape) / seconds / 1e12
             problem = None if tflops >= floor else (f"{tflops:.0f} TFLOP/s is below the recorded {r.tflops:.0f} "
                                                     f"less {tolerance:.0%} ({floor:.0f})")
-            out.append(Speed(r, shape.id, tflops, problem))
+            out.append(Speed(r, shape.id, tflops, problem, other))
     return out

@@ -763,8 +763,18 @@ def _trial_from_json(d, i) -> Trial:
                  float(d.get("created", time.time())))
 
 
+MAX_EXPORT_BYTES = 1 << 30  # far above any real export (20k trials are about 12 MB)
+
+
 def _read_export(path: Path) -> dict:
     try:
+        st = path.stat()
+        if stat.S_ISDIR(st.st_mode):
+            raise IsADirectoryError
+        if not stat.S_ISREG(st.st_mode):
+            raise DatabaseError(f"{path}: not a regular file (a device or FIFO); give an export file")
+        if st.st_size > MAX_EXPORT_BYTES:
+            raise DatabaseError(f"{path}: {st.st_size} bytes; an export may have at most {MAX_EXPORT_BYTES}")
         text = path.read_bytes().decode("utf-8")
         doc = json.loads(text)
     except FileNotFoundError:

@@ -58,3 +58,25 @@ def test_export_force_onto_a_symlink_keeps_the_link(tmp_path):
     assert link.is_symlink() and '"format": "mlagen-tuning"' in target.read_text()
     result = CliRunner().invoke(cli, ["db", "--db", str(tdb.path), "export", "/dev/null", "--force"])
     assert result.exit_code == 1 and "not a regular file" in result.output
+
+
+def test_cache_entries_of_the_wrong_kind_heal(tmp_path):
+    """Issue 42 point 12: a file where an entry, a shard or a lock belongs is replaced (with a
+    warning) instead of failing every build that meets it."""
+    from mlagen.cache import DiskCache
+
+    cache = DiskCache(tmp_path)
+    key = "ab" + "0" * 38
+    entry = cache.entry_dir(key)
+    entry.parent.mkdir(parents=True)
+    entry.write_text("not an entry")
+    (tmp_path / "locks").mkdir()
+    (tmp_path / "locks" / f"{key}.lock").mkdir()
+    with cache.lock(key):
+        assert cache.get(key, discard_corrupt=True) is None
+        cache.put(key, {"kernel.bin": b"x"})
+    assert cache.get(key) == {"kernel.bin": b"x"}
+    other = "cd" + "0" * 38
+    (tmp_path / "cd").write_text("a file where a shard belongs")
+    cache.put(other, {"kernel.bin": b"y"})
+    assert cache.get(other) == {"kernel.bin": b"y"}

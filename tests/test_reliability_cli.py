@@ -1,0 +1,65 @@
+"""Arguments are checked before any work, and bad ones are one line (issue 42, points 12, 13, 15):
+no traceback, no GPU lookup or stall first, no silent acceptance."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from click.testing import CliRunner
+
+from mlagen.cli import cli
+
+
+def _run(args, env=None):
+    start = time.monotonic()
+    result = CliRunner().invoke(cli, args, env=env)
+    seconds = time.monotonic() - start
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+    assert "Traceback" not in result.output
+    assert seconds < 5.0, f"{args}: {seconds:.1f} s before the answer"
+    return result
+
+
+@pytest.mark.parametrize("args, match", [
+    (["tune", "--shape", "D1", "--arch", "sm_42"], "--arch sm_42: unknown target"),
+    (["variants", "--arch", "sm_42"], "--arch sm_42: unknown target"),
+    (["build", "--arch", "sm_42"], "--arch sm_42: unknown target"),
+])
+def test_an_unknown_target_is_one_line(args, match):
+    result = _run(args)
+    assert result.exit_code == 1 and match in result.output, result.output
+
+
+@pytest.mark.parametrize("args", [
+    ["tune", "--shape", "D1", "--timeout", "-1"],
+    ["tune", "--shape", "D1", "--timeout", "nan"],
+    ["tune", "--shape", "D1", "--timeout", "inf"],
+    ["tune", "--shape", "D1", "--iters", "0"],
+    ["tune", "--shape", "D1", "--top", "0"],
+    ["tune", "--shape", "D1", "--max-trials", "0"],
+    ["tune", "--shape", "D1", "--budget", "nan"],
+    ["bench", "--iters", "0"],
+    ["bench", "--rounds", "0"],
+    ["bench", "--warmup", "-1"],
+    ["variants", "mla_prefill_sm90", "--limit", "322000000"],
+    ["variants", "mla_prefill_sm90", "--limit", "1000000"],
+])
+def test_out_of_range_numbers_are_refused_before_any_work(args):
+    result = _run(args)
+    assert result.exit_code == 2, result.output
+    assert "Invalid value" in result.output
+
+
+def test_db_import_of_a_device_is_one_line():
+    result = _run(["db", "--db", "/nonexistent/t.sqlite", "import", "/dev/zero"])
+    assert result.exit_code == 1 and "/dev/zero: not a regular file" in result.output
+
+
+def test_build_with_an_unusable_cache_is_one_line(tmp_path):
+    (tmp_path / "file").write_text("")
+    result = _run(["build", "mla_prefill_sm80"], env={"MLAGEN_CACHE_DIR": str(tmp_path / "file")})
+    assert result.exit_code == 1
+    assert result.output.count("cannot be used as a directory") == 1, result.output
+    result = _run(["build", "mla_prefill_sm80", "--out", str(tmp_path / "file" / "sub")])
+    assert result.exit_code == 1 and "--out" in result.output, result.output

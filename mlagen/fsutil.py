@@ -24,7 +24,14 @@ import stat
 import tempfile
 from pathlib import Path
 
-from .errors import OutputError
+from .errors import MlagenError, OutputError
+
+MAX_YAML_BYTES = 1 << 20  # a workload or spec file is a few KB
+
+
+class InputError(MlagenError, ValueError):
+    """A file mlagen reads is missing, not a regular file, too large, not UTF-8 or not plain YAML;
+    the message names the file."""
 
 
 def umask() -> int:
@@ -74,3 +81,64 @@ def atomic_write(path: Path | str, data: bytes) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+
+
+def read_text(path: Path | str, what: str, limit: int = MAX_YAML_BYTES) -> str:
+    """A small UTF-8 text file's contents; InputError naming the file (and ``what`` it should be)
+    when it is missing, not a regular file (/dev/zero would never end), larger than ``limit``, or
+    not UTF-8."""
+    path = Path(path)
+    try:
+        st = path.stat()
+        if not stat.S_ISREG(st.st_mode):
+            raise InputError(f"{path}: not a regular file; expected a {what}")
+        if st.st_size > limit:
+            raise InputError(f"{path}: {st.st_size} bytes; a {what} may have at most {limit}")
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise InputError(f"{path}: no such {what}") from None
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read it ({exc.strerror or exc})") from None
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputError(f"{path}: not UTF-8 text (byte {exc.start}: {raw[exc.start:exc.start + 1]!r})") from None
+
+
+def plain_yaml_loader(base=None):
+    """A safe YAML loader that refuses anchors and aliases: a few lines of ``&a [*b, *b, ...]``
+    expand to gigabytes (a "billion laughs" bomb), and mlagen's files never need them."""
+    import yaml
+
+    base = base or yaml.SafeLoader
+
+    class Loader(base):
+        def compose_node(self, parent, index):
+            if self.check_event(yaml.events.AliasEvent):
+                event = self.peek_event()
+                raise yaml.composer.ComposerError(None, None, "aliases (*name) are not allowed", event.start_mark)
+            event = self.peek_event()
+            if getattr(event, "anchor", None) is not None:
+                raise yaml.composer.ComposerError(None, None, "anchors (&name) are not allowed", event.start_mark)
+            return super().compose_node(parent, index)
+
+    return Loader
+
+
+def read_yaml(path: Path | str, what: str):
+    """A small plain YAML file (no anchors or aliases), parsed; InputError naming the file."""
+    import yaml
+
+    text = read_text(path, what)
+    try:
+        return yaml.load(text, Loader=_PLAIN)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1}:" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise InputError(f"{path}:{where} not YAML ({problem})") from None
+    except RecursionError:
+        raise InputError(f"{path}: not YAML (nested too deeply)") from None
+
+
+_PLAIN = plain_yaml_loader()

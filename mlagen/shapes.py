@@ -170,13 +170,11 @@ def parse_workload(doc, source: str = "<workload>", family=None) -> list[Workloa
 
 def load_workload(path: str | Path, family=None) -> list[WorkloadItem]:
     """Read a workload YAML file (format in the module docstring; ``family`` as :func:`parse_workload`)."""
-    import yaml
+    from .fsutil import InputError, read_yaml
 
-    p = Path(path)
+    p = Path(path).expanduser()
     try:
-        doc = yaml.safe_load(p.read_text())
-    except FileNotFoundError:
-        raise ShapeError(f"{p}: no such workload file") from None
-    except yaml.YAMLError as exc:
-        raise ShapeError(f"{p}: not YAML ({str(exc).splitlines()[0]})") from None
+        doc = read_yaml(p, "workload file")
+    except InputError as exc:
+        raise ShapeError(str(exc)) from None
     return parse_workload(doc, str(p), family)

@@ -101,7 +101,9 @@ def template_path(template: str, spec_path: str | Path) -> Path | None:
 
 
 def _dupe_checking_loader():
-    class Loader(yaml.SafeLoader):
+    from .fsutil import plain_yaml_loader
+
+    class Loader(plain_yaml_loader()):  # no anchors or aliases: no expansion bombs
         pass
 
     def construct_mapping(loader, node, deep=False):

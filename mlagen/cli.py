@@ -113,12 +113,19 @@ def default_spec_name(target: str | None = None) -> str:
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="mlagen")
+@click.pass_context
 @_friendly
-def cli():
+def cli(ctx):
     """Generate, compile, tune and benchmark MLA prefill kernels."""
     import logging
 
-    logging.basicConfig(format="mlagen: %(message)s", level=knobs.log_level())
+    try:
+        level = knobs.log_level()
+    except ValueError:
+        if ctx.invoked_subcommand != "info":  # info reports the bad value instead
+            raise
+        level = "WARNING"
+    logging.basicConfig(format="mlagen: %(message)s", level=level)
 
 
 @cli.command("specs")
@@ -651,7 +658,9 @@ def info_cmd():
         value = k.raw()
         if k.name in resolved:  # the path in use, also where the variable is unset
             value = str(resolved[k.name]().resolve())
-        rows.append([k.name, f"{value if value is not None else '(unset)'}  ({k.doc})"])
+        bad = knobs.problem(k)
+        rows.append([k.name, f"{value if value is not None else '(unset)'}  ({k.doc})"
+                     + (f"  INVALID: {bad}" if bad else "")])
     click.echo(table(["what", "value"], rows))
 
 

@@ -55,9 +55,19 @@ def _one_line(exc: Exception) -> bool:
     return not isinstance(exc, CompileError)
 
 
+def _shown(text: str) -> str:
+    """``text`` with control and format characters (NUL, escape sequences, RTL overrides) written
+    as escapes, so a hand-edited record cannot garble or disguise a table."""
+    import unicodedata
+
+    if all(unicodedata.category(ch)[0] != "C" for ch in text):
+        return text
+    return "".join(ch if unicodedata.category(ch)[0] != "C" else ascii(ch)[1:-1] for ch in text)
+
+
 def table(headers: list[str], rows: list[list]) -> str:
     """Fixed-width text table."""
-    cells = [[str(h) for h in headers]] + [["" if c is None else str(c) for c in r] for r in rows]
+    cells = [[str(h) for h in headers]] + [["" if c is None else _shown(str(c)) for c in r] for r in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in cells]
     lines.insert(1, "  ".join("-" * w for w in widths))

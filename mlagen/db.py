@@ -413,9 +413,9 @@ class TuningDB:
             trials = [_trial_from_json(t, i) for i, t in enumerate(_records(doc, "trials"))]
             specs: dict = {}
             for i, b in enumerate(bests):
-                _check_variant(b.key, b.variant, f"best[{i}]", specs)
+                _check_variant(b.key, b.variant, f"best[{i}]", specs, b.symbol)
             for i, t in enumerate(trials):
-                _check_variant(t.key, t.variant, f"trials[{i}]", specs)
+                _check_variant(t.key, t.variant, f"trials[{i}]", specs, t.symbol)
         except DatabaseError as exc:
             raise DatabaseError(f"{where}: {exc}") from None
         report = ImportReport()
@@ -663,14 +663,29 @@ def _require(d, i, what, names, types):
         if name not in d:
             raise DatabaseError(f"{what}[{i}]: missing {name!r}")
         if not _is(d[name], typ):  # the columns are NOT NULL: null is not allowed either
-            raise DatabaseError(f"{what}[{i}].{name}: expected {_type_name(typ)}, got {type(d[name]).__name__}")
+            raise DatabaseError(f"{what}[{i}].{name}: expected {_type_name(typ)}, got {_got(d[name])}")
+
+
+_INT64 = (-(1 << 63), (1 << 63) - 1)  # what an SQLite INTEGER holds
+_MAX_FLOAT = 1.7976931348623157e308
 
 
 def _is(value, typ) -> bool:
-    """isinstance, except that a bool is not a number."""
+    """isinstance, except that a bool is not a number, an int must fit SQLite's 64 bits, and a
+    number read as a float must be one (10**400 is not)."""
     if isinstance(value, bool):
         return bool in (typ if isinstance(typ, tuple) else (typ,))
+    if isinstance(value, int) and not isinstance(value, bool):
+        if not _INT64[0] <= value <= _INT64[1] and (float not in (typ if isinstance(typ, tuple) else (typ,))
+                                                    or abs(value) > _MAX_FLOAT):
+            return False
     return isinstance(value, typ)
+
+
+def _got(value) -> str:
+    if isinstance(value, int) and not isinstance(value, bool) and not _INT64[0] <= value <= _INT64[1]:
+        return f"{str(value)[:20]}{'...' if len(str(value)) > 20 else ''} (out of range)"
+    return type(value).__name__
 
 
 def _type_name(typ) -> str:
@@ -680,7 +695,7 @@ def _type_name(typ) -> str:
 def _optional(d, i, what, names, types):
     for name, typ in zip(names, types):
         if d.get(name) is not None and not _is(d[name], typ):
-            raise DatabaseError(f"{what}[{i}].{name}: expected {_type_name(typ)} or null, got {type(d[name]).__name__}")
+            raise DatabaseError(f"{what}[{i}].{name}: expected {_type_name(typ)} or null, got {_got(d[name])}")
 
 
 def _records(doc: dict, what: str) -> list:
@@ -706,15 +721,27 @@ def _positive(d, i, what, names, allow_zero=False):
             raise DatabaseError(f"{what}[{i}].{name}: {value!r} must be {'non-negative' if allow_zero else 'positive'}")
 
 
+def printable(text: str) -> bool:
+    """No control, format (bidi overrides, zero-width) or unassigned characters: a record's text
+    is printed in tables and logs, and a NUL or an RTL override there misleads the reader."""
+    import unicodedata
+
+    return all(unicodedata.category(ch)[0] != "C" for ch in text)
+
+
 def _check_key(d, i, what):
     if d["sm_count"] <= 0:
         raise DatabaseError(f"{what}[{i}].sm_count: {d['sm_count']!r} must be positive")
-    for c in _KEY_COLUMNS:
-        if isinstance(d[c], str) and not d[c].strip():
+    for c in _KEY_COLUMNS + ("symbol", "run_id"):
+        if not isinstance(d.get(c), str):
+            continue
+        if c != "run_id" and not d[c].strip():
             raise DatabaseError(f"{what}[{i}].{c}: must not be empty")
+        if not printable(d[c]):
+            raise DatabaseError(f"{what}[{i}].{c}: {d[c]!r} holds control or format characters")
 
 
-def _check_variant(key: RecordKey, values: dict, where: str, specs: dict) -> None:
+def _check_variant(key: RecordKey, values: dict, where: str, specs: dict, symbol: str | None = None) -> None:
     """A record's variant must name tunables (and specialisations) of its packaged spec, each with
     one of its values, of the same type (a bool is not an int)."""
     from . import spec as spec_mod
@@ -727,6 +754,18 @@ def _check_variant(key: RecordKey, values: dict, where: str, specs: dict) -> Non
     spec = specs[key.spec]
     if key.family != spec.family:
         raise DatabaseError(f"{where}.family: {key.family!r}, but {spec.name} is of family {spec.family!r}")
+    from . import families
+
+    family = families.get(spec.family, spec.path)
+    try:
+        family.problem_specialization(key.problem)
+        family.problem_distance(key.problem, key.problem)
+    except (ValueError, KeyError, TypeError) as exc:
+        raise DatabaseError(f"{where}.problem: {key.problem!r} is not a shape class of {spec.family} ({exc})") from None
+    if not values and spec.tunables:
+        # An empty variant would run the spec's default labelled as the user's record.
+        raise DatabaseError(f"{where}.variant: empty; a record names the tunables it chose "
+                            f"({', '.join(t.name for t in spec.tunables)})")
     allowed = {t.name: t.values for t in spec.tunables} | dict(spec.specialize)
     for name, value in values.items():
         if name not in allowed:
@@ -734,6 +773,12 @@ def _check_variant(key: RecordKey, values: dict, where: str, specs: dict) -> Non
                                 f"{', '.join(t.name for t in spec.tunables)}")
         if not any(value == a and type(value) is type(a) for a in allowed[name]):
             raise DatabaseError(f"{where}.variant.{name}: {value!r} is not one of {list(allowed[name])}")
+    if symbol is not None and all(t.name in values for t in spec.tunables):
+        from . import variant as variant_mod
+
+        expected = variant_mod.make(spec, {**values, **family.problem_specialization(key.problem)}).symbol
+        if symbol != expected:
+            raise DatabaseError(f"{where}.symbol: {symbol!r} is not the kernel its variant names ({expected})")
 
 
 def _best_from_json(d, i) -> Best:
@@ -789,6 +834,7 @@ def _read_export(path: Path) -> dict:
         raise DatabaseError(f"{path}: not JSON ({exc})") from None
     if not isinstance(doc, dict) or doc.get("format") != EXPORT_FORMAT:
         raise DatabaseError(f"{path}: not an mlagen tuning export (expected \"format\": \"{EXPORT_FORMAT}\")")
-    if doc.get("version") not in (1, SCHEMA_VERSION):  # version 1 records are upgraded as they are read
+    version = doc.get("version")
+    if type(version) is not int or version not in (1, SCHEMA_VERSION):  # version 1 records are upgraded as read
         raise DatabaseError(f"{path}: export version {doc.get('version')!r}, this mlagen reads 1 to {SCHEMA_VERSION}")
     return doc

@@ -175,3 +175,58 @@ def test_dispatch_falls_back_when_the_database_directory_is_a_file(tmp_path):
     assert db.candidates(key(), distance, tdb, include_shipped=False) == []
     with pytest.raises(DatabaseError, match="cannot create its directory"):
         tdb.add_trial(trial())
+
+
+def _shipped_doc():
+    """One valid export: a shipped record (its variant names every tunable) as the user's."""
+    record = db._best_to_json(db.shipped_records()[0])
+    return {"format": db.EXPORT_FORMAT, "version": db.SCHEMA_VERSION, "best": [record], "trials": []}
+
+
+def _set(path, value):
+    def fn(doc):
+        doc["best"][0][path] = value
+        return doc
+    return fn
+
+
+BAD_RECORDS = [
+    ("malformed problem", _set("problem", "causal/h128/q8192"), "best[0].problem: 'causal/h128/q8192' is not a shape"),
+    ("symbol of another variant", _set("symbol", "mla_prefill_sm80_causal_m64_n32_w4_s2_swpad_qr0"),
+     "best[0].symbol: 'mla_prefill_sm80_causal_m64_n32_w4_s2_swpad_qr0' is not the kernel"),
+    ("empty symbol", _set("symbol", ""), "best[0].symbol: must not be empty"),
+    ("empty variant", _set("variant", {}), "best[0].variant: empty"),
+    ("NUL in the device", _set("device", "NVIDIA\x00H100"), "holds control or format characters"),
+    ("RTL override", _set("run_id", "abc\u202edef"), "best[0].run_id: 'abc\\u202edef' holds control"),
+    ("SM count past 64 bits", _set("sm_count", 2 ** 63), "best[0].sm_count: expected int, got 9223372036854775808"),
+    ("time of 10^400", _set("time_ms", 10 ** 400), "best[0].time_ms: expected int or float, got 1000000"),
+    ("float SM count", _set("sm_count", 1e30), "best[0].sm_count: expected int, got float"),
+]
+
+
+@pytest.mark.parametrize("mutate, match", [c[1:] for c in BAD_RECORDS], ids=[c[0] for c in BAD_RECORDS])
+def test_import_refuses_records_dispatch_would_misuse(tmp_path, mutate, match):
+    """Point 4: each is one DatabaseError naming the record and field (no OverflowError)."""
+    tdb = db.TuningDB(tmp_path / "t.sqlite")
+    assert tdb.import_(_shipped_doc()).added  # the unmutated record is valid
+    with pytest.raises(DatabaseError) as info:
+        db.TuningDB(tmp_path / "u.sqlite").import_(mutate(_shipped_doc()))
+    assert match in str(info.value), str(info.value)
+
+
+def test_import_refuses_a_boolean_version(tmp_path):
+    path = tmp_path / "e.json"
+    import json
+
+    path.write_text(json.dumps(_shipped_doc() | {"version": True}))
+    with pytest.raises(DatabaseError, match="export version True"):
+        db.TuningDB(tmp_path / "t.sqlite").import_(path)
+
+
+def test_ls_escapes_control_characters(tmp_path):
+    """Point 4: a record written before these checks (or by hand) prints NUL and RTL as escapes."""
+    path = tmp_path / "t.sqlite"
+    db.TuningDB(path).set_best(best(symbol="evil\x00\u202ename"))
+    result = CliRunner().invoke(cli, ["db", "--db", str(path), "ls"])
+    assert result.exit_code == 0
+    assert "evil\\x00\\u202ename" in result.output and "\x00" not in result.output

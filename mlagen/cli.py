@@ -475,9 +475,12 @@ def tune_cmd(spec, shapes, workload, strategy, max_trials, budget_min, resume, s
     if not shapes and not workload:
         raise click.ClickException("give --shape SHAPE (repeatable) or --workload FILE")
     known_target(target)
-    s = spec_mod.load(spec or default_spec_name())
-    # The spec's family reads the shapes (an id like D1 is its BENCHMARKS.md shape).
-    items = [x for text in shapes for x in parse_shapes(text, s)] + (load_workload(workload, s) if workload else [])
+    if spec is None:
+        s, items = _spec_for_shapes(shapes, workload, target)
+    else:
+        s = spec_mod.load(spec)
+        # The spec's family reads the shapes (an id like D1 is its BENCHMARKS.md shape).
+        items = [x for text in shapes for x in parse_shapes(text, s)] + (load_workload(workload, s) if workload else [])
     fixed = variant_mod.parse_assignments(s, list(assignments))
     variant_mod.make(s, fixed)  # names and values checked before any GPU work
     config = TuneConfig(spec=s.path, shapes=tuple(items), strategy=strategy, max_trials=max_trials, fixed=fixed,
@@ -490,6 +493,42 @@ def tune_cmd(spec, shapes, workload, strategy, max_trials, budget_min, resume, s
         (lambda line: click.echo(line, err=True))
     results = tune(config, progress=log, bar=bar)
     click.echo(format_tune_results(results, top))
+
+
+def _spec_for_shapes(shapes, workload, target):
+    """With no SPEC: the family that reads the shapes (every family is asked; ``sq=..,topk=..``
+    can only be sparse), and its highest-priority spec that targets ``target`` (if given) and
+    serves every shape; the shapes as that family read them."""
+    from . import families
+    from . import spec as spec_mod
+    from .shapes import WorkloadItem, load_workload, parse_shapes
+
+    items = [x for text in shapes for x in parse_shapes(text)] + (load_workload(workload) if workload else [])
+    shape_of = [x.shape if isinstance(x, WorkloadItem) else x for x in items]
+    names = {f for f in families.names() if all(_reads(families.get(f), sh) for sh in shape_of)}
+    if len(names) != 1:
+        raise click.ClickException("the shapes are of " + (f"several families ({', '.join(sorted(names))})" if names
+                                   else "different families") + "; give a SPEC")
+    family = families.get(names.pop())
+    specs = sorted((x for x in (spec_mod.load(p) for p in spec_mod.available())
+                    if x.family == family.name and (target is None or target in x.targets)),
+                   key=lambda x: (-x.priority, x.name))
+    for candidate in specs:
+        fam = families.get(candidate.family, candidate.path)
+        if not any(fam.refuses(candidate, sh) for sh in shape_of):
+            return candidate, [x for text in shapes for x in parse_shapes(text, candidate)] + (
+                load_workload(workload, candidate) if workload else [])
+    raise click.ClickException(f"no {family.name} spec{f' for {target}' if target else ''} serves "
+                               f"{', '.join(getattr(sh, 'id', str(sh)) for sh in shape_of)}; give a SPEC")
+
+
+def _reads(family, shape) -> bool:
+    """Whether ``shape`` is one of ``family``'s (its class can be computed)."""
+    try:
+        family.problem_key(shape)
+    except (AttributeError, TypeError, ValueError):
+        return False
+    return True
 
 
 def format_tune_results(results, top: int) -> str:

@@ -63,3 +63,28 @@ def test_build_with_an_unusable_cache_is_one_line(tmp_path):
     assert result.output.count("cannot be used as a directory") == 1, result.output
     result = _run(["build", "mla_prefill_sm80", "--out", str(tmp_path / "file" / "sub")])
     assert result.exit_code == 1 and "--out" in result.output, result.output
+
+
+@pytest.mark.parametrize("shape, family", [("sq=4096,h=64,topk=512,skv=32768,d=512", "mla_sparse_prefill"),
+                                           ("D1", "mla_prefill"), ("S1", "mla_sparse_prefill")])
+def test_tune_without_a_spec_takes_the_family_of_its_shapes(monkeypatch, shape, family):
+    """Issue 38 point 6: without SPEC, the shape says the family (a sparse description is not
+    read as dense), and the spec chosen serves it."""
+    from mlagen import families
+    from mlagen import spec as spec_mod
+    from mlagen import tune
+
+    seen = {}
+
+    def stand_in(config, progress=None, bar=None):
+        seen["spec"] = spec_mod.load(config.spec)
+        seen["shapes"] = config.shapes
+        return []
+
+    monkeypatch.setattr(tune, "tune", stand_in)
+    result = _run(["tune", "--shape", shape, "--arch", "sm_90a"])
+    assert result.exit_code == 0, result.output
+    s = seen["spec"]
+    assert s.family == family and "sm_90a" in s.targets
+    fam = families.get(s.family, s.path)
+    assert all(fam.refuses(s, sh) is None for sh in seen["shapes"])

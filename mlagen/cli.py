@@ -102,7 +102,7 @@ def known_target(name: str | None, option: str = "--arch") -> str | None:
     from . import arch
 
     if name is not None and name not in arch.TARGETS:
-        raise click.ClickException(f"{option} {name}: unknown target; known: {', '.join(arch.TARGETS)}")
+        raise click.ClickException(f"{option} {name}: unknown target; known targets: {', '.join(arch.TARGETS)}")
     return name
 
 
@@ -276,8 +276,12 @@ def _amd_report(results) -> None:
         click.echo()
 
 
+FEASIBLE_SEARCH = 400  # variants `build` tries per specialisation for one that fits
+
+
 def _build_variants(s, targets, assignments, all_variants, max_variants) -> list:
     """The variants of spec ``s`` that ``mlagen build`` compiles (see its help)."""
+    from . import arch
     from . import variant as variant_mod
 
     for t in targets:
@@ -292,8 +296,22 @@ def _build_variants(s, targets, assignments, all_variants, max_variants) -> list
         return list(variant_mod.enumerate_space(s, fixed))
     axes = dict(s.specialize)
     base = variant_mod.make(s, fixed)
-    return [base.with_values(**dict(zip(axes, combo)))
-            for combo in _product([[fixed[k]] if k in fixed else list(vals) for k, vals in axes.items()])]
+    out, unserved = [], []
+    for combo in _product([[fixed[k]] if k in fixed else list(vals) for k, vals in axes.items()]):
+        v = base.with_values(**dict(zip(axes, combo)))
+        # The spec's default where it fits the first target, else the nearest variant that does
+        # (changing only tunables the user left free), as `mlagen check` builds; a specialisation
+        # no variant can serve (an FP8 row format of another head dimension) is left out.
+        found = variant_mod.nearest_feasible(v, arch.target(targets[0]), keep=fixed, limit=FEASIBLE_SEARCH)
+        if found is None and not fixed:
+            unserved.append(" ".join(f"{k}={x}" for k, x in zip(axes, combo)))
+            continue
+        out.append(found or v)
+    if unserved:
+        click.echo(f"{s.name}: no variant serves {'; '.join(unserved)} on {targets[0]}: not built", err=True)
+    if not out:
+        raise click.ClickException(f"{s.name}: no variant of any specialisation fits {targets[0]}")
+    return out
 
 
 def _note(reasons) -> str:

@@ -88,3 +88,20 @@ def test_tune_without_a_spec_takes_the_family_of_its_shapes(monkeypatch, shape, 
     assert s.family == family and "sm_90a" in s.targets
     fam = families.get(s.family, s.path)
     assert all(fam.refuses(s, sh) is None for sh in seen["shapes"])
+
+
+@pytest.mark.parametrize("name", ["mla_sparse_prefill_sm90", "mla_sparse_prefill_sm90_h16", "mla_prefill_sm80"])
+def test_build_spec_builds_defaults_the_spec_serves(name):
+    """Issue 38 point 6: `mlagen build SPEC` builds, per specialisation, a variant that fits (not
+    a default it then prunes); a specialisation no variant serves is left out."""
+    from mlagen import arch, resources
+    from mlagen import spec as spec_mod
+    from mlagen.cli import _build_variants
+
+    s = spec_mod.load(name)
+    target = s.targets[0]
+    built = _build_variants(s, [target], (), False, 2000)
+    assert built
+    for v in built:
+        verdict = resources.check(v, arch.target(target))
+        assert verdict.ok, (v.symbol, verdict.reasons)

@@ -105,3 +105,11 @@ def test_build_spec_builds_defaults_the_spec_serves(name):
     for v in built:
         verdict = resources.check(v, arch.target(target))
         assert verdict.ok, (v.symbol, verdict.reasons)
+
+
+@pytest.mark.parametrize("shape", ["b=2000000000,q=1,h=1", "q=100000000000000000000000000,h=1",
+                                   "sq=4096,h=64,topk=512,skv=99999999999,d=512"])
+def test_a_huge_shape_is_refused_at_once(shape):
+    """Issue 42 point 13: no MemoryError after seconds of allocation."""
+    result = _run(["tune", "--shape", shape])
+    assert result.exit_code == 1 and "is too large" in result.output, result.output

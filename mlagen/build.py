@@ -17,6 +17,7 @@ import concurrent.futures as cf
 import heapq
 import logging
 import multiprocessing
+import os
 import signal
 import threading
 import time
@@ -128,18 +129,42 @@ def _payload(fut: cf.Future) -> tuple:
         return "compile_error", (f"{type(exc).__name__}: {exc}",), None, None, 0.0
 
 
-def _worker_init() -> None:
+PARENT_POLL_S = 0.2  # how often a compile process looks whether its parent still lives
+
+
+def _worker_init(parent: int | None = None) -> None:
     # Ctrl-C reaches every process of the terminal's process group: the workers leave it to the
     # parent, which cancels what is pending and terminates them (abort_pool), so an interrupt
     # neither waits for the running compiles nor prints a traceback per worker.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if parent is not None:
+        _exit_with_parent(parent)
+
+
+def _exit_with_parent(parent: int) -> None:
+    """End this process soon after ``parent`` dies, however it died (SIGTERM, SIGHUP, SIGKILL:
+    no handler of the parent's can run for the last), instead of compiling on as an orphan that
+    keeps multiprocessing's resource tracker alive too (its pipe closes with the last worker).
+
+    A thread watches the parent's pid rather than prctl(PR_SET_PDEATHSIG): that signal follows
+    the parent *thread* that started the worker, and the tuner starts workers from a thread of
+    its own that ends before the pool does. NVRTC compiles release the GIL, so the watch runs
+    during them."""
+
+    def watch():
+        while os.getppid() == parent:
+            time.sleep(PARENT_POLL_S)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="mlagen-parent-watch", daemon=True).start()
 
 
 def compile_pool(jobs: int | None = None) -> cf.ProcessPoolExecutor:
     """A pool of spawned compile processes; pass it to several build_many calls to pay the
     process start-up (interpreter, imports, NVRTC load) once."""
     return cf.ProcessPoolExecutor(max_workers=jobs or knobs.compile_workers(),
-                                  mp_context=multiprocessing.get_context("spawn"), initializer=_worker_init)
+                                  mp_context=multiprocessing.get_context("spawn"), initializer=_worker_init,
+                                  initargs=(os.getpid(),))
 
 
 _ABORTED_QUEUES: list = []  # the queues of aborted pools, kept until exit (abort_pool)

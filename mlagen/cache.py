@@ -21,47 +21,61 @@ import tempfile
 from pathlib import Path
 from typing import Iterator
 
+from . import knobs
+from .errors import CacheError
+from .fsutil import atomic_write, umask as _umask  # noqa: F401 (atomic_write: the one file writer)
+
 log = logging.getLogger("mlagen")
 
 CHECKSUMS = "SHA256SUMS"
 
 
-def _umask() -> int:
-    """The process umask, read without changing it where Linux allows (os.umask sets it, briefly,
-    for every thread)."""
-    with contextlib.suppress(OSError, ValueError):
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("Umask:"):
-                return int(line.split()[1], 8)
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
-def atomic_write(path: Path | str, data: bytes) -> None:
-    """Write ``data`` to ``path`` so readers see the old file or the whole new one. The file gets
-    the permissions ``open`` would give it (0666 less the umask), not the temporary file's 0600."""
+def usable_dir(path: Path | str, what: str) -> Path:
+    """``path`` as a directory this process can write (created if needed), or CacheError naming
+    ``what`` (the variable or option that set it) and why not, once, before any work starts, so a
+    broken cache is one line instead of an error per kernel."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fchmod(f.fileno(), 0o666 & ~_umask())
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
+        path.mkdir(parents=True, exist_ok=True)
+        if not path.is_dir():
+            raise NotADirectoryError(20, "not a directory")
+        fd, probe = tempfile.mkstemp(dir=path, prefix=".probe.")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        reason = "not a directory" if isinstance(exc, (FileExistsError, NotADirectoryError)) else exc.strerror or exc
+        raise CacheError(f"{path}: cannot be used as a directory ({reason}); it is {what}") from None
+    return path
+
+
+def check_build_dirs() -> None:
+    """The compile cache and the rendered-source directory are usable, or one CacheError naming
+    the variable (what builds and checks call before compiling anything)."""
+    usable_dir(knobs.cache_dir(), f"the compile cache (${knobs.CACHE_DIR.name}, default <${knobs.OUT_DIR.name}>/cache)")
+    usable_dir(knobs.out_dir() / "src", f"where rendered sources go (<${knobs.OUT_DIR.name}>/src)")
+
+
+def _make_dir(path: Path) -> None:
+    """``path`` as a directory; a file in its place (a stray write, a crash) is removed first."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        if path.is_dir() or not (path.is_symlink() or path.exists()):
+            raise
+        log.warning("compile cache: %s is not a directory: removed, recreating it", path)
+        path.unlink()
+        path.mkdir(parents=True, exist_ok=True)
 
 
 @contextlib.contextmanager
 def file_lock(path: Path | str) -> Iterator[None]:
-    """Hold an exclusive advisory lock on ``path`` (created if needed) for the block."""
+    """Hold an exclusive advisory lock on ``path`` (created if needed) for the block. A directory
+    in the lock's place holds no lock: it is removed (the lock file is recreated)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    _make_dir(path.parent)
+    if path.is_dir() and not path.is_symlink():
+        log.warning("lock %s is a directory: removed, recreating it as a file", path)
+        shutil.rmtree(path, ignore_errors=True)
     with open(path, "a+") as f:
         fcntl.flock(f.fileno(), fcntl.LOCK_EX)
         try:
@@ -111,6 +125,8 @@ class DiskCache:
         ``discard_corrupt`` (only while holding the key's lock) a corrupt entry is removed."""
         d = self.entry_dir(key)
         if not d.is_dir():
+            if discard_corrupt and (d.is_symlink() or d.exists()):  # a file where the entry belongs
+                self._corrupt(d, "not a directory", True)
             return None
         try:
             files = {p.name: p.read_bytes() for p in d.iterdir() if p.is_file()}
@@ -131,13 +147,17 @@ class DiskCache:
     def _corrupt(self, d: Path, problem: str, discard: bool) -> None:
         if discard:
             log.warning("compile cache entry %s is corrupt (%s): discarded, rebuilding it", d, problem)
-            shutil.rmtree(d, ignore_errors=True)
+            if d.is_dir() and not d.is_symlink():
+                shutil.rmtree(d, ignore_errors=True)
+            else:
+                with contextlib.suppress(FileNotFoundError):
+                    d.unlink()
         return None
 
     def put(self, key: str, files: dict[str, bytes]) -> None:
         """Publish an entry atomically; if another process published it first, keep theirs."""
         final = self.entry_dir(key)
-        final.parent.mkdir(parents=True, exist_ok=True)
+        _make_dir(final.parent)
         tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{key}."))
         try:
             for name, data in files.items():

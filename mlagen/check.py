@@ -23,8 +23,8 @@ from xml.etree import ElementTree
 from . import arch, db, families, resources, variant
 from . import spec as spec_mod
 from .build import BuildResult, build_many
-from .cache import atomic_write
 from .backends.cuda import NvrtcCompiler
+from .cache import atomic_write, check_build_dirs
 from .errors import MlagenError
 
 EXPECTATIONS_DIR = Path(__file__).resolve().parent / "expectations"
@@ -52,14 +52,26 @@ class Item:
 
 
 def items(specs: list[str] | None = None, targets: list[str] | None = None) -> list[Item]:
-    """Every spec default (per specialisation) and shipped record, for every target of its spec."""
+    """Every spec default (per specialisation) and shipped record, for every target of its spec.
+
+    CheckError for an unknown spec or target, and for a selection that names nothing to check
+    (a target no selected spec has, or only AMD targets, which expectations do not cover)."""
     out: dict[str, Item] = {}
     loaded = [spec_mod.load(p) for p in spec_mod.available()]
     if specs:
         unknown = set(specs) - {s.name for s in loaded}
         if unknown:
-            raise CheckError(f"unknown spec(s) {sorted(unknown)}; known: {', '.join(s.name for s in loaded)}")
+            raise CheckError(f"--spec: unknown spec(s) {', '.join(sorted(unknown))}; known: "
+                             f"{', '.join(s.name for s in loaded)}")
         loaded = [s for s in loaded if s.name in specs]
+    if targets:
+        unknown = [t for t in targets if t not in arch.TARGETS]
+        if unknown:
+            raise CheckError(f"--arch: unknown target(s) {', '.join(unknown)}; known: {', '.join(arch.TARGETS)}")
+        for t in targets:
+            if not any(t in s.targets for s in loaded):
+                raise CheckError(f"--arch {t}: no selected spec targets it (the selected specs target "
+                                 f"{', '.join(sorted({x for s in loaded for x in s.targets}))})")
     records = db.shipped_records()
     for s in loaded:
         family = families.get(s.family, s.path)
@@ -80,6 +92,9 @@ def items(specs: list[str] | None = None, targets: list[str] | None = None) -> l
                     continue
                 v = variant.make(s, {**r.variant, **family.problem_specialization(r.key.problem)})
                 _add(out, Item(s.name, target, v), f"{r.origin} {r.key.problem}")
+    if not out:
+        raise CheckError("nothing to check: the selection has no NVIDIA target (AMD kernels have no register "
+                         "expectations; check them with `mlagen build --arch gfx942 --all`)")
     return sorted(out.values(), key=lambda i: (i.spec, i.target, i.variant.symbol))
 
 
@@ -183,9 +198,21 @@ def compare(measured: dict[str, dict], expected: dict[str, dict], by_key: dict[s
     return out
 
 
-def _in_scope(key: str, specs: list[str] | None, targets: list[str] | None) -> bool:
+def spec_of(symbol: str, names) -> str | None:
+    """The spec a kernel symbol belongs to: the longest of ``names`` it starts with (followed by
+    "_"), so mla_prefill_sm90_fp8_... belongs to mla_prefill_sm90_fp8, not mla_prefill_sm90."""
+    matches = [n for n in names if symbol.startswith(n + "_")]
+    return max(matches, key=len) if matches else None
+
+
+def _in_scope(key: str, specs: list[str] | None, targets: list[str] | None, names=None) -> bool:
     symbol, _, target = key.rpartition("@")
-    return (not targets or target in targets) and (not specs or any(symbol.startswith(s + "_") for s in specs))
+    if targets and target not in targets:
+        return False
+    if not specs:
+        return True
+    names = set(specs) | set(names if names is not None else (p.stem for p in spec_mod.available()))
+    return spec_of(symbol, names) in specs
 
 
 @dataclass
@@ -206,6 +233,7 @@ def run(specs: list[str] | None = None, targets: list[str] | None = None, update
     """Build every item and compare it with the expectations (or write them with ``update``)."""
     nvrtc = NvrtcCompiler().version()
     todo = items(specs, targets)
+    check_build_dirs()  # a cache that cannot be written is one error, not a compile_error per kernel
     by_key = {i.key: i for i in todo}
     measured, details = {}, {}
     for t in sorted({i.target for i in todo}):
@@ -218,18 +246,37 @@ def run(specs: list[str] | None = None, targets: list[str] | None = None, update
                 progress(item, measured[item.key])
     if update:
         path = expectations or EXPECTATIONS_DIR / f"nvrtc-{nvrtc}.json"
-        kept = {}
-        if path.exists() and (specs or targets):  # a partial run keeps the other kernels' expectations
-            kept = {k: v for k, v in read_expectations(path).items() if not _in_scope(k, specs, targets)}
-        write_expectations(path, nvrtc, {**kept, **measured})
-        return Report(nvrtc, path, "", compare(measured, measured, by_key, details), updated=True)
+        return _update(path, nvrtc, measured, by_key, details, specs, targets)
     if expectations is not None:
         path, note = expectations, ""
     else:
         path, note = choose_expectations(nvrtc)
     expected = read_expectations(path)
-    scope = {k for k in expected if _in_scope(k, specs, targets)}
+    names = [p.stem for p in spec_mod.available()]
+    scope = {k for k in expected if _in_scope(k, specs, targets, names)}
     return Report(nvrtc, path, note, compare(measured, expected, by_key, details, scope))
+
+
+def _update(path: Path, nvrtc: str, measured: dict, by_key: dict, details: dict, specs, targets) -> Report:
+    """Write the expectations of this run. Only a kernel that compiled sets its expectation: one
+    that failed to compile keeps its old expectation (or gets none) and fails the report, and
+    stale expectations (kernels no longer built) are removed only by a run in which every kernel
+    compiled, so a broken compiler or cache can never turn expectations into compile errors or
+    delete them. Expectations outside the run's specs and targets are kept."""
+    old = read_expectations(path) if path.exists() else {}
+    failed = {k for k, m in measured.items() if m.get("status") == "compile_error"}
+    names = [p.stem for p in spec_mod.available()]
+    written = {k: v for k, v in old.items()
+               if not _in_scope(k, specs, targets, names) or (failed and k not in measured) or k in failed}
+    written.update({k: m for k, m in measured.items() if k not in failed})
+    write_expectations(path, nvrtc, written)
+    outcomes = compare({k: m for k, m in measured.items() if k not in failed}, written, by_key, details, set())
+    for k in sorted(failed):
+        note = "expectation kept" if k in old else "no expectation written"
+        outcomes.append(Outcome(by_key.get(k), k, measured[k], old.get(k),
+                                [f"does not compile; {note} (only a kernel that compiles sets its expectation)"],
+                                details.get(k, "")))
+    return Report(nvrtc, path, "", outcomes, updated=True)
 
 
 def junit_xml(report: Report, name: str = "mlagen check") -> str:
@@ -281,6 +328,7 @@ class Speed:
     shape: str
     tflops: float | None
     problem: str | None  # None when it passes; else why not
+    other_device: bool = False  # the record was made on another device of this GPU's architecture
 
     @property
     def ok(self) -> bool:
@@ -295,9 +343,32 @@ def _problem_of(family, shape) -> str | None:
         return None
 
 
+def records_in_use(info) -> list[tuple[db.Best, bool]]:
+    """The shipped records dispatch uses on the device ``info`` describes, each with whether it
+    was made on another device: the device's own records, and where it has none for a spec,
+    shape class and dtypes, those of other devices of its architecture (the H100 records on an
+    H200), as :func:`mlagen.db.candidates` ranks them."""
+    from .dispatch import record_target
+
+    if info.target is None:
+        return []
+    out, own = [], set()
+    records = [r for r in db.shipped_records()
+               if info.target.name in spec_mod.load(r.key.spec).targets]
+    for r in records:
+        if r.key.device == info.name:
+            out.append((r, False))
+            own.add((r.key.spec, r.key.problem, r.key.dtypes))
+    for r in records:
+        if r.key.device != info.name and (r.key.spec, r.key.problem, r.key.dtypes) not in own \
+                and record_target(spec_mod.load(r.key.spec), r.key.device) == info.target.name:
+            out.append((r, True))
+    return out
+
+
 def measure_shipped(tolerance: float = 0.10, iters: int = 30, seed: int = 0, shapes=None, device=None, info=None,
                     timer=None) -> list[Speed]:
-    """Time every shipped winner of this GPU's device on the BENCHMARKS.md shapes of its shape
+    """Time every shipped winner dispatch uses on this GPU (:func:`records_in_use`) on the BENCHMARKS.md shapes of its shape
     class (the family's ``check_shapes``), after checking it against the reference; a winner
     slower than its recorded TFLOP/s by more than ``tolerance`` (a fraction) in three timings fails. ``timer(fn) -> seconds`` defaults to the
     benchmark's: the median of ``iters`` calls timed by CUDA events, L2 flushed before each."""
@@ -307,6 +378,10 @@ def measure_shipped(tolerance: float = 0.10, iters: int = 30, seed: int = 0, sha
     from .runtime import device_info
 
     if device is None:
+        if not torch.cuda.is_available():
+            from .errors import NoDeviceError
+
+            raise NoDeviceError(f"check --gpu needs a CUDA GPU; this PyTorch ({torch.__version__}) sees none")
         device = torch.device("cuda", torch.cuda.current_device())
     info = device_info(device.index) if info is None else info
     if timer is None:
@@ -316,11 +391,9 @@ def measure_shipped(tolerance: float = 0.10, iters: int = 30, seed: int = 0, sha
             return measure.median(measure.time_calls(fn, iters, flush))
 
     out = []
-    for r in db.shipped_records():
+    for r, other in records_in_use(info):
         spec = spec_mod.load(r.key.spec)
         family = families.get(spec.family, spec.path)
-        if info.target is None or info.target.name not in spec.targets or r.key.device != info.name:
-            continue
         # The record's family's BENCHMARKS.md shapes of its class (D1-D7 for dense records; the
         # family's check_shapes) unless shapes are given.
         if shapes is None:
@@ -328,7 +401,7 @@ def measure_shipped(tolerance: float = 0.10, iters: int = 30, seed: int = 0, sha
         else:
             matching = [s for s in shapes if _problem_of(family, s) == r.key.problem]
         if not matching:
-            out.append(Speed(r, "", None, f"no benchmark shape of class {r.key.problem} to time it on"))
+            out.append(Speed(r, "", None, f"no benchmark shape of class {r.key.problem} to time it on", other))
             continue
         v = variant.make(spec, {**r.variant, **family.problem_specialization(r.key.problem)})
         # A record of quantized inputs (the dense FP8 spec's) is timed on inputs of its dtypes.
@@ -338,7 +411,7 @@ def measure_shipped(tolerance: float = 0.10, iters: int = 30, seed: int = 0, sha
             got = family.call(inputs, variant=v, check=True)
             check = family.compare(got, family.reference(shape, inputs, heads=2), **dtype)
             if not check.ok:
-                out.append(Speed(r, shape.id, None, f"wrong result: {check.problem}"))
+                out.append(Speed(r, shape.id, None, f"wrong result: {check.problem}", other))
                 continue
             outputs = family.call(inputs, variant=v)
 
@@ -359,5 +432,5 @@ def measure_shipped(tolerance: float = 0.10, iters: int = 30, seed: int = 0, sha
             tflops = family.flops(shape) / seconds / 1e12
             problem = None if tflops >= floor else (f"{tflops:.0f} TFLOP/s is below the recorded {r.tflops:.0f} "
                                                     f"less {tolerance:.0%} ({floor:.0f})")
-            out.append(Speed(r, shape.id, tflops, problem))
+            out.append(Speed(r, shape.id, tflops, problem, other))
     return out

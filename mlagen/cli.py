@@ -17,6 +17,7 @@ from .errors import MlagenError
 
 TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 NOTE_WIDTH = 160  # characters of a pruning reason shown per table row
+MAX_VARIANT_ROWS = 2000  # `variants --limit`: more rows than anyone reads, checked in about a second
 
 
 def _friendly(fn):
@@ -54,13 +55,55 @@ def _one_line(exc: Exception) -> bool:
     return not isinstance(exc, CompileError)
 
 
+def _shown(text: str) -> str:
+    """``text`` with control and format characters (NUL, escape sequences, RTL overrides) written
+    as escapes, so a hand-edited record cannot garble or disguise a table."""
+    import unicodedata
+
+    if all(unicodedata.category(ch)[0] != "C" for ch in text):
+        return text
+    return "".join(ch if unicodedata.category(ch)[0] != "C" else ascii(ch)[1:-1] for ch in text)
+
+
 def table(headers: list[str], rows: list[list]) -> str:
     """Fixed-width text table."""
-    cells = [[str(h) for h in headers]] + [["" if c is None else str(c) for c in r] for r in rows]
+    cells = [[str(h) for h in headers]] + [["" if c is None else _shown(str(c)) for c in r] for r in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in cells]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
+
+
+class _Finite(click.ParamType):
+    """A finite number greater than ``low`` (click's FloatRange lets nan and inf through)."""
+
+    name = "number"
+
+    def __init__(self, low: float = 0.0, inclusive: bool = False):
+        self.low, self.inclusive = low, inclusive
+
+    def convert(self, value, param, ctx):
+        import math
+
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            self.fail(f"{value!r} is not a number", param, ctx)
+        if not math.isfinite(number) or number < self.low or (number == self.low and not self.inclusive):
+            self.fail(f"{value!r}: expected a finite number {'>=' if self.inclusive else '>'} {self.low:g}", param, ctx)
+        return number
+
+
+POSITIVE = _Finite()
+
+
+def known_target(name: str | None, option: str = "--arch") -> str | None:
+    """``name`` if it is a target mlagen knows (None passes), else a ClickException listing them."""
+    from . import arch
+
+    if name is not None and name not in arch.TARGETS:
+        raise click.ClickException(f"{option} {name}: unknown target; known targets: {', '.join(arch.TARGETS)}")
+    return name
 
 
 def default_spec_name(target: str | None = None) -> str:
@@ -80,12 +123,19 @@ def default_spec_name(target: str | None = None) -> str:
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="mlagen")
+@click.pass_context
 @_friendly
-def cli():
+def cli(ctx):
     """Generate, compile, tune and benchmark MLA prefill kernels."""
     import logging
 
-    logging.basicConfig(format="mlagen: %(message)s", level=knobs.log_level())
+    try:
+        level = knobs.log_level()
+    except ValueError:
+        if ctx.invoked_subcommand != "info":  # info reports the bad value instead
+            raise
+        level = "WARNING"
+    logging.basicConfig(format="mlagen: %(message)s", level=level)
 
 
 @cli.command("specs")
@@ -132,7 +182,10 @@ def build_cmd(spec, archs, assignments, all_variants, max_variants, jobs, out_di
     """
     from . import spec as spec_mod
     from .build import build_many
+    from .cache import check_build_dirs, usable_dir
 
+    for t in archs:
+        known_target(t)
     if spec is None and archs:
         # No spec but targets: every packaged spec that targets them (for gfx950, the bf16 and the
         # FP8 kernels), highest priority first.
@@ -148,7 +201,10 @@ def build_cmd(spec, archs, assignments, all_variants, max_variants, jobs, out_di
     variants = []
     for s in specs:
         variants += _build_variants(s, targets, assignments, all_variants, max_variants)
-    out = Path(out_dir) if out_dir else knobs.out_dir() / "build"
+    out = Path(out_dir).expanduser() if out_dir else knobs.out_dir() / "build"
+    # An unusable cache or output directory is one line here, not an error per variant.
+    check_build_dirs()
+    usable_dir(out, "--out" if out_dir else f"where CUBINs go (<${knobs.OUT_DIR.name}>/build)")
     click.echo(f"building {len(variants)} variant(s) of {', '.join(x.name for x in specs)} for {', '.join(targets)} "
                f"-> {out}", err=True)
 
@@ -220,8 +276,12 @@ def _amd_report(results) -> None:
         click.echo()
 
 
+FEASIBLE_SEARCH = 400  # variants `build` tries per specialisation for one that fits
+
+
 def _build_variants(s, targets, assignments, all_variants, max_variants) -> list:
     """The variants of spec ``s`` that ``mlagen build`` compiles (see its help)."""
+    from . import arch
     from . import variant as variant_mod
 
     for t in targets:
@@ -236,8 +296,22 @@ def _build_variants(s, targets, assignments, all_variants, max_variants) -> list
         return list(variant_mod.enumerate_space(s, fixed))
     axes = dict(s.specialize)
     base = variant_mod.make(s, fixed)
-    return [base.with_values(**dict(zip(axes, combo)))
-            for combo in _product([[fixed[k]] if k in fixed else list(vals) for k, vals in axes.items()])]
+    out, unserved = [], []
+    for combo in _product([[fixed[k]] if k in fixed else list(vals) for k, vals in axes.items()]):
+        v = base.with_values(**dict(zip(axes, combo)))
+        # The spec's default where it fits the first target, else the nearest variant that does
+        # (changing only tunables the user left free), as `mlagen check` builds; a specialisation
+        # no variant can serve (an FP8 row format of another head dimension) is left out.
+        found = variant_mod.nearest_feasible(v, arch.target(targets[0]), keep=fixed, limit=FEASIBLE_SEARCH)
+        if found is None and not fixed:
+            unserved.append(" ".join(f"{k}={x}" for k, x in zip(axes, combo)))
+            continue
+        out.append(found or v)
+    if unserved:
+        click.echo(f"{s.name}: no variant serves {'; '.join(unserved)} on {targets[0]}: not built", err=True)
+    if not out:
+        raise click.ClickException(f"{s.name}: no variant of any specialisation fits {targets[0]}")
+    return out
 
 
 def _note(reasons) -> str:
@@ -256,7 +330,7 @@ def _product(lists):
 @click.argument("spec", required=False)
 @click.option("--arch", default=None, help="Target to check budgets against (default: the spec's first).")
 @click.option("--variant", "assignments", multiple=True, metavar="NAME=VALUE[,..]", help="Fix tunables.")
-@click.option("--limit", default=500, show_default=True, type=click.IntRange(min=1),
+@click.option("--limit", default=500, show_default=True, type=click.IntRange(min=1, max=MAX_VARIANT_ROWS),
               help="Larger spaces are shown as a seeded random sample of this many variants.")
 @_friendly
 def variants_cmd(spec, arch, assignments, limit):
@@ -266,7 +340,7 @@ def variants_cmd(spec, arch, assignments, limit):
     from . import spec as spec_mod
     from . import variant as variant_mod
 
-    s = spec_mod.load(spec or default_spec_name(arch))
+    s = spec_mod.load(spec or default_spec_name(known_target(arch)))
     if arch is not None and arch not in s.targets:
         raise click.ClickException(f"--arch {arch}: {s.name} targets {', '.join(s.targets)}")
     target = arch_mod.target(arch or s.targets[0])
@@ -376,8 +450,9 @@ def db_import(database, path, replace):
               show_default=True,
               help="auto: exhaustive if the space fits --max-trials, else global (random samples, successive "
                    "halving, coordinate descent from the survivors).")
-@click.option("--max-trials", default=200, show_default=True, help="Most variants tried per shape class.")
-@click.option("--budget", "budget_min", type=float, default=None, metavar="MINUTES",
+@click.option("--max-trials", default=200, show_default=True, type=click.IntRange(min=1),
+              help="Most variants tried per shape class.")
+@click.option("--budget", "budget_min", type=POSITIVE, default=None, metavar="MINUTES",
               help="Wall time for the whole tune; the search stops and the finalists are re-timed when it is spent.")
 @click.option("--resume", is_flag=True,
               help="Reuse the trials the database holds for the same record key and variant instead of running "
@@ -388,15 +463,17 @@ def db_import(database, path, replace):
 @click.option("--fixed", "assignments", multiple=True, metavar="NAME=VALUE[,..]",
               help="Hold tunables fixed; a kernel symbol (as tables and records print it) fixes all of its "
                    "tunables, so the tune measures and records that one variant.")
-@click.option("--timeout", "timeout_s", default=60.0, show_default=True,
+@click.option("--timeout", "timeout_s", default=60.0, show_default=True, type=POSITIVE,
               help="Seconds a GPU trial may take before it is recorded as a hang and its worker killed.")
-@click.option("--iters", default=20, show_default=True,
+@click.option("--iters", default=20, show_default=True, type=click.IntRange(min=1),
               help="Timed calls per trial (median); with several GPUs, equal shares on each (the mean of their medians).")
-@click.option("--jobs", "-j", type=int, default=None, help="Parallel compile processes (default: CPU count).")
+@click.option("--jobs", "-j", type=click.IntRange(min=1), default=None,
+              help="Parallel compile processes (default: CPU count).")
 @click.option("--db", "db_path", type=click.Path(dir_okay=False), default=None,
               help=f"Tuning database (default: ${knobs.TUNING_DB.name} or <out>/tuning.sqlite).")
 @click.option("--arch", "target", default=None, help="Target to build for (default: the GPU's).")
-@click.option("--top", default=10, show_default=True, help="Rows of the results table per shape.")
+@click.option("--top", default=10, show_default=True, type=click.IntRange(min=1),
+              help="Rows of the results table per shape.")
 @click.option("--progress/--no-progress", "show_bar", default=None,
               help="Progress bar on stderr (default: only on a terminal; plain lines otherwise).")
 @click.option("--scheduler", default=None, metavar="tcp://HOST:8786",
@@ -420,13 +497,13 @@ def tune_cmd(spec, shapes, workload, strategy, max_trials, budget_min, resume, s
 
     if not shapes and not workload:
         raise click.ClickException("give --shape SHAPE (repeatable) or --workload FILE")
-    s = spec_mod.load(spec or default_spec_name())
-    # The spec's family reads the shapes (an id like D1 is its BENCHMARKS.md shape).
-    items = [x for text in shapes for x in parse_shapes(text, s)] + (load_workload(workload, s) if workload else [])
-    if budget_min is not None and not budget_min > 0:
-        raise click.ClickException(f"--budget: expected a positive number of minutes, got {budget_min}")
-    if max_trials < 1:
-        raise click.ClickException(f"--max-trials: expected at least 1, got {max_trials}")
+    known_target(target)
+    if spec is None:
+        s, items = _spec_for_shapes(shapes, workload, target)
+    else:
+        s = spec_mod.load(spec)
+        # The spec's family reads the shapes (an id like D1 is its BENCHMARKS.md shape).
+        items = [x for text in shapes for x in parse_shapes(text, s)] + (load_workload(workload, s) if workload else [])
     fixed = variant_mod.parse_assignments(s, list(assignments))
     variant_mod.make(s, fixed)  # names and values checked before any GPU work
     config = TuneConfig(spec=s.path, shapes=tuple(items), strategy=strategy, max_trials=max_trials, fixed=fixed,
@@ -450,6 +527,42 @@ def tune_cmd(spec, shapes, workload, strategy, max_trials, budget_min, resume, s
     results = cluster.tune(config, scheduler, device_kind, progress=log, bar=bar)
     click.echo(format_tune_results(results, top))
     click.echo("\n" + cluster.summary(results))
+
+
+def _spec_for_shapes(shapes, workload, target):
+    """With no SPEC: the family that reads the shapes (every family is asked; ``sq=..,topk=..``
+    can only be sparse), and its highest-priority spec that targets ``target`` (if given) and
+    serves every shape; the shapes as that family read them."""
+    from . import families
+    from . import spec as spec_mod
+    from .shapes import WorkloadItem, load_workload, parse_shapes
+
+    items = [x for text in shapes for x in parse_shapes(text)] + (load_workload(workload) if workload else [])
+    shape_of = [x.shape if isinstance(x, WorkloadItem) else x for x in items]
+    names = {f for f in families.names() if all(_reads(families.get(f), sh) for sh in shape_of)}
+    if len(names) != 1:
+        raise click.ClickException("the shapes are of " + (f"several families ({', '.join(sorted(names))})" if names
+                                   else "different families") + "; give a SPEC")
+    family = families.get(names.pop())
+    specs = sorted((x for x in (spec_mod.load(p) for p in spec_mod.available())
+                    if x.family == family.name and (target is None or target in x.targets)),
+                   key=lambda x: (-x.priority, x.name))
+    for candidate in specs:
+        fam = families.get(candidate.family, candidate.path)
+        if not any(fam.refuses(candidate, sh) for sh in shape_of):
+            return candidate, [x for text in shapes for x in parse_shapes(text, candidate)] + (
+                load_workload(workload, candidate) if workload else [])
+    raise click.ClickException(f"no {family.name} spec{f' for {target}' if target else ''} serves "
+                               f"{', '.join(getattr(sh, 'id', str(sh)) for sh in shape_of)}; give a SPEC")
+
+
+def _reads(family, shape) -> bool:
+    """Whether ``shape`` is one of ``family``'s (its class can be computed)."""
+    try:
+        family.problem_key(shape)
+    except (AttributeError, TypeError, ValueError):
+        return False
+    return True
 
 
 def format_tune_results(results, top: int) -> str:
@@ -506,9 +619,11 @@ def format_tune_results(results, top: int) -> str:
                    "dense fa3 (if built), cudnn, mlagen; sparse flashmla (if built), naive, mlagen. "
                    "See --list-peers.")
 @click.option("--list-peers", is_flag=True, help="List each family's peers and whether they can run here, then exit.")
-@click.option("--iters", default=50, show_default=True, help="Timed calls per block.")
-@click.option("--rounds", default=3, show_default=True, help="Interleaved rounds (peer, ours, peer, ours ...).")
-@click.option("--warmup", default=5, show_default=True, help="Untimed calls per peer before timing.")
+@click.option("--iters", default=50, show_default=True, type=click.IntRange(min=1), help="Timed calls per block.")
+@click.option("--rounds", default=3, show_default=True, type=click.IntRange(min=1),
+              help="Interleaved rounds (peer, ours, peer, ours ...).")
+@click.option("--warmup", default=5, show_default=True, type=click.IntRange(min=0),
+              help="Untimed calls per peer before timing.")
 @click.option("--seed", default=0, show_default=True, help="Seed of the random inputs.")
 @click.option("--markdown", "markdown_path", type=click.Path(dir_okay=False), default=None,
               help="Also write the report here (atomically).")
@@ -543,13 +658,14 @@ def bench_cmd(shape_texts, shapes, peers, list_peers, iters, rounds, warmup, see
 @click.option("--update", is_flag=True, help="Write the expectations of the local NVRTC instead of comparing.")
 @click.option("--gpu", is_flag=True, help="Instead: re-measure the shipped winners on this GPU against their "
                                           "recorded throughput.")
-@click.option("--tolerance", default=0.10, show_default=True, help="With --gpu: fraction of the recorded TFLOP/s "
+@click.option("--tolerance", default=0.10, show_default=True, type=click.FloatRange(min=0, max=1, max_open=True), help="With --gpu: fraction of the recorded TFLOP/s "
                                                                    "a winner may lose.")
 @click.option("--junit", "junit_path", type=click.Path(dir_okay=False), default=None,
               help="Also write the result as JUnit XML (atomically).")
 @click.option("--spec", "specs", multiple=True, help="Only this spec (repeatable).")
 @click.option("--arch", "archs", multiple=True, help="Only this target (repeatable).")
-@click.option("--jobs", "-j", type=int, default=None, help="Parallel compile processes (default: CPU count).")
+@click.option("--jobs", "-j", type=click.IntRange(min=1), default=None,
+              help="Parallel compile processes (default: CPU count).")
 @_friendly
 def check_cmd(update, gpu, tolerance, junit_path, specs, archs, jobs):
     """The CI regression check (no GPU needed): compile every spec default and every shipped record
@@ -559,16 +675,19 @@ def check_cmd(update, gpu, tolerance, junit_path, specs, archs, jobs):
     from . import check
 
     if gpu:
-        if tolerance < 0 or tolerance >= 1:
-            raise click.ClickException(f"--tolerance {tolerance}: expected a fraction in [0, 1)")
         speeds = check.measure_shipped(tolerance)
-        rows = [[s.record.key.spec, s.record.key.problem, s.shape, s.record.symbol,
+        if not speeds:
+            raise click.ClickException("dispatch uses no shipped record on this GPU (none was made on it or on "
+                                       "another device of its architecture); nothing to measure")
+        rows = [[s.record.key.spec, s.record.key.problem, s.shape, s.record.symbol, s.record.key.device
+                 + (" (another device)" if s.other_device else ""),
                  f"{s.record.tflops:.0f}" if s.record.tflops else "", f"{s.tflops:.0f}" if s.tflops else "",
                  "ok" if s.ok else s.problem] for s in speeds]
-        click.echo(table(["spec", "problem", "shape", "winner", "recorded", "now", "verdict"], rows))
+        click.echo(table(["spec", "problem", "shape", "winner", "made on", "recorded", "now", "verdict"], rows))
+        if any(s.other_device for s in speeds):
+            click.echo("records made on another device of this architecture are what dispatch uses here; their "
+                       "recorded throughput is that device's", err=True)
         failed = [s for s in speeds if not s.ok]
-        if not speeds:
-            raise click.ClickException("no shipped record was made on this GPU's device; nothing to measure")
         if failed:
             raise click.ClickException(f"{len(failed)} of {len(speeds)} shipped winners failed")
         return
@@ -577,6 +696,8 @@ def check_cmd(update, gpu, tolerance, junit_path, specs, archs, jobs):
     if junit_path:
         check.write_junit(junit_path, report)
     click.echo(check.format_report(report))
+    if not report.ok and report.updated:
+        raise click.ClickException("some kernels did not compile (see above); their expectations were not changed")
     if not report.ok:
         raise click.ClickException("kernels differ from the expectations (see above); if the change is intended, "
                                    "run `mlagen check --update` and commit the file")
@@ -620,7 +741,9 @@ def info_cmd():
         value = k.raw()
         if k.name in resolved:  # the path in use, also where the variable is unset
             value = str(resolved[k.name]().resolve())
-        rows.append([k.name, f"{value if value is not None else '(unset)'}  ({k.doc})"])
+        bad = knobs.problem(k)
+        rows.append([k.name, f"{value if value is not None else '(unset)'}  ({k.doc})"
+                     + (f"  INVALID: {bad}" if bad else "")])
     click.echo(table(["what", "value"], rows))
 
 

@@ -17,8 +17,11 @@ import hashlib
 import json
 import logging
 import re
+import os
 import sqlite3
+import stat
 import time
+import urllib.parse
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Iterator
@@ -154,22 +157,111 @@ def source_hash(spec) -> str:
 
 
 class TuningDB:
-    """One SQLite file. Every method opens its own short transaction."""
+    """One SQLite file. Every method opens its own short connection.
+
+    Reads never write and never wait on a writer: they open the file read-only (``mode=ro``, so
+    no schema setup, no journal-mode switch, no directory or file created), find no records where
+    there is no file, and read a WAL database while an import writes it (WAL readers see the last
+    commit). A database on a read-only mount is opened ``immutable`` (SQLite then skips the
+    ``-shm`` it cannot create). Only writes create the file, switch it to WAL and set up the
+    schema, under ``BEGIN IMMEDIATE``. A SQLite file with tables but no mlagen ``meta`` table is
+    another application's: reads find nothing mlagen could use in it and writes refuse it.
+    """
+
+    READ_TIMEOUT_S = 5.0    # a reader waits on a lock only in rare WAL recovery
+    WRITE_TIMEOUT_S = 60.0  # writers queue behind each other (several tunes, an import)
 
     def __init__(self, path: Path | str | None = None):
-        self.path = Path(path) if path is not None else knobs.tuning_db()
+        self.path = Path(path).expanduser() if path is not None else knobs.tuning_db()
         self._initialised = False
+
+    def _check_regular(self) -> bool:
+        """Whether the file exists; DatabaseError if it is not a regular file (/dev/null, a FIFO,
+        a directory), which SQLite would misread or write journals next to."""
+        try:
+            st = self.path.stat()
+        except FileNotFoundError:
+            return False
+        except NotADirectoryError:
+            return False
+        except OSError as exc:
+            raise DatabaseError(f"{self.path}: cannot open the tuning database: {exc.strerror or exc}") from None
+        if not stat.S_ISREG(st.st_mode):
+            raise DatabaseError(f"{self.path}: not a regular file; the tuning database must be a file")
+        return True
+
+    @contextlib.contextmanager
+    def _read(self) -> Iterator[tuple[sqlite3.Connection, dict] | tuple[None, None]]:
+        """A read-only connection and the table expressions to read ``best`` and ``trials``
+        through (a version-1 database is read as version 2 and upgraded by the next write), or
+        ``(None, None)`` where there is no database (nothing to read)."""
+        if not self._check_regular():
+            yield None, None
+            return
+        conn = None
+        uri = f"file:{urllib.parse.quote(str(self.path.absolute()))}"
+        for mode in ("?mode=ro", "?mode=ro&immutable=1"):
+            try:
+                conn = sqlite3.connect(uri + mode, uri=True, timeout=self.READ_TIMEOUT_S, isolation_level=None)
+                conn.execute("SELECT 1 FROM sqlite_master LIMIT 1").fetchall()
+                break
+            except sqlite3.OperationalError as exc:
+                if conn is not None:
+                    conn.close()
+                    conn = None
+                # A WAL file on a read-only mount: its -shm cannot be made, and nobody can write
+                # there, so it is read as immutable (what SQLite recommends for read-only media).
+                if "unable to open" not in str(exc) or not os.access(self.path, os.R_OK) or mode != "?mode=ro":
+                    raise DatabaseError(f"{self.path}: cannot open the tuning database: {exc}") from None
+            except sqlite3.DatabaseError as exc:
+                raise DatabaseError(f"{self.path}: {exc}") from None
+        try:
+            conn.row_factory = sqlite3.Row
+            version = self._schema_version(conn)
+            if version is None:
+                yield None, None
+                return
+            if version == 1:
+                yield conn, {t: f"(SELECT *, 'nvrtc ' || nvrtc AS compiler FROM {t})" for t in ("best", "trials")}
+            else:
+                yield conn, {"best": "best", "trials": "trials"}
+        except sqlite3.DatabaseError as exc:
+            raise DatabaseError(f"{self.path}: {exc}") from None
+        finally:
+            conn.close()
+
+    def _schema_version(self, conn: sqlite3.Connection) -> int | None:
+        """The schema version of an mlagen database this mlagen reads (1 or SCHEMA_VERSION); None
+        for one with no tables yet, or another application's; DatabaseError for another version."""
+        tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        if "meta" not in tables:
+            if tables:
+                log.warning("%s: not an mlagen tuning database (tables %s); no records read from it",
+                            self.path, ", ".join(sorted(tables)))
+            return None
+        row = conn.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone()
+        if row is None or not {"best", "trials"} <= tables:
+            return None
+        if row[0] not in ("1", str(SCHEMA_VERSION)):
+            raise DatabaseError(f"{self.path}: schema version {row[0]}, this mlagen reads {SCHEMA_VERSION}; "
+                                "export it with the mlagen that wrote it, or use a new MLAGEN_TUNING_DB")
+        return int(row[0])
 
     @contextlib.contextmanager
     def _connect(self) -> Iterator[sqlite3.Connection]:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        """A read-write connection; creates the file and its schema if needed (writes only)."""
+        self._check_regular()
         try:
-            conn = sqlite3.connect(self.path, timeout=60.0, isolation_level=None)
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise DatabaseError(f"{self.path}: cannot create its directory: {exc.strerror or exc}") from None
+        try:
+            conn = sqlite3.connect(self.path, timeout=self.WRITE_TIMEOUT_S, isolation_level=None)
         except sqlite3.Error as exc:
             raise DatabaseError(f"{self.path}: cannot open the tuning database: {exc}") from None
         try:
             conn.row_factory = sqlite3.Row
-            conn.execute("PRAGMA busy_timeout = 60000")
+            conn.execute(f"PRAGMA busy_timeout = {int(self.WRITE_TIMEOUT_S * 1000)}")
             if not self._initialised:
                 self._init(conn)
             yield conn
@@ -179,6 +271,10 @@ class TuningDB:
             conn.close()
 
     def _init(self, conn: sqlite3.Connection) -> None:
+        tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        if tables and "meta" not in tables:
+            raise DatabaseError(f"{self.path}: not an mlagen tuning database (it holds tables "
+                                f"{', '.join(sorted(tables))}); give another --db / MLAGEN_TUNING_DB")
         self._use_wal(conn)
         conn.execute("BEGIN IMMEDIATE")
         try:
@@ -190,7 +286,7 @@ class TuningDB:
             row = conn.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone()
             if row is None:
                 conn.execute("INSERT INTO meta VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
-            elif int(row[0]) != SCHEMA_VERSION:
+            elif row[0] != str(SCHEMA_VERSION):
                 raise DatabaseError(
                     f"{self.path}: schema version {row[0]}, this mlagen reads {SCHEMA_VERSION}; "
                     "export it with the mlagen that wrote it, or use a new MLAGEN_TUNING_DB"
@@ -255,23 +351,30 @@ class TuningDB:
 
     def bests(self, **where) -> list[Best]:
         clauses, args = _where(where)
-        with self._connect() as conn:
-            rows = conn.execute(f"SELECT * FROM best{clauses} ORDER BY family, spec, problem", args).fetchall()
+        with self._read() as (conn, tables):
+            if conn is None:
+                return []
+            rows = conn.execute(f"SELECT * FROM {tables['best']}{clauses} ORDER BY family, spec, problem",
+                                args).fetchall()
         return [_best_from_row(dict(r)) for r in rows]
 
     def trials(self, run_id: str | None = None, **where) -> list[Trial]:
         if run_id is not None:
             where["run_id"] = run_id
         clauses, args = _where(where)
-        with self._connect() as conn:
-            rows = conn.execute(f"SELECT * FROM trials{clauses} ORDER BY id", args).fetchall()
+        with self._read() as (conn, tables):
+            if conn is None:
+                return []
+            rows = conn.execute(f"SELECT * FROM {tables['trials']}{clauses} ORDER BY id", args).fetchall()
         return [_trial_from_row(dict(r)) for r in rows]
 
     def runs(self) -> list[dict]:
-        with self._connect() as conn:
+        with self._read() as (conn, tables):
+            if conn is None:
+                return []
             rows = conn.execute(
                 "SELECT run_id, MIN(created) AS started, family, spec, problem, device, COUNT(*) AS trials,"
-                " SUM(outcome = 'ok') AS ok FROM trials GROUP BY run_id, family, spec, problem, device"
+                f" SUM(outcome = 'ok') AS ok FROM {tables['trials']} GROUP BY run_id, family, spec, problem, device"
                 " ORDER BY started"
             ).fetchall()
         return [dict(r) for r in rows]
@@ -310,19 +413,29 @@ class TuningDB:
             trials = [_trial_from_json(t, i) for i, t in enumerate(_records(doc, "trials"))]
             specs: dict = {}
             for i, b in enumerate(bests):
-                _check_variant(b.key, b.variant, f"best[{i}]", specs)
+                _check_variant(b.key, b.variant, f"best[{i}]", specs, b.symbol)
             for i, t in enumerate(trials):
-                _check_variant(t.key, t.variant, f"trials[{i}]", specs)
+                _check_variant(t.key, t.variant, f"trials[{i}]", specs, t.symbol)
         except DatabaseError as exc:
             raise DatabaseError(f"{where}: {exc}") from None
         report = ImportReport()
         with self._transaction() as conn:
+            # The trials present, read once per record key (one indexed query each), so an import
+            # is linear in its trials; a trial repeated within the file is skipped the same way.
+            present: dict[tuple, set] = {}
+            fresh = []
             for t in trials:
-                if _trial_exists(conn, t):
+                k = _key_tuple(t.key)
+                if k not in present:
+                    present[k] = _trial_identities(conn, k)
+                ident = _trial_identity(t)
+                if ident in present[k]:
                     report.trials_skipped += 1
                 else:
-                    _insert_trial(conn, t)
-                    report.trials_added += 1
+                    present[k].add(ident)
+                    fresh.append(t)
+            _insert_trials(conn, fresh)
+            report.trials_added = len(fresh)
             for b in bests:
                 row = conn.execute(f"SELECT symbol, time_ms FROM best WHERE {' AND '.join(f'{c} = ?' for c in _KEY_COLUMNS)}",
                                    _key_tuple(b.key)).fetchone()
@@ -443,24 +556,34 @@ def _device_tier(key: RecordKey, record: RecordKey, same_arch) -> int | None:
 # --- row and JSON conversion ----------------------------------------------------------------
 
 
+_INSERT_TRIAL = (f"INSERT INTO trials (run_id, created, {', '.join(_KEY_COLUMNS)}, variant, symbol, outcome,"
+                 " time_ms, tflops, max_error, registers, spills, detail)"
+                 f" VALUES (?, ?, {', '.join('?' * len(_KEY_COLUMNS))}, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
+
+
+def _trial_row(t: Trial) -> tuple:
+    return (t.run_id, t.created, *_key_tuple(t.key), json.dumps(t.variant, sort_keys=True), t.symbol,
+            t.outcome, t.time_ms, t.tflops, t.max_error, t.registers, t.spills, t.detail)
+
+
 def _insert_trial(conn: sqlite3.Connection, t: Trial) -> None:
-    conn.execute(
-        f"INSERT INTO trials (run_id, created, {', '.join(_KEY_COLUMNS)}, variant, symbol, outcome,"
-        " time_ms, tflops, max_error, registers, spills, detail)"
-        f" VALUES (?, ?, {', '.join('?' * len(_KEY_COLUMNS))}, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-        (t.run_id, t.created, *_key_tuple(t.key), json.dumps(t.variant, sort_keys=True), t.symbol,
-         t.outcome, t.time_ms, t.tflops, t.max_error, t.registers, t.spills, t.detail),
-    )
+    conn.execute(_INSERT_TRIAL, _trial_row(t))
 
 
-def _trial_exists(conn: sqlite3.Connection, t: Trial) -> bool:
-    """The same trial (key, run, variant, outcome, time of creation) is already recorded."""
-    row = conn.execute(
-        f"SELECT 1 FROM trials WHERE {' AND '.join(f'{c} = ?' for c in _KEY_COLUMNS)} AND run_id = ? AND variant = ?"
-        " AND outcome = ? AND created = ? LIMIT 1",
-        (*_key_tuple(t.key), t.run_id, json.dumps(t.variant, sort_keys=True), t.outcome, t.created),
-    ).fetchone()
-    return row is not None
+def _insert_trials(conn: sqlite3.Connection, trials: list[Trial]) -> None:
+    conn.executemany(_INSERT_TRIAL, (_trial_row(t) for t in trials))
+
+
+def _trial_identity(t: Trial) -> tuple:
+    """What makes a trial the same one (a re-import): within its key, the run, variant, outcome
+    and time of creation."""
+    return (t.run_id, json.dumps(t.variant, sort_keys=True), t.outcome, float(t.created))
+
+
+def _trial_identities(conn: sqlite3.Connection, key: tuple) -> set:
+    rows = conn.execute(f"SELECT run_id, variant, outcome, created FROM trials WHERE "
+                        f"{' AND '.join(f'{c} = ?' for c in _KEY_COLUMNS)}", key)
+    return {(r[0], r[1], r[2], float(r[3])) for r in rows}
 
 
 def _upsert_best(conn: sqlite3.Connection, b: Best) -> None:
@@ -540,14 +663,29 @@ def _require(d, i, what, names, types):
         if name not in d:
             raise DatabaseError(f"{what}[{i}]: missing {name!r}")
         if not _is(d[name], typ):  # the columns are NOT NULL: null is not allowed either
-            raise DatabaseError(f"{what}[{i}].{name}: expected {_type_name(typ)}, got {type(d[name]).__name__}")
+            raise DatabaseError(f"{what}[{i}].{name}: expected {_type_name(typ)}, got {_got(d[name])}")
+
+
+_INT64 = (-(1 << 63), (1 << 63) - 1)  # what an SQLite INTEGER holds
+_MAX_FLOAT = 1.7976931348623157e308
 
 
 def _is(value, typ) -> bool:
-    """isinstance, except that a bool is not a number."""
+    """isinstance, except that a bool is not a number, an int must fit SQLite's 64 bits, and a
+    number read as a float must be one (10**400 is not)."""
     if isinstance(value, bool):
         return bool in (typ if isinstance(typ, tuple) else (typ,))
+    if isinstance(value, int) and not isinstance(value, bool):
+        if not _INT64[0] <= value <= _INT64[1] and (float not in (typ if isinstance(typ, tuple) else (typ,))
+                                                    or abs(value) > _MAX_FLOAT):
+            return False
     return isinstance(value, typ)
+
+
+def _got(value) -> str:
+    if isinstance(value, int) and not isinstance(value, bool) and not _INT64[0] <= value <= _INT64[1]:
+        return f"{str(value)[:20]}{'...' if len(str(value)) > 20 else ''} (out of range)"
+    return type(value).__name__
 
 
 def _type_name(typ) -> str:
@@ -557,7 +695,7 @@ def _type_name(typ) -> str:
 def _optional(d, i, what, names, types):
     for name, typ in zip(names, types):
         if d.get(name) is not None and not _is(d[name], typ):
-            raise DatabaseError(f"{what}[{i}].{name}: expected {_type_name(typ)} or null, got {type(d[name]).__name__}")
+            raise DatabaseError(f"{what}[{i}].{name}: expected {_type_name(typ)} or null, got {_got(d[name])}")
 
 
 def _records(doc: dict, what: str) -> list:
@@ -583,15 +721,27 @@ def _positive(d, i, what, names, allow_zero=False):
             raise DatabaseError(f"{what}[{i}].{name}: {value!r} must be {'non-negative' if allow_zero else 'positive'}")
 
 
+def printable(text: str) -> bool:
+    """No control, format (bidi overrides, zero-width) or unassigned characters: a record's text
+    is printed in tables and logs, and a NUL or an RTL override there misleads the reader."""
+    import unicodedata
+
+    return all(unicodedata.category(ch)[0] != "C" for ch in text)
+
+
 def _check_key(d, i, what):
     if d["sm_count"] <= 0:
         raise DatabaseError(f"{what}[{i}].sm_count: {d['sm_count']!r} must be positive")
-    for c in _KEY_COLUMNS:
-        if isinstance(d[c], str) and not d[c].strip():
+    for c in _KEY_COLUMNS + ("symbol", "run_id"):
+        if not isinstance(d.get(c), str):
+            continue
+        if c != "run_id" and not d[c].strip():
             raise DatabaseError(f"{what}[{i}].{c}: must not be empty")
+        if not printable(d[c]):
+            raise DatabaseError(f"{what}[{i}].{c}: {d[c]!r} holds control or format characters")
 
 
-def _check_variant(key: RecordKey, values: dict, where: str, specs: dict) -> None:
+def _check_variant(key: RecordKey, values: dict, where: str, specs: dict, symbol: str | None = None) -> None:
     """A record's variant must name tunables (and specialisations) of its packaged spec, each with
     one of its values, of the same type (a bool is not an int)."""
     from . import spec as spec_mod
@@ -604,6 +754,18 @@ def _check_variant(key: RecordKey, values: dict, where: str, specs: dict) -> Non
     spec = specs[key.spec]
     if key.family != spec.family:
         raise DatabaseError(f"{where}.family: {key.family!r}, but {spec.name} is of family {spec.family!r}")
+    from . import families
+
+    family = families.get(spec.family, spec.path)
+    try:
+        family.problem_specialization(key.problem)
+        family.problem_distance(key.problem, key.problem)
+    except (ValueError, KeyError, TypeError) as exc:
+        raise DatabaseError(f"{where}.problem: {key.problem!r} is not a shape class of {spec.family} ({exc})") from None
+    if not values and spec.tunables:
+        # An empty variant would run the spec's default labelled as the user's record.
+        raise DatabaseError(f"{where}.variant: empty; a record names the tunables it chose "
+                            f"({', '.join(t.name for t in spec.tunables)})")
     allowed = {t.name: t.values for t in spec.tunables} | dict(spec.specialize)
     for name, value in values.items():
         if name not in allowed:
@@ -611,6 +773,12 @@ def _check_variant(key: RecordKey, values: dict, where: str, specs: dict) -> Non
                                 f"{', '.join(t.name for t in spec.tunables)}")
         if not any(value == a and type(value) is type(a) for a in allowed[name]):
             raise DatabaseError(f"{where}.variant.{name}: {value!r} is not one of {list(allowed[name])}")
+    if symbol is not None and all(t.name in values for t in spec.tunables):
+        from . import variant as variant_mod
+
+        expected = variant_mod.make(spec, {**values, **family.problem_specialization(key.problem)}).symbol
+        if symbol != expected:
+            raise DatabaseError(f"{where}.symbol: {symbol!r} is not the kernel its variant names ({expected})")
 
 
 def _best_from_json(d, i) -> Best:
@@ -640,8 +808,18 @@ def _trial_from_json(d, i) -> Trial:
                  float(d.get("created", time.time())))
 
 
+MAX_EXPORT_BYTES = 1 << 30  # far above any real export (20k trials are about 12 MB)
+
+
 def _read_export(path: Path) -> dict:
     try:
+        st = path.stat()
+        if stat.S_ISDIR(st.st_mode):
+            raise IsADirectoryError
+        if not stat.S_ISREG(st.st_mode):
+            raise DatabaseError(f"{path}: not a regular file (a device or FIFO); give an export file")
+        if st.st_size > MAX_EXPORT_BYTES:
+            raise DatabaseError(f"{path}: {st.st_size} bytes; an export may have at most {MAX_EXPORT_BYTES}")
         text = path.read_bytes().decode("utf-8")
         doc = json.loads(text)
     except FileNotFoundError:
@@ -656,6 +834,7 @@ def _read_export(path: Path) -> dict:
         raise DatabaseError(f"{path}: not JSON ({exc})") from None
     if not isinstance(doc, dict) or doc.get("format") != EXPORT_FORMAT:
         raise DatabaseError(f"{path}: not an mlagen tuning export (expected \"format\": \"{EXPORT_FORMAT}\")")
-    if doc.get("version") not in (1, SCHEMA_VERSION):  # version 1 records are upgraded as they are read
+    version = doc.get("version")
+    if type(version) is not int or version not in (1, SCHEMA_VERSION):  # version 1 records are upgraded as read
         raise DatabaseError(f"{path}: export version {doc.get('version')!r}, this mlagen reads 1 to {SCHEMA_VERSION}")
     return doc

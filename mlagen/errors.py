@@ -84,6 +84,15 @@ class ArgumentTypeError(LaunchError, TypeError):
     """An argument has a wrong type or dtype; the message names it."""
 
 
+class CacheError(MlagenError):
+    """The compile cache or the output directory cannot be used (not a directory, read-only,
+    full); the message names the path and the variable that sets it."""
+
+
+class OutputError(MlagenError):
+    """An output path cannot be written as asked (a device node, a directory); the message names it."""
+
+
 class TuningError(MlagenError):
     """The tuner could not run (no variant survived pruning, no GPU, bad shape name)."""
 

@@ -68,18 +68,23 @@ def _flag(knob: Knob) -> bool:
     raise ValueError(f"{knob.name}={value!r}: expected 0 or 1")
 
 
+def _path(raw: str) -> Path:
+    """A path variable's value with ``~`` expanded (a shell leaves ``VAR=~/x`` unexpanded)."""
+    return Path(raw).expanduser()
+
+
 def out_dir() -> Path:
-    return Path(OUT_DIR.raw())
+    return _path(OUT_DIR.raw())
 
 
 def cache_dir() -> Path:
     raw = CACHE_DIR.raw()
-    return Path(raw) if raw else out_dir() / "cache"
+    return _path(raw) if raw else out_dir() / "cache"
 
 
 def tuning_db() -> Path:
     raw = TUNING_DB.raw()
-    return Path(raw) if raw else out_dir() / "tuning.sqlite"
+    return _path(raw) if raw else out_dir() / "tuning.sqlite"
 
 
 def no_tuned() -> bool:
@@ -95,7 +100,8 @@ def check_seqlens() -> bool:
 
 
 def record_shapes() -> str | None:
-    return RECORD_SHAPES.raw()
+    raw = RECORD_SHAPES.raw()
+    return str(_path(raw)) if raw else None
 
 
 def plans() -> bool:
@@ -176,9 +182,12 @@ def nvrtc_library() -> Path | None:
     raw = NVRTC_LIBRARY.raw()
     if raw is None:
         return None
-    path = Path(raw)
+    path = _path(raw)
     if not path.is_file():
         raise ValueError(f"{NVRTC_LIBRARY.name}={raw!r}: no such file (expected the path of a libnvrtc.so)")
+    if not path.name.startswith("libnvrtc"):
+        # Loaded first, a library that is not NVRTC would be ignored and the wheel's NVRTC used.
+        raise ValueError(f"{NVRTC_LIBRARY.name}={raw!r}: not an NVRTC library (expected libnvrtc.so*)")
     return path
 
 
@@ -205,9 +214,26 @@ def peers_dir() -> Path | None:
     ``<repo>/shared/peers`` (``<repo>`` holds the mlagen package); None if none exists."""
     raw = PEERS_DIR.raw()
     if raw:
-        return Path(raw)
+        return _path(raw)
     repo = Path(__file__).resolve().parent.parent
     for candidate in (repo.parent / "shared" / "peers", repo / "shared" / "peers"):
         if candidate.is_dir():
             return candidate
+    return None
+
+
+# The typed reader of each knob that has one: what `mlagen info` runs to say a value is invalid.
+READERS = {OUT_DIR: out_dir, CACHE_DIR: cache_dir, TUNING_DB: tuning_db, NO_TUNED: no_tuned, NO_SHIPPED: no_shipped,
+           COMPILE_WORKERS: compile_workers, LOG: log_level, NVRTC_LIBRARY: nvrtc_library,
+           CHECK_SEQLENS: check_seqlens, RECORD_SHAPES: record_shapes, HEAD_GROUP: head_group,
+           STAGING_MB: staging_bytes, PLANS: plans, HIP_CLANG: hip_clang, HIP_COMPILER: hip_compiler,
+           PEERS_DIR: peers_dir, FAMILY: forced_family}
+
+
+def problem(knob: Knob) -> str | None:
+    """Why the knob's current value is invalid (its reader's message), or None."""
+    try:
+        READERS[knob]()
+    except ValueError as exc:
+        return str(exc)
     return None

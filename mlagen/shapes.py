@@ -20,6 +20,7 @@ Importing this module imports neither torch nor a GPU library.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
@@ -61,6 +62,7 @@ def parse_shape(text: str, family=None) -> Any:
     """
     if not isinstance(text, str):
         raise ShapeError(f"shape: expected a string, got {type(text).__name__}")
+    _check_numbers(text)
     if family is not None:
         fam = family_for(family)
         try:
@@ -81,6 +83,19 @@ def parse_shape(text: str, family=None) -> Any:
         raise ShapeError(f"shape {text.strip()!r} is ambiguous: {', '.join(f.name for f, _ in found)} all read it; "
                          "name the family (a spec, or 'family:' in a workload file)")
     raise ShapeError(" | ".join(r.replace("\n", " ") for r in reasons))
+
+
+MAX_SHAPE_NUMBER = 1 << 24  # 16M: more tokens, sequences or heads than any kernel call has
+_NUMBER = re.compile(r"\d+")
+
+
+def _check_numbers(text: str) -> None:
+    """Every number in a description is at most MAX_SHAPE_NUMBER: a batch of 2e9 would make the
+    families' per-sequence tuples take gigabytes before any check of theirs could refuse it."""
+    for m in _NUMBER.finditer(text):
+        if len(m.group()) > 9 or int(m.group()) > MAX_SHAPE_NUMBER:
+            raise ShapeError(f"shape {text.strip()[:80]!r}: {m.group()[:20]} is too large (every length, batch and "
+                             f"head count is at most {MAX_SHAPE_NUMBER})")
 
 
 def parse_shapes(text: str | Iterable[str], family=None) -> list:
@@ -170,13 +185,11 @@ def parse_workload(doc, source: str = "<workload>", family=None) -> list[Workloa
 
 def load_workload(path: str | Path, family=None) -> list[WorkloadItem]:
     """Read a workload YAML file (format in the module docstring; ``family`` as :func:`parse_workload`)."""
-    import yaml
+    from .fsutil import InputError, read_yaml
 
-    p = Path(path)
+    p = Path(path).expanduser()
     try:
-        doc = yaml.safe_load(p.read_text())
-    except FileNotFoundError:
-        raise ShapeError(f"{p}: no such workload file") from None
-    except yaml.YAMLError as exc:
-        raise ShapeError(f"{p}: not YAML ({str(exc).splitlines()[0]})") from None
+        doc = read_yaml(p, "workload file")
+    except InputError as exc:
+        raise ShapeError(str(exc)) from None
     return parse_workload(doc, str(p), family)

@@ -101,7 +101,9 @@ def template_path(template: str, spec_path: str | Path) -> Path | None:
 
 
 def _dupe_checking_loader():
-    class Loader(yaml.SafeLoader):
+    from .fsutil import plain_yaml_loader
+
+    class Loader(plain_yaml_loader()):  # no anchors or aliases: no expansion bombs
         pass
 
     def construct_mapping(loader, node, deep=False):
@@ -282,10 +284,36 @@ def from_dict(data: Any, path: str | Path, text: str = "") -> KernelSpec:
         schedule=data.get("schedule"),
         text_hash=hashlib.sha256(text.encode()).hexdigest()[:16] if text else "",
     )
+    _evaluate_defaults(spec, path)
     # The family validates its own parts (e.g. the Hopper schedule) and that its default variant
     # is legal, so a broken spec fails when loaded rather than when first launched.
     families.get(family, path).validate_spec(spec)
     return spec
+
+
+def _evaluate_defaults(spec: KernelSpec, path) -> None:
+    """Evaluate every expression on the default variant of each specialisation, so one that
+    cannot be evaluated (an expression bomb past expr's bounds, a division by zero) is a
+    SpecError naming the file and its key when the spec loads, not a "failed to evaluate" reason
+    on every variant later."""
+    import itertools
+
+    defaults = {t.name: t.default for t in spec.tunables}
+    axes = [k for k, _ in spec.specialize]
+    for combo in itertools.product(*(values for _, values in spec.specialize)):
+        env = {**spec.base_env(), **dict(zip(axes, combo)), **defaults}
+        at = ", ".join(f"{k}={v}" for k, v in zip(axes, combo))
+        named = [(f"derived.{k}", e) for k, e in spec.derived]
+        named += [(f"constraints[{i}].require", c.require) for i, c in enumerate(spec.constraints)]
+        named += [(f"resources.{k}", e) for k, e in spec.resources]
+        for key, e in named:
+            try:
+                value = e(env)
+            except expr.ExprError as exc:
+                raise SpecError(path, key, f"cannot be evaluated on the default variant"
+                                f"{f' ({at})' if at else ''}: {exc}") from None
+            if key.startswith("derived."):
+                env[key.split(".", 1)[1]] = value
 
 
 class _Validator:

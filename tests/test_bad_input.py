@@ -98,7 +98,7 @@ FILE_CASES = [
     ("invalid-yaml", b"name: [unclosed\n", "line", "invalid YAML"),
     ("duplicate-key", b"name: a\nname: b\n", "line 2", "duplicate key 'name'"),
     ("not-utf8", b"name: \xff\xfe mla\n", "", "not UTF-8 text"),
-    ("yaml-aliases", b"a: &a [1]\nb: &b [*a, *a]\nc: [*b, *b]\n", "name", "required key is missing"),
+    ("yaml-aliases", b"a: &a [1]\nb: &b [*a, *a]\nc: [*b, *b]\n", "line 1", "anchors (&name) are not allowed"),
 ]
 
 

@@ -144,9 +144,22 @@ def test_gpu_mode_logic_with_a_stand_in_kernel_and_timer(monkeypatch):
     assert retimed.ok and retimed.tflops == pytest.approx(record.tflops * 0.95) and len(seen) == 2
     others = [s for s in speeds if s.record.key.spec == "mla_prefill_sm90" and s.record != record]
     assert all("no benchmark shape of class" in s.problem for s in others)
+    # On an H200 dispatch uses the H100 records (same architecture): they are measured, and marked
+    # as made on another device (issue 38 point 5).
     other_device = DeviceInfo(0, "NVIDIA H200", (9, 0), 132, "13.0", 232448, 50 << 20)
-    assert check.measure_shipped(0.1, shapes=[shape_of_class], device=torch.device("cpu"), info=other_device,
-                                 timer=lambda fn: fast) == []
+    speeds = check.measure_shipped(0.1, shapes=[shape_of_class], device=torch.device("cpu"), info=other_device,
+                                   timer=lambda fn: fast)
+    [used] = [s for s in speeds if s.record == record]
+    assert used.ok and used.other_device
+    assert all(s.other_device for s in speeds)
+
+
+def test_gpu_mode_without_a_cuda_gpu_is_one_line(monkeypatch):
+    """Issue 42 point 13: `check --gpu` with a CPU-only PyTorch says so (no AssertionError)."""
+    torch = pytest.importorskip("torch")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    result = CliRunner().invoke(cli, ["check", "--gpu"])
+    assert result.exit_code == 1 and "needs a CUDA GPU" in result.output, result.output
 
 
 def test_gpu_mode_finds_a_shape_for_every_shipped_record():

@@ -3,11 +3,13 @@ exit status 130, no traceback (the terminal sends SIGINT to the whole process gr
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -45,3 +47,58 @@ def test_ctrl_c_stops_build_all_within_two_seconds(tmp_path):
     left = subprocess.run(["pgrep", "-a", "-r", "R,S,D,T", "-g", str(proc.pid)], capture_output=True,
                           text=True).stdout.strip()
     assert left == "", f"processes left: {left}"
+
+
+_POOL_SCRIPT = """
+import multiprocessing.resource_tracker as rt, sys, time
+from mlagen.build import compile_pool
+pool = compile_pool(2)
+futures = [pool.submit(time.sleep, 60) for _ in range(2)]
+while len(pool._processes) < 2:
+    time.sleep(0.05)
+time.sleep(1.0)  # the workers have run their initializer
+print(" ".join(str(p) for p in [*pool._processes, rt._resource_tracker._pid]), flush=True)
+time.sleep(120)
+"""
+
+
+def _alive(pid: int) -> bool:
+    import os
+
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+    except OSError:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        return True
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGKILL])
+def test_no_compile_process_outlives_a_killed_parent(sig):
+    """Issue 42 point 11: after SIGTERM, SIGHUP or SIGKILL of the parent (no handler of its own can
+    run for the last), its compile workers and multiprocessing's resource tracker are gone
+    within 2 s."""
+    import os
+    import time
+
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    proc = subprocess.Popen([sys.executable, "-c", _POOL_SCRIPT], stdout=subprocess.PIPE, text=True, env=env,
+                            start_new_session=True)
+    try:
+        pids = [int(x) for x in proc.stdout.readline().split()]
+        assert len(pids) == 3, pids
+        proc.send_signal(sig)
+        proc.wait(10)
+        deadline = time.monotonic() + 2.0
+        while time.monotonic() < deadline and any(_alive(p) for p in pids):
+            time.sleep(0.05)
+        left = [p for p in pids if _alive(p)]
+        assert not left, f"still alive 2 s after {sig.name}: {left}"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)

@@ -148,3 +148,39 @@ def test_head_group(clean_env):
         clean_env.setenv("MLAGEN_HEAD_GROUP", bad)
         with pytest.raises(ValueError, match=f"MLAGEN_HEAD_GROUP='{bad}': expected a positive integer"):
             knobs.head_group()
+
+
+def test_path_knobs_expand_the_home_directory(monkeypatch, tmp_path):
+    """Issue 42 point 15: MLAGEN_OUT_DIR=~/x means the home directory's x, not a directory named ~."""
+    from mlagen import knobs
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("MLAGEN_OUT_DIR", "~/out")
+    monkeypatch.setenv("MLAGEN_TUNING_DB", "~/t.sqlite")
+    monkeypatch.delenv("MLAGEN_CACHE_DIR", raising=False)
+    assert knobs.out_dir() == tmp_path / "out" and knobs.cache_dir() == tmp_path / "out" / "cache"
+    assert knobs.tuning_db() == tmp_path / "t.sqlite"
+
+
+def test_a_library_that_is_not_nvrtc_is_refused(monkeypatch, tmp_path):
+    from mlagen import knobs
+
+    other = tmp_path / "libz.so.1"
+    other.write_bytes(b"\x7fELF")
+    monkeypatch.setenv("MLAGEN_NVRTC_LIBRARY", str(other))
+    with pytest.raises(ValueError, match="MLAGEN_NVRTC_LIBRARY=.*not an NVRTC library"):
+        knobs.nvrtc_library()
+
+
+def test_info_says_which_values_are_invalid_and_survives_a_bad_log_level(monkeypatch):
+    from click.testing import CliRunner
+
+    from mlagen.cli import cli
+
+    monkeypatch.setenv("MLAGEN_NO_TUNED", "maybe")
+    monkeypatch.setenv("MLAGEN_LOG", "loud")
+    result = CliRunner().invoke(cli, ["info"])
+    assert result.exit_code == 0, result.output
+    assert "INVALID: MLAGEN_NO_TUNED='maybe': expected 0 or 1" in result.output
+    assert "INVALID: MLAGEN_LOG='loud'" in result.output
+    assert CliRunner().invoke(cli, ["specs"]).exit_code == 1  # other commands refuse the bad level

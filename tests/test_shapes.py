@@ -270,3 +270,28 @@ def test_workload_of_another_family(tmp_path):
     path.write_text("shapes: [S1]\n")   # no family: the caller's reads the shapes
     with pytest.raises(ShapeError, match=r"shapes\[0\].shape: unknown shape id 'S1'; choose from D1"):
         shapes.load_workload(path, "mla_prefill")
+
+
+def test_a_yaml_bomb_in_a_workload_is_refused_at_once(tmp_path):
+    """Issue 42 point 14: anchors and aliases are refused before anything expands."""
+    import time
+
+    lines = ["a: &a [x, x, x, x, x, x, x, x, x]"]
+    lines += [f"{chr(98 + i)}: &{chr(98 + i)} [*{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, "
+              f"*{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}]" for i in range(9)]
+    lines += ["family: *j", "shapes: [D1]"]
+    path = tmp_path / "bomb.yaml"
+    path.write_text("\n".join(lines) + "\n")
+    start = time.monotonic()
+    with pytest.raises(ShapeError, match=f"{path}: line 1: not YAML \\(anchors"):
+        shapes.load_workload(path)
+    assert time.monotonic() - start < 1.0
+
+
+def test_a_non_utf8_workload_names_its_file(tmp_path):
+    path = tmp_path / "latin1.yaml"
+    path.write_bytes("family: mla_prefill\nshapes: [D1]  # caf\xe9\n".encode("latin-1"))
+    with pytest.raises(ShapeError, match=f"{path}: not UTF-8 text"):
+        shapes.load_workload(path)
+    with pytest.raises(ShapeError, match="/dev/zero: not a regular file"):
+        shapes.load_workload("/dev/zero")

@@ -380,3 +380,17 @@ def test_messages_say_what_is_allowed():
     # Every message of the cases above that rejects a value names the allowed ones.
     text = fails(mutate(_set(["tune", "swizzle", "default"], "none")), SPEC80, "tune.swizzle.default")
     assert re.search(r"'none' is not one of \['pad', 'xor'\]", text)
+
+
+@pytest.mark.parametrize("bomb", ["(10**64)**64 > 0", "'x' * 1000 * 1000 == 'x'", "block_m // (block_m - block_m) > 0"])
+def test_an_expression_bomb_names_the_file_and_key(tmp_path, bomb):
+    """Issue 38 point 7: an expression that cannot be evaluated fails the load, naming the file
+    and the key, not every variant later with a reason that names neither."""
+    text = (paths.specs_dir() / "mla_prefill_sm80.yaml").read_text()
+    text = re.sub(r"^constraints:\n", f"constraints:\n  - require: \"{bomb}\"\n    message: boom\n", text, count=1,
+                  flags=re.MULTILINE)
+    path = tmp_path / "mla_prefill_sm80.yaml"
+    path.write_text(text)
+    with pytest.raises(SpecError) as info:
+        spec.load(path)
+    assert str(info.value).startswith(f"{path}: constraints[0].require: "), str(info.value)

@@ -199,12 +199,16 @@ def named_paths(text: str) -> set[str]:
     spans = re.findall(r"`([^`\n]+)`", text) + re.findall(r"\]\(([^)\s#]+)", text)
     top = {p.name for p in ROOT.iterdir()} - {"out", ".git"}
     found = set()
-    for s in spans:
-        s = s.strip()
-        if not PATH_TOKEN.fullmatch(s) or "://" in s or re.fullmatch(r"[\d.]+", s):
-            continue
-        if s.endswith(PATH_EXT) or ("/" in s and (s.split("/")[0] in top or s.startswith("../"))):
-            found.add(s)
+    for span in spans:
+        tokens = span.split()
+        for s in tokens:
+            if not PATH_TOKEN.fullmatch(s) or re.fullmatch(r"[\d.]+", s):
+                continue
+            rooted = "/" in s and (s.split("/")[0] in top or s.startswith("../"))
+            # A lone span may be a file named by its name; inside a command only rooted paths are the
+            # repository's (`--workload shapes.yaml` names the user's file).
+            if rooted or (len(tokens) == 1 and s.endswith(PATH_EXT)):
+                found.add(s)
     return found
 
 

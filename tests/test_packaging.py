@@ -179,3 +179,83 @@ def test_ci_runs_the_readme_test_command():
     test_command = readme_blocks()[1].strip()
     lines = [line.strip() for line in text.splitlines()]
     assert test_command in lines, f"{test_command!r} is not a line of .ci/run"
+
+
+# --- the documents a user reads -------------------------------------------------------------
+
+
+def user_docs() -> list[Path]:
+    return [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+
+
+# Inline code and link targets that name a file or folder: a relative path with a known extension, or one
+# that starts at a top-level entry of the repository. Placeholders (<out>, *, {a,b}) are not paths.
+PATH_TOKEN = re.compile(r"[A-Za-z0-9_.\-]+(?:/[A-Za-z0-9_.\-]+)*/?")
+PATH_EXT = (".md", ".py", ".yaml", ".yml", ".json", ".sh", ".cuh", ".cu", ".j2", ".toml", ".txt", ".log", ".patch")
+
+
+def named_paths(text: str) -> set[str]:
+    text = re.sub(r"```.*?```", "", text, flags=re.S)  # commands are checked by the tests above
+    spans = re.findall(r"`([^`\n]+)`", text) + re.findall(r"\]\(([^)\s#]+)", text)
+    top = {p.name for p in ROOT.iterdir()} - {"out", ".git"}
+    found = set()
+    for span in spans:
+        tokens = span.split()
+        for s in tokens:
+            if not PATH_TOKEN.fullmatch(s) or re.fullmatch(r"[\d.]+", s):
+                continue
+            rooted = "/" in s and (s.split("/")[0] in top or s.startswith("../"))
+            # A lone span may be a file named by its name; inside a command only rooted paths are the
+            # repository's (`--workload shapes.yaml` names the user's file).
+            if rooted or (len(tokens) == 1 and s.endswith(PATH_EXT)):
+                found.add(s)
+    return found
+
+
+def test_every_path_the_docs_name_exists():
+    tracked = source_files()
+    missing = []
+    for doc in user_docs():
+        for p in sorted(named_paths(doc.read_text())):
+            rel = p.rstrip("/")
+            here = [(ROOT / rel), (doc.parent / rel)]
+            if any(h.resolve().is_relative_to(ROOT) and h.exists() for h in here):
+                continue
+            if doc.name != "README.md" and "/" not in rel and not rel.startswith(".."):
+                if any(Path(f).name == rel for f in tracked):  # a module or header named by its file name
+                    continue
+            if doc.name != "README.md" and not rel.startswith(".."):
+                if any(f.endswith("/" + rel) or f.startswith(rel + "/") for f in tracked):
+                    continue  # a header named from its include directory
+            missing.append(f"{doc.relative_to(ROOT)}: {p}")
+    assert missing == [], "the docs name paths a clone of the repository does not have:\n" + "\n".join(missing)
+
+
+# A result is dated by its date and commit, not by which working session or which device call made it.
+ORDINAL = re.compile(
+    r"\b(?:first|second|third|fourth|fifth|sixth|seventh|eighth|ninth|tenth|eleventh|twelfth|thirteenth|"
+    r"fourteenth|fifteenth|sixteenth|seventeenth|eighteenth|nineteenth|twentieth|twenty-\w+)\s+sessions?\b"
+    r"|\bsessions?\s+\d+"
+    r"|\bcalls?\s+[a-n](?:\s*(?:[-–,]|and)\s*[a-n])*(?=[),;:.]|\s*\))"
+    r"|\(calls?\s+[a-n](?:\s*[-–,]\s*[a-n])*(?=[,;:)])"
+    r"|\bs\d{1,2}-h[12]00\b",
+    re.I)
+
+
+def test_docs_date_results_by_date_and_commit():
+    hits = []
+    for doc in user_docs():
+        text = doc.read_text()  # whole, so an ordinal broken over two lines is found too
+        hits += [f"{doc.relative_to(ROOT)}:{text.count(chr(10), 0, m.start()) + 1}: {m.group(0)!r}"
+                 for m in ORDINAL.finditer(text)]
+    assert hits == [], (f"{len(hits)} mentions date results by a session ordinal or a call letter instead of a "
+                        "date and a commit:\n" + "\n".join(hits[:40]))
+
+
+def test_the_ordinal_check_catches_what_it_is_for():
+    for bad in ("the twenty-third session's tables", "(call f)", "calls a-c, one machine", "session 21's tuner",
+                "call e,", "data/s22-h200-2026-11-28/", "(call d, `bench_fp8`", "the ninth\nsession"):
+        assert ORDINAL.search(bad), bad
+    for fine in ("the call a user writes", "a call that could need more", "the default call stages the rows",
+                 "(call a kernel by name)"):
+        assert not ORDINAL.search(fine), fine

@@ -8,7 +8,8 @@ process's own start and exit are added as constants. It prints the wall time of 
 each number of GPUs and their ratio to one GPU, and whether the trials were the same.
 
 Every cost is an option. The defaults, and where they come from (the 2x H200 logs of
-2026-11-23 are ``docs/data/tune-2gpu-h200-2026-11-23/``):
+2026-11-23 were ``docs/data/tune-2gpu-h200-2026-11-23/``, removed from the tree since; commit 85d2397
+has them):
 
 - kernel times: a synthetic landscape whose random samples spread like the logs' global stage
   (about 4.4 to 10 ms, median 6);

@@ -1,6 +1,0 @@
-#!/usr/bin/env bash
-# Session 15 H100 call n: the D1 FP8 record with diagonal=half against itself (diagonal=full) and dispatched.
-export PYTHONUNBUFFERED=1 MLAGEN_OUT_DIR=/tmp/mlo PYTHONPATH=$PWD
-# call n: timeout 400 python3 -m mlagen.bench_fp8 --shapes D1 --rounds 7 --variant block_n=96,cluster=1,consumer_regs=160,consumers=3,epilogue=direct,load_warps=1,order=none,overlap=true,producer_regs=24,pv_wait=late,q_operand=smem,rescale=lazy,scheduler=dynamic,stages=3,swizzle_k=64,swizzle_q=64,swizzle_v=32,diagonal=full --variant block_n=96,cluster=1,consumer_regs=160,consumers=3,epilogue=direct,load_warps=1,order=none,overlap=true,producer_regs=24,pv_wait=late,q_operand=smem,rescale=lazy,scheduler=dynamic,stages=3,swizzle_k=64,swizzle_q=64,swizzle_v=32,diagonal=half 2>&1 | grep -v "^ *warn" | tee $OUT/n-bench-fp8-diag.log
-# call o: the same, 15 rounds, the half variant against the dispatched record only
-timeout 400 python3 -m mlagen.bench_fp8 --shapes D1 --rounds 15 --variant block_n=96,cluster=1,consumer_regs=160,consumers=3,epilogue=direct,load_warps=1,order=none,overlap=true,producer_regs=24,pv_wait=late,q_operand=smem,rescale=lazy,scheduler=dynamic,stages=3,swizzle_k=64,swizzle_q=64,swizzle_v=32,diagonal=half 2>&1 | grep -v "^ *warn" | tee $OUT/o-bench-fp8-diag.log

@@ -1,1 +1,0 @@
-V="o_flush=1,o_copy=smem o_flush=2,o_copy=smem o_flush=4,o_copy=smem consumers=2,consumer_regs=232 consumers=2,consumer_regs=232,o_flush=1 consumers=2,consumer_regs=232,o_flush=2 consumers=2,consumer_regs=232,o_flush=4"

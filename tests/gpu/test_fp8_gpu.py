@@ -249,7 +249,7 @@ def _fp8_case(lq, lk, heads, rope="shared", strided=False, seed=0):
 
 
 def _check_fp8_call(a, causal=True, scale=None, out=None):
-    from mlagen.families.mla_prefill import reference as ref_fn
+    from mlagen.families.mla_prefill.reference import reference as ref_fn
     from mlagen.families.mla_prefill.reference import FP8_REL_TOL, LSE_TOL
 
     got, lse = mlagen.mla_prefill(**a, causal=causal, softmax_scale=scale, out=out, kernel="mla_prefill_sm90_fp8")

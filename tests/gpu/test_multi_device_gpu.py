@@ -25,7 +25,7 @@ SCRIPT = textwrap.dedent('''
     import mlagen
     from mlagen import operands
     from mlagen.families.mla_sparse_prefill import reference as sp_ref
-    from mlagen.families.mla_prefill import reference as dense_ref  # the package re-exports the function
+    from mlagen.families.mla_prefill.reference import reference as dense_ref
 
     current, other = int(sys.argv[1]), int(sys.argv[2])
     torch.cuda.set_device(current)

@@ -281,7 +281,7 @@ FEASIBLE_SEARCH = 400  # variants `build` tries per specialisation for one that 
 
 def _build_variants(s, targets, assignments, all_variants, max_variants) -> list:
     """The variants of spec ``s`` that ``mlagen build`` compiles (see its help)."""
-    from . import arch
+    from . import arch, resources
     from . import variant as variant_mod
 
     for t in targets:
@@ -302,7 +302,7 @@ def _build_variants(s, targets, assignments, all_variants, max_variants) -> list
         # The spec's default where it fits the first target, else the nearest variant that does
         # (changing only tunables the user left free), as `mlagen check` builds; a specialisation
         # no variant can serve (an FP8 row format of another head dimension) is left out.
-        found = variant_mod.nearest_feasible(v, arch.target(targets[0]), keep=fixed, limit=FEASIBLE_SEARCH)
+        found = resources.nearest_feasible(v, arch.target(targets[0]), keep=fixed, limit=FEASIBLE_SEARCH)
         if found is None and not fixed:
             unserved.append(" ".join(f"{k}={x}" for k, x in zip(axes, combo)))
             continue

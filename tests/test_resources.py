@@ -145,8 +145,9 @@ def test_every_failing_constraint_is_a_reason():
 
 
 def test_resource_model_that_fails_to_evaluate_prunes():
-    s = spec80_with(smem_bytes="ceil_div(block_m, warps - warps)")
-    verdict = resources.check(variant.default(s), SM80)
+    # Fails for block_m 64 only: a spec whose model fails on its default is refused at load (test_spec).
+    s = spec80_with(smem_bytes="ceil_div(block_m, block_m - 64)")
+    verdict = resources.check(variant.default(s).with_values(block_m=64, warps=4), SM80)
     assert not verdict.ok and verdict.resources is None
     assert verdict.reasons[-1].startswith("resource model failed: ")
 

@@ -231,6 +231,23 @@ def test_causal_is_bottom_right_aligned():
     assert lse[0, 0].item() == pytest.approx(torch.logsumexp(s, 0).item(), rel=1e-12)
 
 
+def test_sm90_lpt_order(monkeypatch):
+    """The sm90 launcher asks for the longest-first sequence order on batches of 2 to 32 sequences
+    (one per lane of the kernel's search), not on one sequence or past 32; MLAGEN_SEQ_ORDER=batch
+    turns it off, and another value is refused naming the knob."""
+    import types
+
+    from mlagen.families.mla_prefill.tma import lpt_order
+
+    monkeypatch.delenv("MLAGEN_SEQ_ORDER", raising=False)
+    assert [lpt_order(types.SimpleNamespace(batch=b)) for b in (1, 2, 16, 32, 33)] == [0, 1, 1, 1, 0]
+    monkeypatch.setenv("MLAGEN_SEQ_ORDER", "batch")
+    assert lpt_order(types.SimpleNamespace(batch=16)) == 0
+    monkeypatch.setenv("MLAGEN_SEQ_ORDER", "longest")
+    with pytest.raises(ValueError, match="MLAGEN_SEQ_ORDER='longest'"):
+        lpt_order(types.SimpleNamespace(batch=16))
+
+
 def test_sm90_head_group(monkeypatch):
     """Heads per group of the sm90 tile order: 8 (at most the head count) on causal problems
     without a long prefix on the dynamic or static scheduler, else 1; MLAGEN_HEAD_GROUP overrides."""

@@ -72,6 +72,7 @@ struct Params {
   int* tile_counter;
   int num_virtual_tiles;
   int head_group;
+  int lpt_order;
   int rope_shared;
   mlagen::u16* out;
   float* lse;

@@ -51,6 +51,7 @@ TMA_PARAMS = abi.ParamStruct("Params", (
     abi.Field("tile_counter", "int*"),
     abi.Field("num_virtual_tiles", "int"),
     abi.Field("head_group", "int"),
+    abi.Field("lpt_order", "int"),
     abi.Field("rope_shared", "int"),
 ) + _COMMON_FIELDS)
 

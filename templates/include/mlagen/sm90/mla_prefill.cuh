@@ -201,7 +201,7 @@ __device__ __forceinline__ QueryTile query_tile(const Params& p, int t, int& hea
   const int v = i / heads;
   head = first_head + (i - v * heads);
   const QueryTile whole = locate_tile<Cfg::kBlockM * Cfg::kCluster, Cfg::kBlockN, Cfg::kCausal>(
-      p.cu_seqlens_q, p.cu_seqlens_k, p.total_q, p.total_k, p.batch, v);
+      p.cu_seqlens_q, p.cu_seqlens_k, p.total_q, p.total_k, p.batch, v, p.lpt_order != 0);
   kv_blocks = whole.n_blocks;
   if constexpr (Cfg::kCluster == 1) return whole;
   return split_tile<Cfg::kBlockM, Cfg::kBlockN, Cfg::kCausal>(whole, static_cast<int>(cluster_cta_rank()));

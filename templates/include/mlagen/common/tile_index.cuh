@@ -129,21 +129,18 @@ __device__ __forceinline__ void set_key_range(QueryTile& t) {
 
 // Map virtual tile v to its query tile. Within a sequence, tiles are visited longest-first when
 // causal (the last rows see the most keys), so a grid walked in order balances itself.
-// With `lpt` (a launch parameter) and at most 32 sequences, sequences are taken longest-first
-// (find_sequence_lpt), else in batch order.
-template <int BLOCK_M, int BLOCK_N, bool CAUSAL>
+// With LPT the sequences are taken longest-first (find_sequence_lpt: cu_q given, at most 32
+// sequences, the caller checks), else in batch order.
+template <int BLOCK_M, int BLOCK_N, bool CAUSAL, bool LPT = false>
 __device__ __forceinline__ QueryTile locate_tile(const int* cu_q, const int* cu_k, int total_q, int total_k,
-                                                 int batch, int v, bool lpt = false) {
+                                                 int batch, int v) {
   QueryTile t;
-  int b, local;
-  if (lpt && cu_q != nullptr && batch <= 32) {
-    b = find_sequence_lpt<BLOCK_M>(cu_q, cu_k, total_q, total_k, batch, v, local);
-  } else {
-    b = find_sequence<BLOCK_M>(cu_q, batch, v);
-    local = cu_q == nullptr ? v : v - virtual_tile_start<BLOCK_M>(cu_q, b);
-  }
+  int lpt_local = 0;
+  const int b = LPT ? find_sequence_lpt<BLOCK_M>(cu_q, cu_k, total_q, total_k, batch, v, lpt_local)
+                    : find_sequence<BLOCK_M>(cu_q, batch, v);
   t.batch = b;
   t.seq = load_seq(cu_q, cu_k, total_q, total_k, b);
+  const int local = LPT ? lpt_local : cu_q == nullptr ? v : v - virtual_tile_start<BLOCK_M>(cu_q, b);
   const int m_tiles = ceil_div(t.seq.len_q, BLOCK_M);
   if (local < 0 || local >= m_tiles) {  // local < 0 only for unchecked, invalid offsets
     t.rows = 0;

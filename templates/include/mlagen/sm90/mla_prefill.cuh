@@ -200,8 +200,13 @@ __device__ __forceinline__ QueryTile query_tile(const Params& p, int t, int& hea
   const int i = t - first_head * p.num_virtual_tiles;
   const int v = i / heads;
   head = first_head + (i - v * heads);
-  const QueryTile whole = locate_tile<Cfg::kBlockM * Cfg::kCluster, Cfg::kBlockN, Cfg::kCausal>(
-      p.cu_seqlens_q, p.cu_seqlens_k, p.total_q, p.total_k, p.batch, v, p.lpt_order != 0);
+  // The launcher asks for the longest-first order only where find_sequence_lpt applies (tma.py: lpt_order).
+  constexpr int kRows = Cfg::kBlockM * Cfg::kCluster;
+  const QueryTile whole =
+      p.lpt_order ? locate_tile<kRows, Cfg::kBlockN, Cfg::kCausal, true>(p.cu_seqlens_q, p.cu_seqlens_k, p.total_q,
+                                                                          p.total_k, p.batch, v)
+                  : locate_tile<kRows, Cfg::kBlockN, Cfg::kCausal>(p.cu_seqlens_q, p.cu_seqlens_k, p.total_q,
+                                                                    p.total_k, p.batch, v);
   kv_blocks = whole.n_blocks;
   if constexpr (Cfg::kCluster == 1) return whole;
   return split_tile<Cfg::kBlockM, Cfg::kBlockN, Cfg::kCausal>(whole, static_cast<int>(cluster_cta_rank()));

@@ -241,10 +241,12 @@ def dequantize(cache, fmt: KvFormat, *, round_bf16: bool = False):
     """Rows of a quantized cache as ``[N, d_qk]`` float32: ``float32(e4m3) * scale`` per value
     (fp32 product), rope as stored. With ``round_bf16`` the result is rounded to bf16 (round to
     nearest even) and returned as bf16: exactly what the ``bf16`` compute mode holds in shared
-    memory. ``cache``: uint8 ``[..., row_bytes]`` (any leading shape), or for a ``page_scales``
-    format any form :func:`page_pool` takes (rows ``block * page_size + offset``)."""
+    memory. ``cache``: uint8 (or float8_e4m3fn) ``[..., row_bytes]`` (any leading shape), or for a
+    ``page_scales`` format any form :func:`page_pool` takes (rows ``block * page_size + offset``)."""
     import torch
 
+    if cache.dtype == torch.float8_e4m3fn:
+        cache = cache.view(torch.uint8)   # the same bytes (FlashMLA's quantize_k_cache types them so)
     if fmt.page_scales:
         pages, ps = _pages(cache, fmt)
         blocks = pages.shape[0]

@@ -219,6 +219,11 @@ def test_cache_forms_map_onto_paged_rows():
     wide = torch.zeros(4, 40000, dtype=torch.uint8)[:, :37440]          # pages in wider slots
     assert _layout(wide) == (256, 64, 576, 40000)
     assert _layout(torch.zeros(5, 64, 584, dtype=torch.uint8)) == (320, 64, 576, 64 * 584)   # packed pages
+    # FlashMLA's quantize_k_cache types its bytes float8_e4m3fn: the same bytes are taken.
+    fm = pool.view(torch.float8_e4m3fn).as_strided((5, 64, 1, 584), (37440, 584, 584, 1))
+    kv, *rest = sp_call.kv_layout(fm, V4)
+    assert kv.dtype == torch.uint8 and kv.data_ptr() == pool.data_ptr() and tuple(rest) == (320, 64, 576, 37440)
+    assert torch.equal(operands.dequantize(fm, V4), operands.dequantize(pool, V4))
 
 
 @pytest.mark.parametrize("kv, exc, match", [

@@ -34,13 +34,15 @@ SCALE = 512 ** -0.5
 
 def _cache(rows, page_size: int, form: str):
     """rows [N, 512] as a V4 cache in ``form``: the pool [blocks, page_bytes], FlashMLA's view
-    [blocks, page_size, 1, 584] of it, or pages in slots 1152 bytes wider than a page."""
+    [blocks, page_size, 1, 584] of it (uint8, or float8_e4m3fn as FlashMLA types it), or pages in
+    slots 1152 bytes wider than a page."""
     pool = operands.quantize(rows, V4, page_size=page_size)
     if form == "pool":
         return pool
-    if form == "4d":
-        return pool.as_strided((pool.shape[0], page_size, 1, V4.token_bytes), (pool.stride(0), V4.token_bytes,
-                                                                              V4.token_bytes, 1))
+    if form in ("4d", "4d_e4m3"):   # FlashMLA's quantize_k_cache returns this view, typed float8_e4m3fn
+        view = pool.as_strided((pool.shape[0], page_size, 1, V4.token_bytes), (pool.stride(0), V4.token_bytes,
+                                                                               V4.token_bytes, 1))
+        return view.view(torch.float8_e4m3fn) if form == "4d_e4m3" else view
     slots = torch.zeros((pool.shape[0], pool.shape[1] + 1152), dtype=torch.uint8, device=pool.device)
     slots[:, :pool.shape[1]] = pool
     return slots[:, :pool.shape[1]]
@@ -88,12 +90,12 @@ def _check(case: dict, seed: int, kernel) -> None:
 
 def _cases() -> list[dict]:
     cases, i = [], 0
-    forms, pages = ["pool", "4d", "wide"], [64, 37, 64, 1]
+    forms, pages = ["pool", "4d", "wide", "4d_e4m3"], [64, 37, 64, 1]
     sinks = ["none", "finite", "+inf", "-inf", "mixed"]
     for heads in (1, 16, 64, 128):
         for topk in (1, 129, 640, 1152):
             cases.append({"sq": 9 if topk >= 640 else 13, "heads": heads, "topk": topk,
-                          "n": 2000 if pages[i % 4] > 1 else 700, "page": pages[i % 4], "form": forms[i % 3],
+                          "n": 2000 if pages[i % 4] > 1 else 700, "page": pages[i % 4], "form": forms[i % 4 if i % 8 < 4 else (i + 1) % 4],
                           "sink": sinks[i % 5], "topk_length": [None, "short", "long"][i % 3], "idx3": i % 2 == 1})
             i += 1
     cases.append({"sq": 5, "heads": 64, "topk": 640, "n": 3000, "page": 64, "form": "pool", "sink": "finite",
@@ -175,8 +177,8 @@ def test_d_qk_576_and_bad_pools_are_refused_by_name():
     q = torch.zeros((2, 4, 576), dtype=torch.bfloat16, device="cuda")
     with pytest.raises(ValueError, match=r"q: last dimension \(d_qk\) must be 512 for kv_format 'fp8_v4'"):
         mlagen.mla_sparse_prefill(q, pool, idx, softmax_scale=0.1, kv_format="fp8_v4")
-    with pytest.raises(ValueError, match="kv: a fp8_v4 pool"):
-        mlagen.mla_sparse_prefill(q[..., :512], pool[:, :-576], idx, softmax_scale=0.1, kv_format="fp8_v4")
+    with pytest.raises(ValueError, match=r"kv: a fp8_v4 pool \[num_blocks, page_bytes\] must have page_bytes"):
+        mlagen.mla_sparse_prefill(q[..., :512], pool[:, :-16], idx, softmax_scale=0.1, kv_format="fp8_v4")
 
 
 def test_v4_cache_through_the_torch_op_and_graph_capture():

@@ -93,6 +93,8 @@ def kv_layout(kv, fmt: operands.KvFormat, device=None):
     import torch
 
     dtype = torch.uint8 if fmt.quantized else torch.bfloat16
+    if fmt.quantized and isinstance(kv, torch.Tensor) and kv.dtype == torch.float8_e4m3fn:
+        kv = kv.view(torch.uint8)   # the same bytes: FlashMLA's quantize_k_cache returns its cache typed so
     if isinstance(kv, torch.Tensor) and kv.dtype != dtype:
         _fail("kv", f"dtype must be {dtype} for kv_format {fmt.name!r}, got {kv.dtype}", ArgumentTypeError)
     _check_tensor(torch, kv, "kv", dtype, (2, 3, 4) if fmt.quantized else (2, 3), device)

@@ -181,17 +181,18 @@ def test_d_qk_576_and_bad_pools_are_refused_by_name():
         mlagen.mla_sparse_prefill(q[..., :512], pool[:, :-16], idx, softmax_scale=0.1, kv_format="fp8_v4")
 
 
-def test_v4_cache_through_the_torch_op_and_graph_capture():
+def test_v4_cache_in_graph_capture():
+    """The staged call (the compacted route: 1024 pool rows under 10240 references) captured and
+    replayed equals the eager call; nothing reads back to the host."""
     inp = sp_ref.make_inputs({"sq": 16, "heads": 64, "topk": 640, "s_kv": 1000, "d_qk": 512,
                               "kv_format": "fp8_v4"}, "cuda", seed=8)
     assert inp["kv"].shape == (16, 37440)
     eager = mlagen.mla_sparse_prefill(**inp)
-    compiled = torch.compile(lambda **kw: mlagen.mla_sparse_prefill(**kw), fullgraph=True)(**inp)
     g = torch.cuda.CUDAGraph()
     torch.cuda.synchronize()
     with torch.cuda.graph(g):
         captured = mlagen.mla_sparse_prefill(**inp)
     g.replay()
     torch.cuda.synchronize()
-    for a, b, c in zip(eager, compiled, captured):
-        assert torch.equal(a, b) and torch.equal(a, c)
+    for a, b in zip(eager, captured):
+        assert torch.equal(a, b)

@@ -64,9 +64,15 @@ class ProblemKey:
         return abs(math.log2(self.heads) - math.log2(other.heads)) + abs(math.log2(self.topk) - math.log2(other.topk))
 
 
+def is_paged(call) -> bool:
+    """Whether a Call's or Shape's cache is read as a pool of strided pages: a page size, or a
+    format whose scales sit after each page's rows (fp8_v4: always a pool of pages)."""
+    return getattr(call, "page_size", 0) > 0 or bool(operands.get(getattr(call, "kv_format", "bf16")).page_scales)
+
+
 def problem_key(call) -> ProblemKey:
     """The shape class of a Call or a Shape."""
-    paged = getattr(call, "page_size", 0) > 0
+    paged = is_paged(call)
     return ProblemKey(call.d_qk, _pow2_ceil(call.heads), _pow2_ceil(max(call.topk, 1)), "paged" if paged else "flat",
                       getattr(call, "kv_format", "bf16"))
 

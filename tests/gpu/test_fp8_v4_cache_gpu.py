@@ -94,9 +94,11 @@ def _cases() -> list[dict]:
     sinks = ["none", "finite", "+inf", "-inf", "mixed"]
     for heads in (1, 16, 64, 128):
         for topk in (1, 129, 640, 1152):
-            cases.append({"sq": 9 if topk >= 640 else 13, "heads": heads, "topk": topk,
-                          "n": 2000 if pages[i % 4] > 1 else 700, "page": pages[i % 4], "form": forms[i % 4 if i % 8 < 4 else (i + 1) % 4],
-                          "sink": sinks[i % 5], "topk_length": [None, "short", "long"][i % 3], "idx3": i % 2 == 1})
+            page = pages[i % 4]
+            form = forms[i % 4 if i % 8 < 4 else (i + 1) % 4]   # every form with each page size
+            cases.append({"sq": 9 if topk >= 640 else 13, "heads": heads, "topk": topk, "n": 2000 if page > 1 else 700,
+                          "page": page, "form": form, "sink": sinks[i % 5],
+                          "topk_length": [None, "short", "long"][i % 3], "idx3": i % 2 == 1})
             i += 1
     cases.append({"sq": 5, "heads": 64, "topk": 640, "n": 3000, "page": 64, "form": "pool", "sink": "finite",
                   "invalid": 0.0, "spread": 6.0})       # scales 2^-20 .. 2^20, all entries valid

@@ -224,7 +224,10 @@ def _pages(cache, fmt: KvFormat):
     """(pages [num_blocks, page_size * token_bytes] uint8 view, page size) of a ``page_scales``
     cache in any form :func:`page_pool` takes."""
     blocks = cache.shape[0]
-    _, page_size, stride = page_pool(tuple(cache.shape), tuple(cache.stride()), fmt)
+    try:
+        _, page_size, stride = page_pool(tuple(cache.shape), tuple(cache.stride()), fmt)
+    except ValueError as exc:
+        raise ValueError(f"kv: {exc}") from None
     return cache.as_strided((blocks, page_size * fmt.token_bytes), (stride, 1)), page_size
 
 
@@ -271,8 +274,8 @@ def dequantize(cache, fmt: KvFormat, *, round_bf16: bool = False):
 #: it (DeepSeek-V3.2's quantizer: its scales are UE8M0-representable).
 SCALE_FORMATS = ("fp32", "ue8m0")
 
-#: The smallest scale a UE8M0 format's quantizer picks before rounding up (FlashMLA's and
-#: DeepSeek's quantizers: 1e-4, so a block with amax below 448e-4 gets the scale 2^-13).
+#: The smallest scale a UE8M0 format's quantizer picks before rounding up (FlashMLA's
+#: quantize_k_cache: 1e-4, so a block with amax below 448e-4 gets the scale 2^-13).
 UE8M0_SCALE_FLOOR = 1e-4
 
 

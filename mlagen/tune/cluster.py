@@ -2,12 +2,15 @@
 
 The search, the trial runner, the final re-timing and the records are the local tuner's
 (:func:`mlagen.tune.loop.tune_class` with a :class:`mlagen.tune.runner.TrialRunner`); only where
-the work runs changes. Compiles (:func:`mlagen.build._compile_one`, the local pool's task) run on
-any worker of the cluster. Measurements run only on workers that declare a GPU
-(``dask worker ... --resources "GPU=1"``), each in a :class:`mlagen.tune.worker.GpuWorker` process
-that the Dask worker keeps between measurements (its timeout and restart after a crash or hang
-as on one host). Before a tune the client asks each GPU worker which GPU it holds, and groups
-them by kind (device name and SM count); every record is keyed by, and measured on, its kind.
+the work runs changes. Compiles (:func:`mlagen.build._compile_one`, the local pool's task) go
+through the local tuner's :class:`mlagen.build.CompileQueue`, each a task on a worker with a
+free compile slot (:class:`PlacedCompiles`: never the thread a GPU worker measures on).
+Measurements run only on workers that declare a GPU (``dask worker ... --resources "GPU=1"``),
+each in a :class:`mlagen.tune.worker.GpuWorker` process that the Dask worker starts as a class
+begins (:func:`warm`) and keeps between measurements (its timeout and restart after a crash or
+hang as on one host). Before a tune the client asks each GPU worker which GPU it holds, and
+groups them by kind (device name and SM count); every record is keyed by, and measured on, its
+kind.
 
 Failures are data here too: a compile task whose worker dies is run again on another by Dask
 (a compile is deterministic); a measurement whose worker dies or does not answer in time is a

@@ -208,7 +208,7 @@ def threaded():
     workers = {"gpu": {"cls": distributed.Worker, "options": {"nthreads": 2, "resources": {"GPU": 1},
                                                               "dashboard": False}},
                "cpu": {"cls": distributed.Worker, "options": {"nthreads": 1, "dashboard": False}}}
-    scheduler = {"cls": distributed.Scheduler, "options": {"dashboard_address": None}}
+    scheduler = {"cls": distributed.Scheduler, "options": {"dashboard": False}}
     with distributed.SpecCluster(workers=workers, scheduler=scheduler, silence_logs=40) as sc, \
             distributed.Client(sc) as c:
         c.wait_for_workers(2)

@@ -228,7 +228,7 @@ def main(argv=None) -> int:
     workers = {"gpu0": {"cls": distributed.Nanny, "options": {"nthreads": args.gpu_threads, "resources": {"GPU": 1}}}}
     workers.update({f"cpu{i}": {"cls": distributed.Nanny, "options": {"nthreads": args.threads}}
                     for i in range(args.cpu_workers)})
-    scheduler = {"cls": distributed.Scheduler, "options": {"dashboard_address": None}}
+    scheduler = {"cls": distributed.Scheduler, "options": {"dashboard": False}}
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
         local_wall, local = run_local(args, costs, workdir)

@@ -291,3 +291,15 @@ def test_parse_assignments_takes_a_kernel_symbol():
     assert variant.make(S90, {**fixed, "mask": "none"}) == v
     with pytest.raises(SpecError, match="names no variant of mla_prefill_sm90"):
         variant.parse_assignments(S90, [v.symbol.replace("_n112_", "_n113_")])
+
+
+def test_parse_assignments_refuses_a_name_given_twice():
+    """Issue 42 point 15: only a name=value after a kernel symbol may override one of its tunables."""
+    v = variant.make(S90, {"block_n": 112})
+    assert variant.parse_assignments(S90, [v.symbol, "block_n=128"])["block_n"] == 128
+    for items in (["block_n=64,block_n=128"], ["block_n=64", "block_n=64"], ["block_n=64", v.symbol],
+                  [v.symbol, "block_n=128,block_n=96"]):
+        with pytest.raises(SpecError, match="tune.block_n: given twice"):
+            variant.parse_assignments(S90, items)
+    with pytest.raises(SpecError, match="given twice"):
+        variant.parse_assignments(S90, [v.symbol, v.symbol])

@@ -22,6 +22,7 @@ from dataclasses import dataclass, replace
 from typing import Iterable
 
 from ...errors import ShapeError
+from ..kit import MAX_HEADS, decimal
 
 D_NOPE, D_ROPE, D_V = 128, 64, 128
 D_QK = D_NOPE + D_ROPE
@@ -76,7 +77,7 @@ def problem_key(heads: int, total_q: int, total_k: int, batch: int, causal: bool
 # --- shapes ---------------------------------------------------------------------------------
 
 #: The description grammar, for error messages.
-GRAMMAR = "b=<batch>, q=<len> or q=[l1,l2,...], k=<len> or list (default q), h=<heads>, and causal or none"
+GRAMMAR = "b=<batch>, q=<len> or q=[l1,l2,...], k=<len> or list (default q), h=<heads, 1 to 128>, and causal or none"
 
 
 @dataclass(frozen=True)
@@ -194,13 +195,18 @@ def _lengths(text: str, key: str, where: str) -> tuple[int, ...] | int:
     body = text.strip()
     ragged = body.startswith("[")
     items = body[1:-1].split(",") if ragged else [body]
-    try:
-        values = tuple(int(x) for x in items if x.strip())
-    except ValueError:
-        raise ValueError(f"{where}: {key}={text}: expected a non-negative integer or a list like [128,4096]") from None
-    if not values or any(v < 0 for v in values):
-        raise ValueError(f"{where}: {key}={text}: expected a non-negative integer or a non-empty list of them")
-    return values if ragged else values[0]
+    if ragged and not body[1:-1].strip():
+        raise ValueError(f"{where}: {key}={text}: an empty list; expected lengths like [128,4096]")
+    values = []
+    for i, item in enumerate(items):
+        if not item.strip():
+            raise ValueError(f"{where}: {key}={text}: item {i} is empty; expected lengths like [128,4096]")
+        value = decimal(item)
+        if value is None:
+            raise ValueError(f"{where}: {key}={text}: expected a non-negative integer or a list like [128,4096] "
+                             f"({item.strip()!r} is not a decimal integer)")
+        values.append(value)
+    return tuple(values) if ragged else values[0]
 
 
 def parse_shape(text: str, id: str | None = None) -> Shape:
@@ -209,7 +215,7 @@ def parse_shape(text: str, id: str | None = None) -> Shape:
 
     ``b=<batch>`` (default 1), ``q=<len>`` or ``q=[l1,l2,...]`` (ragged; the batch is the list's
     length), ``k=<len>`` or a list (default: like q; ``k > q`` is a cached prefix), ``h=<heads>``
-    (required), and ``causal`` (default) or ``none``. Example: ``b=4,q=4096,k=4096,h=16,causal``.
+    (required, 1 to 128), and ``causal`` (default) or ``none``; numbers in plain decimal digits. Example: ``b=4,q=4096,k=4096,h=16,causal``.
     ``id`` names the shape (default: the id given, or the canonical description, which
     :func:`describe_shape` writes and ``MLAGEN_RECORD_SHAPES`` files carry).
 
@@ -266,14 +272,15 @@ def _parse_description(text: str) -> tuple[tuple[int, ...], tuple[int, ...], int
         raise ValueError(f"{where}: needs q=<length> and h=<heads>")
     q = _lengths(values["q"], "q", where)
     k = _lengths(values["k"], "k", where) if "k" in values else q
-    heads = _lengths(values["h"], "h", where)
-    if isinstance(heads, tuple) or heads < 1:
-        raise ValueError(f"{where}: h={values['h']}: expected a positive integer")
+    heads = decimal(values["h"])
+    if heads is None or not 1 <= heads <= MAX_HEADS:
+        raise ValueError(f"{where}: h={values['h'].strip()}: expected a positive integer, a head count from 1 "
+                         f"to {MAX_HEADS}")
     batch = None
     if "b" in values:
-        batch = _lengths(values["b"], "b", where)
-        if isinstance(batch, tuple) or batch < 1:
-            raise ValueError(f"{where}: b={values['b']}: expected a positive integer")
+        batch = decimal(values["b"])
+        if batch is None or batch < 1:
+            raise ValueError(f"{where}: b={values['b'].strip()}: expected a positive decimal integer")
     lists = [x for x in (q, k) if isinstance(x, tuple)]
     n = len(lists[0]) if lists else (batch or 1)
     if any(len(x) != n for x in lists) or (batch is not None and batch != n):

@@ -8,6 +8,7 @@ import math
 from dataclasses import dataclass, replace
 
 from ... import operands
+from ..kit import MAX_HEADS, decimal
 
 NAME = "mla_sparse_prefill"
 D_V = 512
@@ -110,7 +111,8 @@ SHAPES: dict[str, Shape] = {s.id: s for s in (
 
 def parse_shape(text: str, id: str | None = None) -> Shape:
     """A shape from an id of :data:`SHAPES` (any case) or
-    ``sq=..,h=..,topk=..,skv=..[,d=..][,sink=..][,kv=..]``; ValueError naming the bad item."""
+    ``sq=..,h=..,topk=..,skv=..[,d=..][,sink=..][,kv=..]`` (each key once, numbers in plain decimal
+    digits, h from 1 to 128, sink 0 or 1); ValueError naming the bad item."""
     if text.strip().upper() in SHAPES:
         named = SHAPES[text.strip().upper()]
         return named if id is None else replace(named, id=id)
@@ -122,15 +124,21 @@ def parse_shape(text: str, id: str | None = None) -> Shape:
         k, v = item.split("=", 1)
         if k not in _SHAPE_KEYS:
             raise ValueError(f"{text!r}: unknown item {k!r}; known: {', '.join(_SHAPE_KEYS)}")
+        if _SHAPE_KEYS[k] in values:
+            raise ValueError(f"{text!r}: {k} is given twice; give each of {', '.join(_SHAPE_KEYS)} once")
         if k == "kv":
             if v not in operands.NAMES:
                 raise ValueError(f"{text!r}: kv must be one of {list(operands.NAMES)}, got {v!r}")
             values["kv_format"] = v
             continue
-        try:
-            values[_SHAPE_KEYS[k]] = int(v)
-        except ValueError:
-            raise ValueError(f"{text!r}: {k} must be an integer, got {v!r}") from None
+        number = decimal(v)
+        if number is None:
+            raise ValueError(f"{text!r}: {k} must be a decimal integer, got {v!r}")
+        if k == "sink" and number not in (0, 1):
+            raise ValueError(f"{text!r}: sink must be 0 (off) or 1 (on), got {v!r}")
+        if k == "h" and not 1 <= number <= MAX_HEADS:
+            raise ValueError(f"{text!r}: h must be a head count from 1 to {MAX_HEADS}, got {v}")
+        values[_SHAPE_KEYS[k]] = number
     missing = [k for k, f in _SHAPE_KEYS.items() if f not in values and k not in ("d", "sink", "kv")]
     if missing:
         raise ValueError(f"{text!r}: missing {', '.join(missing)}")

@@ -598,10 +598,10 @@ def test_mlagen_peer_takes_a_kernel_symbol_and_refuses_the_wrong_mask():
 
 
 @pytest.mark.parametrize("sid, symbol, group", [
-    ("D2", "mla_prefill_sm90_causal_c2_n128_s2_qsmem_opingpong_ov1_rsoverlapped_pwearly_schdynamic_eptma_lw2_rp24"
-           "_rc240_sq128_sk128_sv128_cl1_dghalf", 8),
-    ("D7", "mla_prefill_sm90_causal_c2_n128_s2_qsmem_opingpong_ov1_rsoverlapped_pwearly_schpersistent_epdirect_lw1"
-           "_rp56_rc224_sq128_sk128_sv128_cl1_dghalf", 1),
+    ("D2", "mla_prefill_sm90_causal_n128r64v128_plain_c2_n128_s2_qsmem_opingpong_ov1_rsoverlapped_pwearly"
+           "_schdynamic_eptma_lw2_rp24_rc240_sq128_sk128_sv128_cl1_dghalf", 8),
+    ("D7", "mla_prefill_sm90_causal_n128r64v128_plain_c2_n128_s2_qsmem_opingpong_ov1_rsoverlapped_pwearly"
+           "_schpersistent_epdirect_lw1_rp56_rc224_sq128_sk128_sv128_cl1_dghalf", 1),
 ])
 def test_mlagen_peer_names_the_tile_order(monkeypatch, sid, symbol, group):
     """The bench's note for our kernel says which head group the launcher picks (a launch-time

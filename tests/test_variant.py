@@ -48,9 +48,9 @@ def test_sm80_symbols(values, symbol):
 
 def test_sm90_default_symbol_is_readable():
     sym = variant.default(S90).symbol
-    assert sym.startswith("mla_prefill_sm90_causal_c2_n128_s2_")
+    assert sym.startswith("mla_prefill_sm90_causal_n128r64v128_plain_c2_n128_s2_")
     # Every tunable appears once, as its abbreviation followed by its value, in spec order.
-    parts = sym[len("mla_prefill_sm90_causal_"):].split("_")
+    parts = sym[len("mla_prefill_sm90_causal_n128r64v128_plain_"):].split("_")
     assert parts == [t.abbr + variant._fmt(t.default) for t in S90.tunables]
 
 

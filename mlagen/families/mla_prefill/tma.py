@@ -261,6 +261,22 @@ def _plan(selection, env: dict) -> _Plan:
     return plan
 
 
+LOG2E = 1.4426950408889634
+
+
+def trait_values(call: Call) -> dict:
+    """The mask's and the score traits' launch values (params.py; mask.cuh): a window's sides and a
+    chunk's size, softcap's pre-scale (with softcap the softmax's scale becomes c * log2(e): the
+    kernel computes c * tanh(scale * s / c)), and the sinks' pointer."""
+    t = call.traits
+    values = {"mask_left": t.window[0], "mask_right": t.window[1], "mask_chunk": max(t.chunk, 1),
+              "softcap_scale": call.scale / t.softcap if t.softcap else 0.0,
+              "attn_sink": 0 if t.attn_sink is None else t.attn_sink.data_ptr()}
+    if t.softcap:
+        values["scale_log2"] = t.softcap * LOG2E
+    return values
+
+
 # The tensor maps of the bf16 launcher, in its parameter struct's order (the launch plan's too).
 MAP_FIELDS = (("tma_q", "q"), ("tma_k", "k"), ("tma_k_rope", "k_rope"), ("tma_v", "v"), ("tma_o", "out"))
 
@@ -296,6 +312,7 @@ def launch(selection, call: Call, env: dict, stream: int) -> tuple[tuple, dict]:
     values["head_group"] = head_group(call, s.scheduler)
     values["lpt_order"] = lpt_order(call)
     values["rope_shared"] = int(call.k_rope.size(1) == 1)
+    values.update(trait_values(call))
     if p.fp8:
         for name in ("q", "k", "v"):
             t = getattr(call, f"{name}_descale")

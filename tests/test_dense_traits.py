@@ -364,3 +364,29 @@ def test_reference_identities():
     out, lse = ref.reference(q[:3], k[:2], v[:2], causal=False, window_size=(0, 0), attn_sink=sink)
     assert torch.isinf(lse[:1]).all() and (out[:1] == 0).all() and torch.isfinite(lse[1:]).all()
     assert not torch.isnan(out).any()
+
+
+# --- the tuner ---------------------------------------------------------------------------------
+
+
+def test_a_glm5_description_tunes_as_its_own_class():
+    """``mlagen tune --shapes "b=1,q=8192,h=64,d=192/64/256"``: the class carries the geometry, the
+    search holds it fixed, and its first batch fits the device."""
+    from mlagen.families import mla_prefill
+    from mlagen.tune.loop import shape_classes
+    from mlagen.tune.search import make_search
+
+    fam = mla_prefill.FAMILY
+    classes = shape_classes(["b=1,q=8192,h=64,d=192/64/256", "D1", "b=1,q=16384,h=16,window=4095/0"], fam)
+    problems = [c.problem for c in classes]
+    assert problems == ["causal/h64/q8192/k8192/n192r64v256", "causal/h128/q8192/k8192", "window/h16/q16384/k16384"]
+    fixed = fam.specialization(classes[0].shape)
+    assert fixed == {"mask": "causal", "geometry": "n192r64v256"}
+    batch = make_search("global", S90, fixed, SM90A, 40, 0).next_batch()
+    assert batch
+    for v in (b for b in batch if isinstance(b, variant.Variant)):
+        assert v["geometry"] == "n192r64v256" and v.env()["d_v"] == 256
+        assert resources.check(v, SM90A).ok
+    # The record the tune writes reads back as the class it was tuned for.
+    assert fam.problem_specialization(problems[0]) == fixed
+    assert fam.problem_specialization(problems[2]) == {"mask": "window"}

@@ -390,3 +390,62 @@ def test_a_glm5_description_tunes_as_its_own_class():
     # The record the tune writes reads back as the class it was tuned for.
     assert fam.problem_specialization(problems[0]) == fixed
     assert fam.problem_specialization(problems[2]) == {"mask": "window"}
+
+
+# --- the key-tile ranges of mask.cuh, transcribed ----------------------------------------------
+
+
+def _band(mask, left, right, chunk, p, len_k):
+    """(lo, hi_raw, hi) of Band<K> (mask.cuh) for position p."""
+    if mask == "none":
+        return 0, len_k, len_k
+    if mask == "window":
+        hi_raw = len_k if right < 0 else p + 1 + min(right, len_k - p - 1)
+        lo = p - left if left >= 0 and p > left else 0
+    else:
+        hi_raw = p + 1
+        lo = p // chunk * chunk if mask == "chunked" and p > 0 else 0
+    return lo, hi_raw, min(len_k, hi_raw)
+
+
+def _range(mask, left, right, chunk, row0, bm, bn, len_q, len_k):
+    """set_band_range (and set_key_range for causal / none): n_begin, n_blocks, first_masked, lo_masked_end."""
+    off = len_k - len_q
+    lower = mask in ("window", "chunked")
+    _, _, hi_last = _band(mask, left, right, chunk, row0 + bm - 1 + off, len_k)
+    lo_first, hi_raw_first, _ = _band(mask, left, right, chunk, row0 + off, len_k)
+    lo_last = _band(mask, left, right, chunk, row0 + bm - 1 + off, len_k)[0]
+    n_end = -(-hi_last // bn) if hi_last > 0 else 0
+    n_begin = min(lo_first // bn, n_end) if lower else 0
+    first = len_k // bn
+    if mask != "none":
+        first = min(first, max(0, hi_raw_first // bn))
+    lo_masked = -(-lo_last // bn) if lower else 0
+    return n_begin, n_end - n_begin, first, lo_masked
+
+
+@pytest.mark.parametrize("mask,left,right,chunk", [
+    ("causal", -1, -1, 0), ("none", -1, -1, 0), ("window", 5, 0, 0), ("window", 200, 0, 0), ("window", 33, 17, 0),
+    ("window", -1, 40, 0), ("window", 300, -1, 0), ("window", 0, 0, 0), ("chunked", -1, -1, 1),
+    ("chunked", -1, -1, 100), ("chunked", -1, -1, 64)])
+def test_visited_key_tiles_hold_every_visible_key_and_unmasked_tiles_only_visible_ones(mask, left, right, chunk):
+    bm, bn = 128, 80
+    for len_q, len_k in ((1, 1), (300, 333), (129, 129), (200, 150), (77, 500), (5, 0)):
+        for row0 in range(0, len_q, bm):
+            rows = min(bm, len_q - row0)
+            n_begin, n_blocks, first, lo_masked = _range(mask, left, right, chunk, row0, bm, bn, len_q, len_k)
+            assert n_blocks >= 0
+            visited = range(n_begin, n_begin + n_blocks)
+            for i in range(row0, row0 + rows):
+                p = i + len_k - len_q
+                lo, _, hi = _band(mask, left, right, chunk, p, len_k)
+                for j in range(len_k):
+                    seen = lo <= j < hi
+                    want = {"causal": j <= p, "none": True,
+                            "window": (left < 0 or j >= p - left) and (right < 0 or j <= p + right),
+                            "chunked": j <= p and chunk and j // chunk == p // chunk}[mask]
+                    assert seen == bool(want), (mask, len_q, len_k, i, j)
+                    if seen:
+                        assert j // bn in visited, (mask, len_q, len_k, row0, i, j)
+                    elif j // bn in visited and not (j // bn >= first or j // bn < lo_masked):
+                        pytest.fail(f"unmasked tile {j // bn} holds invisible key {j} of row {i} ({mask})")

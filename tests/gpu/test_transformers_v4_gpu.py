@@ -102,3 +102,24 @@ def test_v4_padding_and_decoding_through_mlagen_match_eager():
                        for m, c in zip((eager, bf16, ours), caches))
             err, bf16_err = (o - e).abs().max().item(), (b - e).abs().max().item()
             assert err <= 1.5 * bf16_err + 1e-3, f"token {t}: mlagen {err:.3g} from eager, bf16 eager {bf16_err:.3g}"
+
+
+def test_v4_attention_through_mlagen_never_synchronises_the_host(monkeypatch):
+    """The index lists come from the mask on the device: after a first call (which may compile),
+    a layer's call runs under torch's sync debug mode set to raise on any synchronisation."""
+    _, modeling = CPU._v4_transformers()
+    from mlagen.integrations.transformers import mlagen_attention_forward
+
+    model = _model(64, "eager", torch.bfloat16)
+    calls, _ = CPU._capture(model, modeling, monkeypatch)
+    with torch.no_grad():
+        model(_ids(2, SEQ, 4), use_cache=False)
+        for module, q, kv, mask, kw in list(calls):
+            first, _ = mlagen_attention_forward(module, q, kv, kv, mask, **kw)
+            torch.cuda.synchronize()
+            torch.cuda.set_sync_debug_mode("error")
+            try:
+                again, _ = mlagen_attention_forward(module, q, kv, kv, mask, **kw)
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+            assert torch.equal(first, again), module.layer_type

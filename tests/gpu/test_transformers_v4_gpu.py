@@ -67,6 +67,7 @@ def test_each_v4_layers_attention_matches_eager_in_float32(heads, monkeypatch):
             got, _ = mlagen_attention_forward(module, qb, kvb, kvb, mask.to(torch.bfloat16), **kw)
         assert got.shape == ref.shape and torch.isfinite(got).all(), module.layer_type
         err = (got.float() - ref).abs().max().item() / ref.abs().max().item()
+        print(f"H {heads} {module.layer_type}: max |out - ref| / max |ref| = {err:.3g}")
         assert err < OUT_TOL, f"{module.layer_type}: max |out - ref| / max |ref| = {err:.3g}"
 
 
@@ -78,6 +79,7 @@ def test_a_v4_model_through_mlagen_is_as_close_to_eager_as_bf16_eager(heads):
         bf16 = _model(heads, "eager", torch.bfloat16)(ids, use_cache=False).logits.float()
         got = _model(heads, "mlagen", torch.bfloat16)(ids, use_cache=False).logits.float()
     err, bf16_err = (got - ref).abs().max().item(), (bf16 - ref).abs().max().item()
+    print(f"H {heads} logits: mlagen {err:.3g} from float32 eager, bf16 eager {bf16_err:.3g}")
     assert err <= 1.5 * bf16_err + 1e-3, f"mlagen {err:.3g} from eager, bf16 eager {bf16_err:.3g}"
 
 
@@ -93,15 +95,19 @@ def test_v4_padding_and_decoding_through_mlagen_match_eager():
         base = bf16(ids, attention_mask=mask, use_cache=False).logits.float()
         got = ours(ids, attention_mask=mask, use_cache=False).logits.float()
         err, bf16_err = (got - ref)[valid].abs().max().item(), (base - ref)[valid].abs().max().item()
+        print(f"padded logits: mlagen {err:.3g} from float32 eager, bf16 eager {bf16_err:.3g}")
         assert err <= 1.5 * bf16_err + 1e-3, f"padded: mlagen {err:.3g} from eager, bf16 eager {bf16_err:.3g}"
         # prefill 290 tokens into the model's cache, then decode the rest one token at a time
         one = ids[:1]
         caches = [CPU._cache(m(one[:, :290])) for m in (eager, bf16, ours)]
+        errs, bf16_errs = [], []
         for t in range(290, 300):
             e, b, o = (m(one[:, t:t + 1], past_key_values=c).logits.float()
                        for m, c in zip((eager, bf16, ours), caches))
-            err, bf16_err = (o - e).abs().max().item(), (b - e).abs().max().item()
-            assert err <= 1.5 * bf16_err + 1e-3, f"token {t}: mlagen {err:.3g} from eager, bf16 eager {bf16_err:.3g}"
+            errs.append((o - e).abs().max().item())
+            bf16_errs.append((b - e).abs().max().item())
+        print(f"decoding: mlagen {max(errs):.3g} from float32 eager, bf16 eager {max(bf16_errs):.3g}")
+        assert max(errs) <= 1.5 * max(bf16_errs) + 1e-3, f"decoding: mlagen {errs} from eager, bf16 eager {bf16_errs}"
 
 
 def test_v4_attention_through_mlagen_never_synchronises_the_host(monkeypatch):

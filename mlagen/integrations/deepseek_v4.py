@@ -181,7 +181,7 @@ def attend(q: torch.Tensor, pools, *, softmax_scale: float, attn_sink=None):
     pools = list(pools)
     if not pools or len(pools) > 2:
         raise ValueError(f"attend: pools: expected one or two pools, got {len(pools)}")
-    if len(pools) == 2 and _has_two_pools():
+    if len(pools) == 2 and q.dim() == 3 and _has_two_pools():   # the two-pool call takes packed queries
         main, extra = pools
         out, _, _ = sparse_op.mla_sparse_prefill(q, main.kv, main.indices, topk_length=main.length,
                                                  extra_kv=extra.kv, extra_indices=extra.indices,

@@ -46,7 +46,8 @@ def _model(heads: int, attn: str, dtype):
 
 
 def _ids(batch: int, seq: int, seed: int):
-    return torch.randint(0, 512, (batch, seq), device="cuda", generator=torch.Generator(device="cuda").manual_seed(seed))
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    return torch.randint(0, 512, (batch, seq), device="cuda", generator=gen)
 
 
 @pytest.mark.parametrize("heads", [8, 64, 128])   # TP-sharded, V4-Flash, V4-Pro

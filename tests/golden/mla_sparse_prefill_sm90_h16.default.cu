@@ -79,9 +79,19 @@ struct Params {
   int num_kv;
   int page_size;
   float scale_log2;
+  const mlagen::u16* extra_kv;
+  const int* extra_indices;
+  const int* extra_topk_length;
+  mlagen::i64 extra_idx_row_stride;
+  mlagen::i64 extra_row_stride;
+  mlagen::i64 extra_page_stride;
+  int extra_topk;
+  int extra_num_kv;
+  int extra_page_size;
   mlagen::TensorMap kv_map;
+  mlagen::TensorMap extra_kv_map;
 };
-static_assert(sizeof(Params) == 320, "Params must be 320 bytes, as the launcher packs it");
+static_assert(sizeof(Params) == 512, "Params must be 512 bytes, as the launcher packs it");
 static_assert(alignof(Params) == 64, "Params must be 64-byte aligned, as the launcher packs it");
 
 }  // namespace

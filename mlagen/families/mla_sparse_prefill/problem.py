@@ -65,9 +65,10 @@ class ProblemKey:
 
 
 def problem_key(call) -> ProblemKey:
-    """The shape class of a Call or a Shape."""
+    """The shape class of a Call or a Shape; topk counts both pools' positions of a two-pool call."""
     paged = getattr(call, "page_size", 0) > 0
-    return ProblemKey(call.d_qk, _pow2_ceil(call.heads), _pow2_ceil(max(call.topk, 1)), "paged" if paged else "flat",
+    keys = getattr(call, "keys", call.topk)
+    return ProblemKey(call.d_qk, _pow2_ceil(call.heads), _pow2_ceil(max(keys, 1)), "paged" if paged else "flat",
                       getattr(call, "kv_format", "bf16"))
 
 

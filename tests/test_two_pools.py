@@ -205,3 +205,80 @@ def test_window_reference_crosses_sequence_and_page_starts():
     positions = torch.tensor([1, 2, 4], dtype=torch.int32)
     assert sp_window.window_reference(cu_q, positions=positions, window=4, block_table=table,
                                       page_size=2).tolist() == paged.tolist()
+
+
+def test_v4_shapes_parse_and_count_both_pools():
+    from mlagen.families.mla_sparse_prefill import FAMILY
+
+    shapes = FAMILY.shapes()
+    v1, v3, v5 = shapes["V1"], shapes["V3"], shapes["V5"]
+    assert (v1.heads, v1.topk, v1.s_kv, v1.window, v1.raw_kv, v1.d_qk) == (64, 512, 32768, 128, 131072, 512)
+    assert FAMILY.flops(v1) == 2 * 4096 * 64 * 640 * 1024 and FAMILY.flops(v5) == 2 * 4096 * 64 * 128 * 1024
+    assert v3.hca and v3.topk == v3.s_kv == 1024
+    assert [shapes[f"M{i}"].s_kv for i in range(1, 9)] == [8192, 32768, 49152, 65536] * 2
+    assert {(shapes[f"M{i}"].heads, shapes[f"M{i}"].topk) for i in range(1, 9)} == {(64, 512), (128, 1024)}
+    assert str(sp_problem.problem_key(v1)) == "d512/h64/k1024/flat"
+    text = sp_problem.describe_shape(v3)
+    assert text == "sq=4096,h=64,topk=1024,skv=1024,d=512,sink=1,window=128,raw=131072,hca=1"
+    assert sp_problem.parse_shape(text, "V3") == v3
+    for bad in ("sq=8,h=2,topk=4,skv=0,window=4,raw=64", "sq=8,h=2,topk=4,skv=9,raw=64",
+                "sq=80,h=2,topk=4,skv=9,window=4,raw=64", "sq=8,h=2,topk=4,skv=9,window=4,raw=64,hca=1"):
+        with pytest.raises(ValueError):
+            sp_problem.parse_shape(bad)
+
+
+@pytest.mark.parametrize("layer", ["csa", "hca", "sliding"])
+def test_v4_inputs_and_the_server_concatenation(layer):
+    """On the CPU: the window lists cross page and sequence starts through the shuffled block
+    table, the compressed entries are visible ones, and the concatenated pool's one-pool reference
+    equals the two-pool reference."""
+    from mlagen.families.mla_sparse_prefill import FAMILY, v4
+
+    extra = {"csa": ",topk=20,skv=300", "hca": ",topk=10,skv=10,hca=1", "sliding": ",topk=0,skv=0"}[layer]
+    shape = sp_problem.parse_shape(f"sq=50,h=3,d=512,window=16,raw=1200{extra}", "t")
+    inputs = FAMILY.make_inputs(shape, "cpu", seed=1)
+    win = inputs["indices"]
+    assert win.shape == (50, 16) and (win >= 0).all()           # position 1150 - 15 >= 0
+    # Entry j of token t is raw position 1150 + t - 15 + j, wherever its page lies.
+    pos = 1150 + torch.arange(50).unsqueeze(1) - 15 + torch.arange(16)
+    local = inputs["window_local"].long()
+    assert torch.equal(inputs["window_rows"][local], win.long()) and torch.equal(local, pos - 1135)
+    if layer != "sliding":
+        ids = inputs["extra_indices"]
+        visible = (1150 + torch.arange(50) + 1) // (1200 // shape.s_kv)
+        assert ((ids < visible.unsqueeze(1)) | (ids == -1)).all()
+        if layer == "csa":
+            assert all(len(set(r.tolist())) == 20 for r in ids)   # without repetition
+    two = FAMILY.reference(shape, inputs)
+    one = v4.one_pool_inputs(inputs)
+    ref_one = sp_ref.reference(one["q"], one["kv"], one["indices"], softmax_scale=one["softmax_scale"],
+                               attn_sink=one["attn_sink"])
+    for a, b in zip(two, ref_one):
+        assert torch.allclose(a, b, atol=1e-10)
+
+
+def test_flashmla_peers_run_on_the_concatenated_pool():
+    """The FlashMLA peers of a two-pool shape, with PyTorch standing in for the built library:
+    the pool concatenated once (flashmla) or by every call (flashmla-concat) gives the two-pool
+    reference; a one-pool shape has nothing to concatenate."""
+    from mlagen.errors import BenchError
+    from mlagen.families.mla_sparse_prefill import FAMILY, peers
+
+    calls = []
+
+    def fake_fwd(q, kv, indices, scale, d_v, sink, length):
+        calls.append((kv.shape, indices.shape))
+        return peers.naive(q, kv, indices, scale, sink, length)
+
+    shape = sp_problem.parse_shape("sq=20,h=3,topk=100,skv=400,d=512,window=28,raw=800", "t")
+    inputs = FAMILY.make_inputs(shape, "cpu", seed=2)
+    ref = FAMILY.reference(shape, inputs)
+    for peer in (peers.flashmla_peer, peers.flashmla_concat_peer):
+        prepared = peer(shape, inputs, sparse_fwd=fake_fwd)
+        got = prepared.checked_call()
+        assert FAMILY.compare(got, ref).ok, peer
+        assert "concatenat" in prepared.note
+    assert calls[0] == ((47 + 400, 1, 512), (20, 1, 128)) == calls[-1]   # 19 + 28 window rows, then the pool
+    sliding = sp_problem.parse_shape("sq=20,h=3,topk=0,skv=0,d=512,window=28,raw=800", "t")
+    with pytest.raises(BenchError, match="flashmla-concat is for two-pool"):
+        peers.flashmla_concat_peer(sliding, FAMILY.make_inputs(sliding, "cpu"), sparse_fwd=fake_fwd)

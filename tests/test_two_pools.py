@@ -1,5 +1,5 @@
 """Two KV pools in one softmax (MLA.md section 2b) without a GPU: the parameter structs, the
-kernels of every spec of the family compiled for sm_90a (and the sm80 kernel for sm_80), the
+two-pool kernels compiled for sm_90a (the sm80 kernel reads one pool, and dispatch knows), the
 window-index kernel, argument errors that name the argument, and the reference (the one-pool
 reference on the concatenated pool) against a brute-force loop in float64."""
 
@@ -37,7 +37,6 @@ def test_both_abis_carry_the_second_pool(fmt):
     ("mla_sparse_prefill_sm90", {"d_qk": 576, "paged": True}, "sm_90a"),
     ("mla_sparse_prefill_sm90_h16", {"d_qk": 512, "paged": True, "qk_group": 4}, "sm_90a"),
     ("mla_sparse_prefill_sm90_h16", {"d_qk": 576, "paged": False, "gather": "bulk", "row_pad": 16}, "sm_90a"),
-    ("mla_sparse_prefill_sm80", {"d_qk": 512, "paged": True}, "sm_80"),
 ])
 def test_two_pool_kernels_compile_without_spills(name, values, target):
     from mlagen.compiler import for_target
@@ -47,6 +46,29 @@ def test_two_pool_kernels_compile_without_spills(name, values, target):
     assert "int extra_num_kv;" in src.text   # the parameter struct carries the second pool
     b = for_target(target).compile(src, target)
     assert b.resources.spill_stores == 0 and b.resources.spill_loads == 0, b.log
+
+
+def test_only_two_pool_specs_serve_a_two_pool_call(tmp_path):
+    from mlagen.errors import SpecError
+    from mlagen.families.mla_sparse_prefill import FAMILY, compile as sp_compile
+
+    call = type("C", (), {"d_qk": 512, "page_size": 0, "kv_format": "bf16", "extra": object()})()
+    one = type("C", (), {"d_qk": 512, "page_size": 0, "kv_format": "bf16", "extra": None})()
+    for name, two in (("mla_sparse_prefill_sm90", True), ("mla_sparse_prefill_sm90_h16", True),
+                      ("mla_sparse_prefill_sm80", False)):
+        s = spec.load(name)
+        assert sp_compile.accepts(s, call) == two and sp_compile.accepts(s, one)
+        assert (FAMILY.refuses(s, FAMILY.shapes()["V1"]) is None) == two
+        assert FAMILY.refuses(s, FAMILY.shapes()["V5"]) is None   # one pool: the window
+    assert sp_compile.two_pool_targets() == ["sm_90a"]
+    from pathlib import Path
+
+    text = Path(spec.load("mla_sparse_prefill_sm90").path).read_text().replace("two_pools: true", "two_pools: 2")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(text)
+    (tmp_path / "mla_sparse_prefill_sm90.cu.j2").write_text("")
+    with pytest.raises(SpecError, match="problem.two_pools"):
+        spec.load(bad)
 
 
 def test_window_kernel_compiles():

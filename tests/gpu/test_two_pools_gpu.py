@@ -6,7 +6,7 @@ The matrix: H in {1, 5, 8, 16, 64, 128} x keys per query (pool 1 + pool 2) in {1
 pairing, bf16 and FP8 V3.2 pools (staged), fuzzed indices (-1, negatives, >= N, 2**31 - 1,
 duplicates) in both, topk_length per pool (short, zero, past topk), rows with no key, sinks
 finite / +inf / -inf / mixed, d_qk 512 (V4) and 576, on every kernel of the family the device
-has (the 64-head kernel, the H <= 16 kernel, the sm80 kernel) and dispatch's choice. Outputs
+has (the 64-head kernel, the H <= 16 kernel) and dispatch's choice; the sm80 kernel refuses. Outputs
 are poisoned with NaN first. Windows from ``mlagen.window_indices`` over a paged raw pool cross
 page and sequence starts. ``-k fuzz`` is the compute-sanitizer run of the device script.
 """
@@ -18,7 +18,9 @@ import math
 
 import pytest
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not (__import__("torch").cuda.is_available()
+                                                        and __import__("torch").cuda.get_device_capability() == (9, 0)),
+                                                   reason="the two-pool kernels are sm_90a's (a Hopper GPU)")]
 
 torch = pytest.importorskip("torch")
 
@@ -34,10 +36,9 @@ SM90, H16, SM80 = "mla_sparse_prefill_sm90", "mla_sparse_prefill_sm90_h16", "mla
 
 
 def _kernels(heads: int) -> list:
-    """The kernels a case runs on: dispatch's choice, and each spec by name that serves it."""
-    if not _HOPPER:
-        return [None, SM80]
-    return [None, SM90, SM80] + ([H16] if heads <= 16 else [])
+    """The kernels a case runs on: dispatch's choice, and each two-pool spec by name that serves
+    it (the sm80 kernel reads one pool: see test_one_pool_kernels_refuse_a_second_pool)."""
+    return [None, SM90] + ([H16] if heads <= 16 else [])
 
 
 def make_pool(layout: str, n: int, d_qk: int, fmt: str, gen):
@@ -182,7 +183,6 @@ FP8 = [
 ]
 
 
-@pytest.mark.skipif(not _HOPPER, reason="FP8 pools are read on sm_90a")
 @pytest.mark.parametrize("i", range(len(FP8)))
 def test_fp8_pools_are_staged_into_the_same_softmax(i):
     case = dict(FP8[i], sq=9, d_qk=576, n=(640, 2048))
@@ -314,3 +314,12 @@ def test_fuzzed_indices_in_both_pools():
         for kernel in _kernels(heads):
             ok, msg = run_case(case, 500 + i, kernel, check_one_pool=False)
             assert ok, f"{kernel}: {case}: {msg}"
+
+
+def test_one_pool_kernels_refuse_a_second_pool():
+    q = torch.zeros((3, 16, 512), dtype=torch.bfloat16, device="cuda")
+    kv = torch.zeros((10, 512), dtype=torch.bfloat16, device="cuda")
+    idx = torch.zeros((3, 4), dtype=torch.int32, device="cuda")
+    with pytest.raises(ValueError, match=r"^mla_sparse_prefill: extra_kv: kernel 'mla_sparse_prefill_sm80' reads one "
+                                         r"KV pool; the two-pool kernels are"):
+        mlagen.mla_sparse_prefill(q, kv, idx, softmax_scale=0.1, kernel=SM80, extra_kv=kv, extra_indices=idx)

@@ -47,8 +47,9 @@ class MlaSparsePrefillFamily(kit.ShapesOf, Family):
         if formats is not None and (not isinstance(formats, str) or not set(formats.split(",")) <= set(allowed)):
             raise SpecError(spec.path, "problem.preferred_kv_formats", f"{formats!r}: expected comma-separated "
                             f"names of the spec's kv_format values {allowed}")
-        if "persistent" in problem and not isinstance(problem["persistent"], bool):
-            raise SpecError(spec.path, "problem.persistent", f"{problem['persistent']!r}: expected true or false")
+        for key in ("persistent", "two_pools"):
+            if key in problem and not isinstance(problem[key], bool):
+                raise SpecError(spec.path, f"problem.{key}", f"{problem[key]!r}: expected true or false")
         if "compute" in problem:
             raise SpecError(spec.path, "problem.compute", "the fp8 compute mode was removed (2026-12-01): every "
                             "spec of this family computes in bf16; drop the key")
@@ -132,6 +133,8 @@ class MlaSparsePrefillFamily(kit.ShapesOf, Family):
         formats = dict(spec.specialize).get("kv_format", ())
         if getattr(shape, "kv_format", "bf16") not in formats:
             return f"the shape's kv={shape.kv_format} is not one of the spec's kv_format values {list(formats)}"
+        if getattr(shape, "s_kv", 0) and getattr(shape, "window", 0) and not dict(spec.problem).get("two_pools"):
+            return "the shape has two KV pools; this spec's kernel reads one (problem.two_pools is not set)"
         return None
 
     # --- run time ---------------------------------------------------------------------------

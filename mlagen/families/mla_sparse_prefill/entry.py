@@ -166,6 +166,7 @@ def _run_two(torch, call: Call, kernel):
     both. No launch plan: the full path runs each time."""
     from ...runtime import current_stream
 
+    _check_two_pool_kernel(kernel)
     device = kit.device_of(torch, call.q)
     x = call.extra
     for pool, view, arg in ((call, call, "kv"), (x, staging.pool_view(call, x), "extra_kv")):
@@ -186,6 +187,29 @@ def _run_two(torch, call: Call, kernel):
     device, selection = select(call, kernel)
     kit.on_device(torch, device, launch, selection, call, current_stream(torch, device))
     return call.out, call.max_logits, call.lse
+
+
+def _check_two_pool_kernel(kernel) -> None:
+    """A kernel named for a two-pool call must read two pools: one line naming extra_kv if not."""
+    if kernel is None:
+        return
+    from ... import spec as spec_mod
+    from .compile import two_pool_targets, two_pools
+
+    try:
+        spec = kernel.spec if hasattr(kernel, "spec") else spec_mod.load(kernel) if isinstance(kernel, str) else None
+    except Exception:   # not a spec name (a kernel symbol, or a typo): dispatch says what it is
+        return
+    if spec is not None and not two_pools(spec):
+        named = [s.name for s in family_specs_two_pools()]
+        _fail("extra_kv", f"kernel {spec.name!r} reads one KV pool; the two-pool kernels are {named} (targets "
+                          f"{', '.join(two_pool_targets())})")
+
+
+def family_specs_two_pools():
+    from .compile import family_specs, two_pools
+
+    return [s for s in family_specs() if two_pools(s)]
 
 
 def _as_bf16(call: Call, pool) -> None:
@@ -309,6 +333,12 @@ def _select(call: Call, kernel, device: int):
             only=kernel if isinstance(kernel, str) else None,
         )
     except NoDeviceError as exc:
+        if call.extra is not None:
+            from .compile import two_pool_targets
+
+            raise NoDeviceError(f"mla_sparse_prefill: extra_kv: no kernel reading two KV pools for this device and "
+                                f"these inputs ({exc}); two-pool kernels target: "
+                                f"{', '.join(two_pool_targets()) or 'none'}") from None
         if call.kv_format == "bf16":
             raise
         targets = ", ".join(kv_format_targets(call.kv_format)) or "none"

@@ -6,11 +6,9 @@
 // Warp w scores keys [8w, 8w + 8) of the block against all 16 heads (Q from shared memory), the
 // scores meet in shared memory, every warp runs the same online softmax over the whole block (so
 // the four warps agree on the running max without exchanging it), and warp w accumulates output
-// columns [128w, 128w + 128) with P from registers and V through ldmatrix.trans. The rows come
-// from one pool or two (mlagen/cuda/sparse_pools.cuh).
+// columns [128w, 128w + 128) with P from registers and V through ldmatrix.trans.
 #pragma once
 #include "mlagen/common/types.cuh"
-#include "mlagen/cuda/sparse_pools.cuh"
 #include "mlagen/sm80/mma.cuh"
 #include "mlagen/sm80/smem_tile.cuh"
 
@@ -32,20 +30,22 @@ struct Layout {
   static constexpr int kSmemBytes = kValid + Cfg::kStages * kBlockK + 128;
 };
 
-// Key row `row` (>= 0) of either pool.
 template <class Cfg, class Params>
 __device__ __forceinline__ const u16* kv_row(const Params& p, int row) {
-  return p.kv + mlagen::sparse_pools::key_offset<Cfg::kPaged>(p, row);
+  if constexpr (Cfg::kPaged)
+    return p.kv + (i64)(row / p.page_size) * p.kv_page_stride + (i64)(row % p.page_size) * p.kv_row_stride;
+  return p.kv + (i64)row * p.kv_row_stride;
 }
 
 // Thread tid copies row tid / 4 of the block, chunks tid % 4, tid % 4 + 4, ... (72 or 64 chunks).
 template <class Cfg, class Params>
-__device__ __forceinline__ void load_block(const Params& p, u32 smem, const mlagen::sparse_pools::KeyList& keys,
-                                           int block, int stage) {
+__device__ __forceinline__ void load_block(const Params& p, u32 smem, int t, int len, int block, int stage) {
   using L = Layout<Cfg>;
   const int tid = threadIdx.x, row = tid / 4;
-  const int id = mlagen::sparse_pools::key_row(p, keys, block * kBlockK + row);
-  const bool ok = id >= 0;
+  const int pos = block * kBlockK + row;
+  int id = -1;
+  if (pos < len) id = __ldg(p.indices + (i64)t * p.idx_row_stride + pos);
+  const bool ok = id >= 0 && id < p.num_kv;
   const u16* src = kv_row<Cfg>(p, ok ? id : 0);
   const u32 dst = smem + L::kK + stage * L::KTile::kBytes;
 #pragma unroll
@@ -64,8 +64,9 @@ __device__ void forward(const Params& p) {
   const int head0 = (blockIdx.x % groups) * kHeads;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
 
-  const mlagen::sparse_pools::KeyList keys = mlagen::sparse_pools::key_list(p, t);
-  const int blocks = (keys.len + kBlockK - 1) / kBlockK;
+  int len = p.topk;
+  if (p.topk_length != nullptr) len = min(len, max(0, __ldg(p.topk_length + t)));
+  const int blocks = (len + kBlockK - 1) / kBlockK;
 
   // Q: 16 rows (heads past H zero-filled).
   for (int i = tid; i < kHeads * (Cfg::kDQk / 8); i += kWarps * 32) {
@@ -74,11 +75,11 @@ __device__ void forward(const Params& p) {
     const u16* src = p.q + (i64)t * p.q_row_stride + (i64)(ok ? head0 + row : 0) * p.q_head_stride + 8 * c;
     cp_async_16(smem + L::kQ + L::QTile::offset(row, c), src, ok);
   }
-  if (blocks > 0) load_block<Cfg>(p, smem, keys, 0, 0);
+  if (blocks > 0) load_block<Cfg>(p, smem, t, len, 0, 0);
   cp_async_commit();
 #pragma unroll
   for (int s = 1; s < Cfg::kStages - 1; ++s) {
-    if (s < blocks) load_block<Cfg>(p, smem, keys, s, s);
+    if (s < blocks) load_block<Cfg>(p, smem, t, len, s, s);
     cp_async_commit();
   }
 
@@ -91,7 +92,7 @@ __device__ void forward(const Params& p) {
   for (int b = 0; b < blocks; ++b) {
     const int stage = b % Cfg::kStages;
     const int ahead = b + Cfg::kStages - 1;
-    if (ahead < blocks) load_block<Cfg>(p, smem, keys, ahead, ahead % Cfg::kStages);
+    if (ahead < blocks) load_block<Cfg>(p, smem, t, len, ahead, ahead % Cfg::kStages);
     cp_async_commit();
     cp_async_wait<Cfg::kStages - 1>();
     __syncthreads();  // block b (and Q) landed for every thread's copies; its flags are visible

@@ -88,4 +88,55 @@ __device__ __forceinline__ i64 key_offset(const Params& p, int row) {
   return (i64)row * p.kv_row_stride;
 }
 
+// Which pools a run of positions [start, end) of a list reads: only the first (so every run of a
+// call without a second pool), only the second, or both (the run straddles the seam). A producer
+// that gathers a run takes the span once (a warp-uniform branch) and reads each row through the
+// span's own code: a one-pool call runs exactly the one-pool gather.
+enum Span : int { kFirstOnly = 0, kSecondOnly = 1, kBoth = 2 };
+
+template <int V>
+struct SpanTag {
+  static constexpr int value = V;
+};
+
+__device__ __forceinline__ int span_of(const KeyList& k, int start, int end) {
+  if (end <= k.len1 || k.len == k.len1) return kFirstOnly;
+  if (start >= k.len1) return kSecondOnly;
+  return kBoth;
+}
+
+// key_row for positions of a run of span kSpan.
+template <int kSpan, class Params>
+__device__ __forceinline__ int key_row_in(const Params& p, const KeyList& k, int pos) {
+  if constexpr (kSpan == kFirstOnly) {
+    int r = -1;
+    if (pos < k.len1) r = __ldg(p.indices + (i64)k.t * p.idx_row_stride + pos);
+    return r >= 0 && r < p.num_kv ? r : -1;
+  } else if constexpr (kSpan == kSecondOnly) {
+    int r = -1;
+    if (pos < k.len) r = __ldg(p.extra_indices + (i64)k.t * p.extra_idx_row_stride + (pos - k.len1));
+    return r >= 0 && r < p.extra_num_kv ? p.num_kv + r : -1;
+  } else {
+    return key_row(p, k, pos);
+  }
+}
+
+// key_offset for key rows of a run of span kSpan.
+template <int kSpan, bool kPaged, class Params>
+__device__ __forceinline__ i64 key_offset_in(const Params& p, int row) {
+  if constexpr (kSpan == kFirstOnly) {
+    if constexpr (kPaged)
+      return (i64)(row / p.page_size) * p.kv_page_stride + (i64)(row % p.page_size) * p.kv_row_stride;
+    return (i64)row * p.kv_row_stride;
+  } else if constexpr (kSpan == kSecondOnly) {
+    const int r = row - p.num_kv;
+    if constexpr (kPaged)
+      return extra_base(p) + (i64)(r / p.extra_page_size) * p.extra_page_stride +
+             (i64)(r % p.extra_page_size) * p.extra_row_stride;
+    return extra_base(p) + (i64)r * p.extra_row_stride;
+  } else {
+    return key_offset<kPaged>(p, row);
+  }
+}
+
 }  // namespace mlagen::sparse_pools

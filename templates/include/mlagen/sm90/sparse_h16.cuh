@@ -181,10 +181,13 @@ __device__ __forceinline__ int load_index(const int* idx, int pos, int len) {
   return pos < len ? __ldg(idx + pos) : -1;
 }
 
-// The key row at `pos` of a token's list over both pools, or -1 (not read past its length).
+// The key row at `pos` of a token's list over both pools, or -1 (not read past its length); a
+// token without a second pool's entries takes the one-pool read (a warp-uniform branch).
 template <class Params>
 __device__ __forceinline__ int load_key(const Params& p, const mlagen::sparse_pools::KeyList& keys, int pos) {
-  return mlagen::sparse_pools::key_row(p, keys, pos);
+  namespace pools = mlagen::sparse_pools;
+  if (keys.len == keys.len1) return pools::key_row_in<pools::kFirstOnly>(p, keys, pos);
+  return pools::key_row(p, keys, pos);
 }
 
 // Fill ring slot number `filled` (over all items) with the 32 rows whose key rows (either pool,

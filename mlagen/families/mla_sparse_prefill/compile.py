@@ -24,10 +24,21 @@ def specialization(call) -> dict:
 
 
 def accepts(spec, call) -> bool:
-    """Whether ``spec`` can serve ``call`` (a Call or a Shape): its ABI, and its specialisation
-    axes hold the call's values."""
+    """Whether ``spec`` can serve ``call`` (a Call or a Shape): its ABI, its specialisation axes
+    hold the call's values, and a call with a second pool needs a two-pool kernel."""
     axes = dict(spec.specialize)
-    return spec.abi in ABIS and all(v in axes.get(k, ()) for k, v in specialization(call).items())
+    return (spec.abi in ABIS and all(v in axes.get(k, ()) for k, v in specialization(call).items())
+            and (getattr(call, "extra", None) is None or two_pools(spec)))
+
+
+def two_pools(spec) -> bool:
+    """Whether the spec's kernel reads a second KV pool (``problem.two_pools``, MLA.md 2b)."""
+    return bool(dict(spec.problem).get("two_pools", False))
+
+
+def two_pool_targets() -> list[str]:
+    """The targets of the family's specs whose kernels read two pools."""
+    return sorted({t for s in family_specs() if two_pools(s) for t in s.targets})
 
 
 def preferred(spec, call) -> bool:

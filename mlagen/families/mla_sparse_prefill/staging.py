@@ -94,6 +94,31 @@ def applies(call, kernel) -> bool:
             and vendor() == "cuda" and workspace_bytes(call) <= knobs.staging_bytes())
 
 
+def pool_view(call, pool):
+    """A call's second pool (call.Pool) as a one-pool Call, for :func:`stage`."""
+    from dataclasses import replace
+
+    return replace(call, kv=pool.kv, indices=pool.indices, topk_length=pool.topk_length, topk=pool.topk,
+                   num_kv=pool.num_kv, kv_row_stride=pool.kv_row_stride, kv_page_stride=pool.kv_page_stride,
+                   page_size=pool.page_size, kv_format=pool.kv_format, extra=None)
+
+
+def check_workspace(call, arg: str = "kv") -> None:
+    """A two-pool call stages each FP8 pool (the in-kernel FP8 operand reads one pool): one
+    ValueError naming the pool when that cannot be done here."""
+    from ...errors import ArgumentError
+    from ...runtime import vendor
+
+    if vendor() != "cuda":
+        raise ArgumentError(f"mla_sparse_prefill: {arg}: a two-pool call reads FP8 pools staged into bf16, which "
+                            "needs a CUDA device")
+    need, limit = workspace_bytes(call), knobs.staging_bytes()
+    if need > limit:
+        raise ArgumentError(f"mla_sparse_prefill: {arg}: staging this FP8 pool for a two-pool call needs up to "
+                            f"{need >> 20} MiB of workspace, over MLAGEN_STAGING_MB ({limit >> 20} MiB): raise it, "
+                            "or pass fewer index rows per call")
+
+
 def stage(call):
     """(bf16 workspace [rows, d_qk], indices [sq, topk] into it) for a validated call."""
     import torch

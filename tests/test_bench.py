@@ -96,9 +96,10 @@ def _fake_build(root, folder, wrapper, library, built: bool):
 
 
 @pytest.fixture
-def no_wrapper_env(monkeypatch):
-    for var in ("FA3_PEER_SO", "FA3_PEER_BUILD", "FLASHMLA_PEER_SO", "FLASHMLA_PEER_BUILD"):
+def no_wrapper_env(monkeypatch, tmp_path):
+    for var in ("FA3_PEER_SO", "FA3_PEER_BUILD", "FLASHMLA_PEER_SO", "FLASHMLA_PEER_BUILD", "FA3_EXTRA_SO"):
         monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("FA3_EXTRA_BUILD", str(tmp_path / "no-fa3-extra"))   # not <repo>/out/fa3_extra, if built
 
 
 def test_fa3_is_a_default_peer_only_when_built(tmp_path, monkeypatch, no_wrapper_env):
@@ -619,3 +620,111 @@ def test_mlagen_peer_names_the_tile_order(monkeypatch, sid, symbol, group):
     inputs = {"q": None, "k": None, "v": None, "k_rope": None, "cu_seqlens_q": None, "cu_seqlens_k": None}
     note = peers.mlagen_peer(DENSE.shapes()[sid], inputs).note
     assert note.endswith(f"{symbol} (shipped:h100.json); tiles in groups of {group} heads"), note
+
+
+# --- section 1b shapes (D8-D11): peers of other geometries and windows, "not supported" -----------
+
+
+TINY_1B = {
+    "glm5": DenseShape("G", (5, 9), (5, 12), 2, True, geometry=(40, 8, 56)),
+    "window": DenseShape("W", (7, 20), (7, 26), 2, False, window=(4, 1)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(TINY_1B))
+def test_sdpa_peers_take_the_shapes_geometry_and_window(name):
+    from torch.nn.attention import SDPBackend
+
+    shape = TINY_1B[name]
+    x = dense_inputs(shape, "cpu", seed=4)
+    peer = dense_peers.sdpa_peer(shape, x, backend=SDPBackend.MATH, pad_v=True, lower_right="dense")
+    out, _ = peer.checked_call()
+    assert tuple(out.shape) == (shape.total_q, shape.heads, shape.d_v)
+    check = dense_compare(out, None, *reference_heads(shape, x))
+    assert check.ok, check.problem
+    assert ("V zero-padded" in peer.note) == (shape.d_v < shape.d_qk)
+    assert ("window (4, 1) as a dense additive" in peer.note) == (shape.window is not None)
+
+
+def test_flash_sdpa_refuses_a_window_as_not_supported():
+    from mlagen.errors import PeerUnsupported
+
+    x = dense_inputs(TINY_1B["window"], "cpu", seed=0)
+    with pytest.raises(PeerUnsupported, match="no mask but causal"):
+        dense_peers.fa2_peer(TINY_1B["window"], x)
+
+
+def test_mlagen_peer_says_not_supported_for_what_the_call_refuses(monkeypatch):
+    """A section 1b shape the public call refuses (a head geometry, a window keyword it lacks) is
+    not supported; the same refusal on a section 1 shape stays an error."""
+    from mlagen.errors import ArgumentError, PeerUnsupported
+    from mlagen.families.mla_prefill import entry, op
+
+    def refuses(q, k, v, **kw):
+        raise ArgumentError(f"mla_prefill: q: last dimension must be 192, got {q.shape[-1]}")
+
+    monkeypatch.setattr(entry, "mla_prefill_kernel", refuses)
+    glm = TINY_1B["glm5"]
+    with pytest.raises(PeerUnsupported, match=r"^d 40/8/56: mla_prefill: q: last dimension must be 192, got 48$"):
+        dense_peers.mlagen_peer(glm, dense_inputs(glm, "cpu"))
+    with pytest.raises(ArgumentError):
+        dense_peers.mlagen_peer(TINY["ragged"], dense_inputs(TINY["ragged"], "cpu"))
+
+    def no_window(q, k, v, *, k_rope=None, cu_seqlens_q=None, cu_seqlens_k=None, causal=True):
+        raise AssertionError("not called")
+
+    monkeypatch.setattr(op, "mla_prefill", no_window)
+    win = TINY_1B["window"]
+    with pytest.raises(PeerUnsupported, match="a window mask: .*takes no window_size= yet"):
+        dense_peers.mlagen_peer(win, dense_inputs(win, "cpu"))
+
+
+def test_not_supported_is_reported_and_the_peers_still_timed(monkeypatch):
+    from torch.nn.attention import SDPBackend
+
+    from mlagen.errors import PeerUnsupported
+
+    def math_prepare(shape, x, arg=None):
+        return dense_peers.sdpa_peer(shape, x, backend=SDPBackend.MATH, pad_v=False, lower_right="dense")
+
+    def unsupported(shape, x, arg=None):
+        raise PeerUnsupported("d 40/8/56: no kernel for this head geometry")
+
+    fake = {p.name: p for p in (Peer("fa3", "", math_prepare, lead=True), Peer("cudnn", "", math_prepare),
+                                Peer("mlagen", "", unsupported, ours=True))}
+    monkeypatch.setattr(DENSE, "peers", lambda: fake)
+    _no_gpu_timing(monkeypatch, [])
+    logs = []
+    shape = TINY_1B["glm5"]
+    result = bench._bench_shape(DENSE, shape, ["fa3", "cudnn", "mlagen"], iters=3, rounds=2, warmup=0, seed=0,
+                                device="cpu", flush=lambda: None, log=logs.append)
+    p = result.peers
+    assert p["mlagen"].unsupported and p["mlagen"].timing is None and not p["mlagen"].wrong
+    assert f"{shape.id} mlagen: not supported (d 40/8/56: no kernel for this head geometry)" in logs
+    assert len(p["fa3"].timing.blocks) == 2 and len(p["cudnn"].timing.blocks) == 2 and p["fa3"].check.ok
+    table = bench.format_table([result], {})
+    assert "not supported (d 40/8/56: no kernel for this head geometry)" in table
+    assert result.ratio("mlagen", "fa3") is None
+    doc = json.loads(bench.results_to_json([result], {}))
+    assert doc["results"][0]["peers"]["mlagen"]["unsupported"] is True
+    assert doc["results"][0]["flops"] == shape.flops() == DENSE.flops(shape)
+
+
+def test_fa3_runs_section_1b_shapes_from_tools_fa3_extra(tmp_path, monkeypatch, no_wrapper_env):
+    from mlagen.families.mla_prefill.peers import FA3_EXTRA
+
+    monkeypatch.setenv("MLAGEN_PEERS_DIR", str(tmp_path / "none"))
+    why = DENSE.peers()["fa3"].status()
+    assert "fa3_peer.py not found" in why and "tools/fa3_extra/build.py" in why   # neither build: both reasons
+    with pytest.raises(BenchError, match="not built .*python tools/fa3_extra/build.py"):
+        DENSE.peers()["fa3"].prepare(D_SHAPES["D8"], {}, None)
+    so = tmp_path / "lib" / "fa3_extra_C.so"
+    so.parent.mkdir()
+    so.write_bytes(b"")
+    monkeypatch.setenv("FA3_EXTRA_SO", str(so))
+    assert FA3_EXTRA.library_path() == so and DENSE.peers()["fa3"].status() is None   # one build is enough
+    monkeypatch.delenv("FA3_EXTRA_SO")
+    monkeypatch.setenv("FA3_EXTRA_BUILD", str(so.parent))
+    assert FA3_EXTRA.library_path() == so
+    with pytest.raises(BenchError, match="fa3_peer.py not found"):   # a section 1 shape needs <peers>/fa3
+        DENSE.peers()["fa3"].prepare(D_SHAPES["D10"], {}, None)

@@ -58,7 +58,7 @@ class MlaPrefillFamily(kit.ShapesOf, Family):
     def check_shapes(self, problem: str) -> list[Shape]:
         """The named shapes of the class, else one sequence of the class's lengths and heads (a
         record tuned on a described shape, such as 1 x 8192 with 64 heads)."""
-        same = super().check_shapes(problem)
+        same = [s for s in super().check_shapes(problem) if s.base_traits]   # a record's class is 128/64/128
         if same:
             return same
         key = ProblemKey.parse(problem)
@@ -87,7 +87,7 @@ class MlaPrefillFamily(kit.ShapesOf, Family):
         import torch
 
         tq = sum(shape.q_lens)
-        return (torch.full((tq, shape.heads, D_V), fill, dtype=torch.bfloat16, device=device),
+        return (torch.full((tq, shape.heads, getattr(shape, "d_v", D_V)), fill, dtype=torch.bfloat16, device=device),
                 torch.full((tq, shape.heads), fill, dtype=torch.float32, device=device))
 
     def check_shape(self, shape) -> Shape:
@@ -128,7 +128,8 @@ class MlaPrefillFamily(kit.ShapesOf, Family):
         return compare_bias(got[0], ref[0], self.compare(got, ref, dtype=dtype))
 
     def flops(self, shape) -> int:
-        return flops(_problem.shape_sequences(shape), shape.heads, shape.causal)
+        return flops(_problem.shape_sequences(shape), shape.heads, shape.causal, getattr(shape, "geometry", _problem.GEOMETRY),
+                     getattr(shape, "window", None))
 
     tolerance = REL_TOL   # bf16 inputs
 

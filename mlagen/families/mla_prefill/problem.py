@@ -8,6 +8,8 @@ as an id of ``../shared/BENCHMARKS.md`` (:data:`SHAPES`: ``D1`` ... ``D7``) or a
     q=[300,1200,77],h=128             # ragged: one sequence per length (b = 3), k = q, causal
     q=2048,k=16384,h=128              # 2048 new tokens after a 14336-token cached prefix
     b=2,q=8192,h=16,none              # no mask
+    q=8192,h=64,dims=[192,64,256]     # GLM-5's head geometry (d_nope, d_rope, d_v; default [128,64,128])
+    q=16384,h=16,window=[4095,0]      # a sliding window (left, right) as FlashAttention's window_size
 
 Pure Python (no torch): the tuner (through the family protocol), the benchmark, dispatch and the
 shape recorder all use it.
@@ -25,6 +27,7 @@ from ...errors import ShapeError
 
 D_NOPE, D_ROPE, D_V = 128, 64, 128
 D_QK = D_NOPE + D_ROPE
+GEOMETRY = (D_NOPE, D_ROPE, D_V)   # (d_nope, d_rope, d_v) of DeepSeek-V3 / Kimi-K2; GLM-5 is (192, 64, 256)
 MASKS = ("causal", "none")
 
 
@@ -76,7 +79,8 @@ def problem_key(heads: int, total_q: int, total_k: int, batch: int, causal: bool
 # --- shapes ---------------------------------------------------------------------------------
 
 #: The description grammar, for error messages.
-GRAMMAR = "b=<batch>, q=<len> or q=[l1,l2,...], k=<len> or list (default q), h=<heads>, and causal or none"
+GRAMMAR = ("b=<batch>, q=<len> or q=[l1,l2,...], k=<len> or list (default q), h=<heads>, "
+           "dims=[d_nope,d_rope,d_v] (default [128,64,128]), and causal, none or window=[left,right]")
 
 
 @dataclass(frozen=True)
@@ -87,6 +91,11 @@ class Shape:
     mask is bottom-right aligned (MLA.md section 1), so ``k_lens[b] - q_lens[b]`` keys are a
     cached prefix every query sees. ``id`` names it in reports: a BENCHMARKS.md id or the
     canonical description (:meth:`describe_text`).
+
+    ``geometry`` is (d_nope, d_rope, d_v) (MLA.md section 1b; d_qk = d_nope + d_rope). ``window``
+    (left, right), -1 unbounded, is FlashAttention's ``window_size`` with the same bottom-right
+    alignment: query i at position p = i + Lk - Lq sees keys p - left <= j <= p + right; a
+    shape with a window has ``causal`` False (the window is its mask).
     """
 
     id: str
@@ -94,11 +103,43 @@ class Shape:
     k_lens: tuple[int, ...]
     heads: int
     causal: bool
+    geometry: tuple[int, int, int] = GEOMETRY
+    window: tuple[int, int] | None = None
 
     def __post_init__(self):
         if not self.q_lens or len(self.q_lens) != len(self.k_lens):
             raise ShapeError(f"shape {self.id}: q_lens and k_lens must list the same sequences, "
                              f"got {len(self.q_lens)} and {len(self.k_lens)}")
+        if len(self.geometry) != 3 or min(self.geometry) < 0 or self.geometry[0] + self.geometry[1] < 1 \
+                or self.geometry[2] < 1:
+            raise ShapeError(f"shape {self.id}: geometry {self.geometry}: expected (d_nope, d_rope, d_v) with "
+                             "d_nope + d_rope >= 1 and d_v >= 1")
+        if self.window is not None:
+            if len(self.window) != 2 or min(self.window) < -1:
+                raise ShapeError(f"shape {self.id}: window {self.window}: expected (left, right), each >= -1 "
+                                 "(-1: unbounded)")
+            if self.causal:
+                raise ShapeError(f"shape {self.id}: a window is the mask; give causal=False with it "
+                                 "(window (-1, 0) is causal)")
+
+    @property
+    def d_qk(self) -> int:
+        return self.geometry[0] + self.geometry[1]
+
+    @property
+    def d_v(self) -> int:
+        return self.geometry[2]
+
+    @property
+    def mask(self) -> str:
+        """``causal``, ``none`` or ``window``."""
+        return "window" if self.window is not None else "causal" if self.causal else "none"
+
+    @property
+    def base_traits(self) -> bool:
+        """The geometry and masks of section 1 (128 / 64 / 128, causal or none): what the kernels
+        shipped before section 1b run."""
+        return self.geometry == GEOMETRY and self.window is None
 
     @property
     def batch(self) -> int:
@@ -136,7 +177,7 @@ class Shape:
 
     def flops(self) -> int:
         """FLOPs of one call by the BENCHMARKS.md convention (visible pairs only)."""
-        return flops(self.sequence_lengths(), self.heads, self.causal)
+        return flops(self.sequence_lengths(), self.heads, self.causal, self.geometry, self.window)
 
     @property
     def description(self) -> str:
@@ -146,10 +187,15 @@ class Shape:
         elif self.uniform:
             lq, lk = self.q_lens[0], self.k_lens[0]
             lengths = f"{self.batch} × {lq} new after {lk - lq} cached (Lk {lk})"
+        elif len(set(self.q_lens)) == 1:
+            prefixes = [lk - lq for lq, lk in zip(self.q_lens, self.k_lens)]
+            lengths = f"{self.batch} × {self.q_lens[0]} new after {min(prefixes)}–{max(prefixes)} cached"
         else:
             lengths = (f"{self.batch} ragged, {min(self.q_lens)}–{max(self.q_lens)} "
                        f"(mean {self.total_q // self.batch})")
-        return f"{lengths}, H {self.heads}, {'causal' if self.causal else 'no mask'}"
+        mask = f"window {self.window}" if self.window is not None else "causal" if self.causal else "no mask"
+        dims = "" if self.geometry == GEOMETRY else ", d {}/{}/{}".format(*self.geometry)
+        return f"{lengths}, H {self.heads}{dims}, {mask}"
 
     def describe_text(self) -> str:
         """The canonical description, which :func:`parse_shape` reads back into this shape."""
@@ -171,10 +217,16 @@ def ragged_lengths(count: int, low: int, high: int, seed: int) -> tuple[int, ...
 
 
 _D4_LENGTHS = ragged_lengths(16, 128, 4096, seed=0)
+_D10_PREFIXES = ragged_lengths(16, 1024, 16384, seed=0)
+GLM5 = (192, 64, 256)
 
 #: The dense shapes of BENCHMARKS.md. D4 draws its 16 lengths (Lq = Lk per sequence) with
 #: ``random.Random(0).randint(128, 4096)``, one call per sequence in order; D5 is a chunk of
-#: 2048 new tokens after a 14336-token cached prefix; D7 is a TP8 slice (16 heads).
+#: 2048 new tokens after a 14336-token cached prefix; D7 is a TP8 slice (16 heads). D8 and D9
+#: are GLM-5's geometry (192 / 64 / 256) at 64 heads and at TP8; D10 is chunked prefill at TP8,
+#: 16 chunks of 1024 new tokens after cached prefixes drawn as D4's lengths are
+#: (``random.Random(0).randint(1024, 16384)``); D11 a sliding window of 4096 keys (left 4095,
+#: right 0) over 16384 tokens.
 SHAPES: dict[str, Shape] = {s.id: s for s in (
     Shape("D1", (8192,), (8192,), 128, True),
     Shape("D2", (4096,) * 4, (4096,) * 4, 16, True),
@@ -183,11 +235,15 @@ SHAPES: dict[str, Shape] = {s.id: s for s in (
     Shape("D5", (2048,), (14336 + 2048,), 128, True),
     Shape("D6", (512,) * 32, (512,) * 32, 128, True),
     Shape("D7", (2048,) * 8, (2048,) * 8, 16, True),
+    Shape("D8", (8192,), (8192,), 64, True, geometry=GLM5),
+    Shape("D9", (2048,) * 8, (2048,) * 8, 8, True, geometry=GLM5),
+    Shape("D10", (1024,) * 16, tuple(p + 1024 for p in _D10_PREFIXES), 16, True),
+    Shape("D11", (16384,), (16384,), 16, False, window=(4095, 0)),
 )}
 
 
 _ITEM = re.compile(r"\s*([a-z]+)\s*=\s*(\[[^\]]*\]|[^,\[\]]+)\s*(?:,|$)|\s*([a-z]+)\s*(?:,|$)")
-_KEYS = ("b", "q", "k", "h")
+_KEYS = ("b", "q", "k", "h", "dims", "window")
 
 
 def _lengths(text: str, key: str, where: str) -> tuple[int, ...] | int:
@@ -227,18 +283,33 @@ def parse_shape(text: str, id: str | None = None) -> Shape:
     if "=" not in raw and raw.lower() not in MASKS:
         raise ShapeError(f"unknown shape id {raw!r}; choose from {', '.join(SHAPES)}, or describe one: {GRAMMAR}")
     try:
-        q_lens, k_lens, heads, causal = _parse_description(raw)
+        q_lens, k_lens, heads, causal, traits = _parse_description(raw)
     except ValueError as exc:
         raise ShapeError(f"{exc}; allowed: {GRAMMAR}") from None
     if not sum(q_lens) or not sum(k_lens):
         raise ShapeError(f"shape {raw!r}: no {'query' if not sum(q_lens) else 'key'} rows; "
                          "lengths must add up to at least 1")
-    shape = Shape("", q_lens, k_lens, heads, causal)
+    shape = Shape("", q_lens, k_lens, heads, causal, **traits)
     return replace(shape, id=id or describe_shape(shape))
 
 
-def _parse_description(text: str) -> tuple[tuple[int, ...], tuple[int, ...], int, bool]:
-    """(q_lens, k_lens, heads, causal) of a description; ValueError naming the bad item."""
+def _int_list(text: str, key: str, where: str, count: int, low: int) -> tuple[int, ...]:
+    """``[a,b,...]`` of ``count`` integers, each at least ``low``; ValueError naming the item."""
+    body = text.strip()
+    try:
+        if not (body.startswith("[") and body.endswith("]")):
+            raise ValueError
+        values = tuple(int(x) for x in body[1:-1].split(","))
+    except ValueError:
+        values = ()
+    if len(values) != count or any(v < low for v in values):
+        raise ValueError(f"{where}: {key}={text}: expected a list of {count} integers, each at least {low}")
+    return values
+
+
+def _parse_description(text: str) -> tuple[tuple[int, ...], tuple[int, ...], int, bool, dict]:
+    """(q_lens, k_lens, heads, causal, geometry / window) of a description; ValueError naming the
+    bad item."""
     where = f"shape {text!r}"
     values: dict[str, str] = {}
     mask = None
@@ -258,7 +329,7 @@ def _parse_description(text: str) -> tuple[tuple[int, ...], tuple[int, ...], int
             continue
         key, value = m.group(1), m.group(2)
         if key not in _KEYS:
-            raise ValueError(f"{where}: unknown key {key!r}; keys: b, q, k, h")
+            raise ValueError(f"{where}: unknown key {key!r}; keys: {', '.join(_KEYS)}")
         if key in values:
             raise ValueError(f"{where}: {key} is given twice")
         values[key] = value
@@ -281,7 +352,17 @@ def _parse_description(text: str) -> tuple[tuple[int, ...], tuple[int, ...], int
                          f"on the number of sequences")
     q_lens = q if isinstance(q, tuple) else (q,) * n
     k_lens = k if isinstance(k, tuple) else (k,) * n
-    return q_lens, k_lens, heads, (mask or "causal") == "causal"
+    traits = {}
+    if "dims" in values:
+        traits["geometry"] = _int_list(values["dims"], "dims", where, 3, 0)
+        if traits["geometry"][0] + traits["geometry"][1] < 1 or traits["geometry"][2] < 1:
+            raise ValueError(f"{where}: dims={values['dims']}: d_nope + d_rope and d_v must be at least 1")
+    if "window" in values:
+        if mask is not None:
+            raise ValueError(f"{where}: the mask is given twice ({mask} and window=...)")
+        traits["window"] = _int_list(values["window"], "window", where, 2, -1)
+        return q_lens, k_lens, heads, False, traits
+    return q_lens, k_lens, heads, (mask or "causal") == "causal", traits
 
 
 def describe_shape(shape) -> str:
@@ -292,7 +373,12 @@ def describe_shape(shape) -> str:
     parts = [f"b={len(shape.q_lens)}", f"q={lens(shape.q_lens)}"]
     if tuple(shape.k_lens) != tuple(shape.q_lens):
         parts.append(f"k={lens(shape.k_lens)}")
-    parts += [f"h={shape.heads}", "causal" if shape.causal else "none"]
+    parts.append(f"h={shape.heads}")
+    geometry = tuple(getattr(shape, "geometry", GEOMETRY))
+    if geometry != GEOMETRY:
+        parts.append("dims=[{},{},{}]".format(*geometry))
+    window = getattr(shape, "window", None)
+    parts.append(f"window=[{window[0]},{window[1]}]" if window is not None else "causal" if shape.causal else "none")
     return ",".join(parts)
 
 
@@ -342,6 +428,42 @@ def shape_sequences(shape) -> list[tuple[int, int, int, int]]:
     return out
 
 
+def _sum_positive(a: int, b: int, x0: int, x1: int) -> int:
+    """Sum over integers x0 <= x <= x1 of max(0, a * x + b), for a slope a in (-1, 0, 1)."""
+    if x1 < x0:
+        return 0
+    if a == 0:
+        return max(0, b) * (x1 - x0 + 1)
+    if a == 1:
+        x0 = max(x0, -b + 1)        # a * x + b >= 1
+    else:
+        x1 = min(x1, b - 1)
+    if x1 < x0:
+        return 0
+    return (a * x0 + b + a * x1 + b) * (x1 - x0 + 1) // 2
+
+
+def window_pairs(len_q: int, len_k: int, left: int, right: int) -> int:
+    """(query, key) pairs a sequence computes under ``window`` (left, right), -1 unbounded (MLA.md
+    section 1b): query i at p = i + len_k - len_q sees keys max(0, p - left) .. min(len_k - 1,
+    p + right). Closed form, piecewise over the positions where either bound stops clamping."""
+    if len_q <= 0 or len_k <= 0:
+        return 0
+    left = len_k if left < 0 else left              # p - len_k < 0 <= every key
+    right = len_k + len_q if right < 0 else right   # p + len_k + len_q >= len_k - 1 for every row
+    p0, p1 = len_k - len_q, len_k - 1          # the positions of the rows
+    # count(p) = hi(p) - lo(p) + 1, hi = min(len_k - 1, p + right), lo = max(0, p - left), floored at 0
+    cuts = sorted({p0, p1 + 1, min(max(left + 1, p0), p1 + 1), min(max(len_k - right, p0), p1 + 1)})
+    total = 0
+    for x0, x1 in zip(cuts, cuts[1:]):
+        lo_clamped, hi_clamped = x0 < left + 1, x0 >= len_k - right   # lo = 0 / hi = len_k - 1 on [x0, x1)
+        slope = (0 if hi_clamped else 1) - (0 if lo_clamped else 1)
+        # count(p) = slope * p + intercept on this piece
+        intercept = (len_k - 1 if hi_clamped else right) - (0 if lo_clamped else -left) + 1
+        total += _sum_positive(slope, intercept, x0, x1 - 1)
+    return total
+
+
 def visible_pairs(len_q: int, len_k: int, causal: bool) -> int:
     """(query, key) pairs a sequence computes: row i sees min(len_k, max(0, i + len_k - len_q + 1))
     keys when causal, all len_k otherwise."""
@@ -354,6 +476,11 @@ def visible_pairs(len_q: int, len_k: int, causal: bool) -> int:
     return ramp + (len_q - first_full) * len_k
 
 
-def flops(lengths, heads: int, causal: bool) -> int:
-    """BENCHMARKS.md convention: 2 * H * (d_qk + d_v) * visible pairs, summed over sequences."""
-    return sum(2 * heads * (D_QK + D_V) * visible_pairs(lq, lk, causal) for _, lq, _, lk in lengths)
+def flops(lengths, heads: int, causal: bool, geometry: tuple[int, int, int] = GEOMETRY,
+          window: tuple[int, int] | None = None) -> int:
+    """BENCHMARKS.md convention: 2 * H * (d_qk + d_v) * visible pairs, summed over sequences
+    (visible under ``window`` when given, else causal or all)."""
+    width = geometry[0] + geometry[1] + geometry[2]
+    if window is not None:
+        return sum(2 * heads * width * window_pairs(lq, lk, *window) for _, lq, _, lk in lengths)
+    return sum(2 * heads * width * visible_pairs(lq, lk, causal) for _, lq, _, lk in lengths)

@@ -7,7 +7,7 @@ import math
 from typing import Any
 
 from ..kit import Check
-from .problem import D_QK, D_ROPE, D_V, sequence_lengths, shape_sequences
+from .problem import GEOMETRY, sequence_lengths, shape_sequences
 
 REL_TOL = 2e-2      # relative L2 error of out allowed against the float32 reference
 LSE_TOL = 2e-2      # absolute error of lse (natural log) allowed
@@ -27,43 +27,49 @@ def dequantize(x, descale, dtype):
 
 
 def reference(q, k, v, *, k_rope=None, cu_seqlens_q=None, cu_seqlens_k=None, causal=True, softmax_scale=None,
-              dtype=None, head_chunk: int = 16, q_descale=None, k_descale=None, v_descale=None):
+              dtype=None, head_chunk: int = 16, q_descale=None, k_descale=None, v_descale=None, window=None,
+              row_offset=None):
     """MLA.md section 1 computed in ``dtype`` (float32 on GPU, float64 on CPU by default).
 
+    The head geometry is the tensors' (section 1b): d_qk = q's last dim, d_v = v's; the scale
+    defaults to 1/sqrt(d_qk). ``window`` (left, right), -1 unbounded, replaces the causal / no
+    mask: query i at p = i + Lk - Lq sees keys p - left <= j <= p + right. ``row_offset`` (one
+    sequence only) places query i at p = i + row_offset instead (a chunk of a sequence's rows).
     FP8 inputs are dequantized first (stored value x descale, per tensor or per head; k_descale
     applies to k and k_rope), so the reference is exact math on the values the kernel is given.
-    Returns (out, lse) in that dtype: out [Tq, H, 128], lse [Tq, H] (natural log; +inf for a row
+    Returns (out, lse) in that dtype: out [Tq, H, d_v], lse [Tq, H] (natural log; +inf for a row
     that sees no key, whose output is 0).
     """
     import torch
 
     if dtype is None:
         dtype = torch.float64 if q.device.type == "cpu" else torch.float32
-    total_q, heads, _ = q.shape
-    total_k = k.shape[0]
+    total_q, heads, d_qk = q.shape
+    total_k, d_v = k.shape[0], v.shape[-1]
+    d_rope = 0 if k_rope is None else k_rope.shape[-1]
     if q_descale is not None or k_descale is not None or v_descale is not None:
         q, k, v = dequantize(q, q_descale, dtype), dequantize(k, k_descale, dtype), dequantize(v, v_descale, dtype)
         if k_rope is not None:
-            k_rope = dequantize(k_rope.expand(total_k, heads, D_ROPE), k_descale, dtype)
+            k_rope = dequantize(k_rope.expand(total_k, heads, d_rope), k_descale, dtype)
     if k_rope is not None:
-        kr = k_rope.expand(total_k, heads, D_ROPE) if k_rope.shape[1] == 1 else k_rope
+        kr = k_rope.expand(total_k, heads, d_rope) if k_rope.shape[1] == 1 else k_rope
         k = torch.cat([k, kr], dim=-1)
-    scale = 1.0 / math.sqrt(D_QK) if softmax_scale is None else float(softmax_scale)
+    scale = 1.0 / math.sqrt(d_qk) if softmax_scale is None else float(softmax_scale)
     cu_q = None if cu_seqlens_q is None else cu_seqlens_q.cpu()
     cu_k = None if cu_seqlens_k is None else cu_seqlens_k.cpu()
-    out = torch.zeros((total_q, heads, D_V), dtype=dtype, device=q.device)
+    out = torch.zeros((total_q, heads, d_v), dtype=dtype, device=q.device)
     lse = torch.full((total_q, heads), math.inf, dtype=dtype, device=q.device)
     for qs, lq, ks, lk in sequence_lengths(cu_q, cu_k, total_q, total_k):
         if lq == 0 or lk == 0:
             continue
         i = torch.arange(lq, device=q.device).unsqueeze(1)
         j = torch.arange(lk, device=q.device).unsqueeze(0)
-        visible = (j <= i + (lk - lq)) if causal else torch.ones(lq, lk, dtype=torch.bool, device=q.device)
+        visible = visible_mask(i + (lk - lq if row_offset is None else row_offset), j, causal, window)
         for h0 in range(0, heads, head_chunk):
             h1 = min(heads, h0 + head_chunk)
-            qh = q[qs:qs + lq, h0:h1].to(dtype).transpose(0, 1)          # [h, lq, 192]
-            kh = k[ks:ks + lk, h0:h1].to(dtype).transpose(0, 1)          # [h, lk, 192]
-            vh = v[ks:ks + lk, h0:h1].to(dtype).transpose(0, 1)          # [h, lk, 128]
+            qh = q[qs:qs + lq, h0:h1].to(dtype).transpose(0, 1)          # [h, lq, d_qk]
+            kh = k[ks:ks + lk, h0:h1].to(dtype).transpose(0, 1)          # [h, lk, d_qk]
+            vh = v[ks:ks + lk, h0:h1].to(dtype).transpose(0, 1)          # [h, lk, d_v]
             s = torch.matmul(qh, kh.transpose(1, 2)) * scale
             s = s.masked_fill(~visible, -math.inf)
             row_lse = torch.logsumexp(s, dim=-1)                         # -inf where nothing visible
@@ -72,6 +78,22 @@ def reference(q, k, v, *, k_rope=None, cu_seqlens_q=None, cu_seqlens_k=None, cau
             out[qs:qs + lq, h0:h1] = torch.matmul(p, vh).transpose(0, 1)
             lse[qs:qs + lq, h0:h1] = torch.where(seen, row_lse, torch.full_like(row_lse, math.inf)).transpose(0, 1)
     return out, lse
+
+
+def visible_mask(p, j, causal: bool, window=None):
+    """Which keys ``j`` ([1, Lk]) the rows at positions ``p`` ([Lq, 1], i + Lk - Lq) see: the
+    window (left, right) when given (-1 unbounded), else j <= p when causal, else all."""
+    import torch
+
+    if window is None:
+        return (j <= p) if causal else torch.ones(p.shape[0], j.shape[1], dtype=torch.bool, device=p.device)
+    left, right = window
+    seen = torch.ones(p.shape[0], j.shape[1], dtype=torch.bool, device=p.device)
+    if left >= 0:
+        seen &= j >= p - left
+    if right >= 0:
+        seen &= j <= p + right
+    return seen
 
 
 def quantize(x, dtype: str, per_head: bool):
@@ -91,8 +113,9 @@ def quantize(x, dtype: str, per_head: bool):
 def make_inputs(shape, device, seed: int = 0, dtype: str = "bf16") -> dict[str, Any]:
     """Fresh standard-normal operands for ``shape`` (never zeros, never constants).
 
-    Returns a dict with q [Tq, H, 192], k [Tk, H, 128] (nope), k_rope [Tk, 1, 64] (shared by all
-    heads), v [Tk, H, 128], cu_seqlens_q / cu_seqlens_k (int32 [B + 1] on ``device``, or None for
+    Returns a dict with q [Tq, H, d_qk], k [Tk, H, d_nope], k_rope [Tk, 1, d_rope] (shared by all
+    heads; None when d_rope is 0), v [Tk, H, d_v] (the shape's geometry: 192, 128, 64, 128 by
+    default), cu_seqlens_q / cu_seqlens_k (int32 [B + 1] on ``device``, or None for
     a batch of one) and causal. ``dtype`` "fp8_e4m3" or "fp8_e4m3fnuz" quantizes the operands
     (q and v with one descale per head, k and k_rope with one for the tensor, as a shared rope
     needs) and adds q_descale, k_descale and v_descale.
@@ -108,8 +131,12 @@ def make_inputs(shape, device, seed: int = 0, dtype: str = "bf16") -> dict[str, 
         return torch.randn(size, generator=gen, device=device, dtype=torch.float32 if fp8 else torch.bfloat16)
 
     tq, tk, h = sum(shape.q_lens), sum(shape.k_lens), shape.heads
-    inputs = {"q": randn(tq, h, D_QK), "k": randn(tk, h, D_QK - D_ROPE), "k_rope": randn(tk, 1, D_ROPE),
-              "v": randn(tk, h, D_V), "cu_seqlens_q": None, "cu_seqlens_k": None, "causal": shape.causal}
+    d_nope, d_rope, d_v = getattr(shape, "geometry", GEOMETRY)
+    inputs = {"q": randn(tq, h, d_nope + d_rope), "k": randn(tk, h, d_nope),
+              "k_rope": randn(tk, 1, d_rope) if d_rope else None,
+              "v": randn(tk, h, d_v), "cu_seqlens_q": None, "cu_seqlens_k": None, "causal": shape.causal}
+    if getattr(shape, "window", None) is not None:
+        inputs["window"] = tuple(shape.window)
     if fp8:
         inputs["q"], inputs["q_descale"] = quantize(inputs["q"], dtype, per_head=True)
         inputs["v"], inputs["v_descale"] = quantize(inputs["v"], dtype, per_head=True)
@@ -161,16 +188,23 @@ def reference_heads(shape, inputs: dict, heads: int | None = 2, budget_bytes: in
         d = inputs.get(name)
         descales[name] = None if d is None else (d if d.numel() == 1 else d[:heads])
     total_q = sum(shape.q_lens)
-    out = torch.zeros((total_q, heads, D_V), dtype=torch.float32, device=q.device)
+    window = getattr(shape, "window", None)
+    out = torch.zeros((total_q, heads, v.shape[-1]), dtype=torch.float32, device=q.device)
     lse = torch.full((total_q, heads), math.inf, dtype=torch.float32, device=q.device)
     for qs, lq, ks, lk in shape_sequences(shape):
         rows = max(1, budget_bytes // (6 * 4 * heads * max(lk, 1)))  # ~6 live fp32 score matrices
         for r0 in range(0, lq, rows):
             r1 = min(lq, r0 + rows)
-            keys = max(0, min(lk, r1 + lk - lq)) if shape.causal else lk
-            kr = slice(ks, ks + keys)
-            o, l = reference(q[qs + r0:qs + r1], k[kr], v[kr], k_rope=k_rope[kr], causal=shape.causal,
-                             dtype=torch.float32, **descales)
+            # keys [k0, k1) of the sequence: those rows [r0, r1) can see
+            k0, k1 = 0, (max(0, min(lk, r1 + lk - lq)) if shape.causal else lk)
+            if window is not None:
+                k0 = 0 if window[0] < 0 else min(lk, max(0, r0 + lk - lq - window[0]))
+                k1 = lk if window[1] < 0 else max(k0, min(lk, r1 - 1 + lk - lq + window[1] + 1))
+            kr = slice(ks + k0, ks + k1)
+            # row r sits at position r + lk - lq of the sequence: r - r0 + (that of r0) - k0 among keys [k0, k1)
+            o, l = reference(q[qs + r0:qs + r1], k[kr], v[kr], k_rope=None if k_rope is None else k_rope[kr],
+                             causal=shape.causal, window=window, dtype=torch.float32,
+                             row_offset=r0 + lk - lq - k0, **descales)
             out[qs + r0:qs + r1] = o
             lse[qs + r0:qs + r1] = l
     return out, lse

@@ -3,7 +3,7 @@
 
 Modules, in the order a call meets them:
 
-* compile time: :mod:`.problem` (constants, the dense ``Shape``, the BENCHMARKS.md ids D1-D7 and
+* compile time: :mod:`.problem` (constants, the dense ``Shape``, the BENCHMARKS.md ids D1-D11 and
   the description grammar, shape classes, FLOPs), :mod:`.params` (the
   kernel parameter structs), :mod:`.schedule` (the Hopper barrier schedule), :mod:`.compile`
   (spec checks, pruning, render values);

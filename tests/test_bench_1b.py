@@ -42,7 +42,7 @@ def _no_gpu_timing(monkeypatch):
 
 
 TINY_1B = {
-    "glm5": DenseShape("G", (5, 9), (5, 12), 2, True, geometry=(40, 8, 56)),
+    "glm5": DenseShape("G", (5, 9), (5, 12), 2, True, geometry="n192r64v256"),
     "window": DenseShape("W", (7, 20), (7, 26), 2, False, window=(4, 1)),
 }
 
@@ -55,11 +55,12 @@ def test_sdpa_peers_take_the_shapes_geometry_and_window(name):
     x = dense_inputs(shape, "cpu", seed=4)
     peer = dense_peers.sdpa_peer(shape, x, backend=SDPBackend.MATH, pad_v=True, lower_right="dense")
     out, _ = peer.checked_call()
-    assert tuple(out.shape) == (shape.total_q, shape.heads, shape.d_v)
+    d_qk, d_v = shape.dims[0] + shape.dims[1], shape.dims[2]
+    assert tuple(out.shape) == (shape.total_q, shape.heads, d_v)
     check = dense_compare(out, None, *reference_heads(shape, x))
     assert check.ok, check.problem
-    assert ("V zero-padded" in peer.note) == (shape.d_v < shape.d_qk)
-    assert ("window (4, 1) as a dense additive" in peer.note) == (shape.window is not None)
+    assert ("V zero-padded" in peer.note) == (d_v < d_qk)
+    assert ("window 4/1 as a dense additive" in peer.note) == (shape.mask == "window")
 
 
 def test_flash_sdpa_refuses_a_window_as_not_supported():
@@ -81,17 +82,17 @@ def test_mlagen_peer_says_not_supported_for_what_the_call_refuses(monkeypatch):
 
     monkeypatch.setattr(entry, "mla_prefill_kernel", refuses)
     glm = TINY_1B["glm5"]
-    with pytest.raises(PeerUnsupported, match=r"^d 40/8/56: mla_prefill: q: last dimension must be 192, got 48$"):
+    with pytest.raises(PeerUnsupported, match=r"^d 192/64/256: mla_prefill: q: last dimension must be 192, got 256$"):
         dense_peers.mlagen_peer(glm, dense_inputs(glm, "cpu"))
     with pytest.raises(ArgumentError):
         dense_peers.mlagen_peer(RAGGED, dense_inputs(RAGGED, "cpu"))
 
-    def no_window(q, k, v, *, k_rope=None, cu_seqlens_q=None, cu_seqlens_k=None, causal=True):
+    def mla_prefill(q, k, v, *, k_rope=None, cu_seqlens_q=None, cu_seqlens_k=None, causal=True):
         raise AssertionError("not called")
 
-    monkeypatch.setattr(op, "mla_prefill", no_window)
+    monkeypatch.setattr(op, "mla_prefill", mla_prefill)   # the call without section 1b's keywords
     win = TINY_1B["window"]
-    with pytest.raises(PeerUnsupported, match="a window mask: .*takes no window_size= yet"):
+    with pytest.raises(PeerUnsupported, match="window 4/1: mlagen.mla_prefill takes no window_size= yet"):
         dense_peers.mlagen_peer(win, dense_inputs(win, "cpu"))
 
 
@@ -104,7 +105,7 @@ def test_not_supported_is_reported_and_the_peers_still_timed(monkeypatch):
         return dense_peers.sdpa_peer(shape, x, backend=SDPBackend.MATH, pad_v=False, lower_right="dense")
 
     def unsupported(shape, x, arg=None):
-        raise PeerUnsupported("d 40/8/56: no kernel for this head geometry")
+        raise PeerUnsupported("d 192/64/256: no kernel for this head geometry")
 
     fake = {p.name: p for p in (Peer("fa3", "", math_prepare, lead=True), Peer("cudnn", "", math_prepare),
                                 Peer("mlagen", "", unsupported, ours=True))}
@@ -116,10 +117,10 @@ def test_not_supported_is_reported_and_the_peers_still_timed(monkeypatch):
                                 device="cpu", flush=lambda: None, log=logs.append)
     p = result.peers
     assert p["mlagen"].unsupported and p["mlagen"].timing is None and not p["mlagen"].wrong
-    assert f"{shape.id} mlagen: not supported (d 40/8/56: no kernel for this head geometry)" in logs
+    assert f"{shape.id} mlagen: not supported (d 192/64/256: no kernel for this head geometry)" in logs
     assert len(p["fa3"].timing.blocks) == 2 and len(p["cudnn"].timing.blocks) == 2 and p["fa3"].check.ok
     table = bench.format_table([result], {})
-    assert "not supported (d 40/8/56: no kernel for this head geometry)" in table
+    assert "not supported (d 192/64/256: no kernel for this head geometry)" in table
     assert result.ratio("mlagen", "fa3") is None
     doc = json.loads(bench.results_to_json([result], {}))
     assert doc["results"][0]["peers"]["mlagen"]["unsupported"] is True
@@ -159,14 +160,14 @@ def test_fa3_extra_peer_passes_the_mask_and_reads_fa3s_lse_layout(monkeypatch):
     class FakeOps:
         @staticmethod
         def kernels():
-            return ["hdim48_56_causal", "hdim192_128_local", "hdim192_128_causal_softcap"]
+            return ["hdim256_causal", "hdim192_128_local", "hdim192_128_causal_softcap"]
 
         @staticmethod
         def fwd(q, k, v, cu_q, cu_k, max_q, max_k, causal, left, right, softcap, scale):
             calls.append((tuple(cu_q.tolist()), max_q, max_k, causal, left, right, softcap, scale))
             window = None if (left, right) == (-1, -1) else (left, right)
-            out, lse = reference(q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, causal=causal and window is None,
-                                 window=window, dtype=torch.float32)
+            out, lse = reference(q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, causal=causal,
+                                 window_size=window or (-1, -1), dtype=torch.float32)
             return out.to(torch.bfloat16), lse.transpose(0, 1).contiguous()
 
     monkeypatch.setattr(type(FA3_EXTRA), "load", lambda self: FakeOps)   # a frozen dataclass: patched on the class
@@ -179,6 +180,6 @@ def test_fa3_extra_peer_passes_the_mask_and_reads_fa3s_lse_layout(monkeypatch):
         check = DENSE.compare((out, lse), reference_heads(shape, x))
         assert check.ok and check.lse_max_abs is not None, check.problem
         assert "tools/fa3_extra kernel" in prepared.note
-    with pytest.raises(PeerUnsupported, match="no FA3 kernel built for d 48 / 56, window; built: hdim48_56_causal"):
-        other = DenseShape("GW", (6,), (6,), 2, False, geometry=(40, 8, 56), window=(2, 0))
+    with pytest.raises(PeerUnsupported, match="no FA3 kernel built for d 256 / 256, window; built: hdim256_causal"):
+        other = DenseShape("GW", (6,), (6,), 2, False, geometry="n192r64v256", window=(2, 0))
         DENSE.peers()["fa3"].prepare(other, dense_inputs(other, "cpu"), None)

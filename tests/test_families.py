@@ -293,10 +293,10 @@ def naive_1b(q, k, v, seqs, scale, causal, window):
 
 
 @pytest.mark.parametrize("text", [
-    "q=[5,1,0,40],k=[9,1,3,40],h=2,dims=[24,8,40],window=[6,1]",   # ragged, a prefix, an empty sequence
-    "q=[30],k=[30],h=3,dims=[16,0,8],window=[-1,3]",               # d_rope 0, unbounded left
-    "q=[12,7],k=[4,7],h=2,dims=[40,8,24],window=[2,-1]",           # Lq > Lk: rows before the keys
-    "q=[9,33],k=[20,33],h=2,dims=[24,8,48],causal",                # another geometry, causal with a prefix
+    "q=[5,1,0,40],k=[9,1,3,40],h=2,d=192/64/256,window=6/1",   # ragged, a prefix, an empty sequence
+    "q=[30],k=[30],h=3,d=128/0/128,window=-1/3",               # d_rope 0, unbounded left
+    "q=[12,7],k=[4,7],h=2,window=2/-1",                        # Lq > Lk: rows before the keys
+    "q=[9,33],k=[20,33],h=2,d=192/64/256,causal",              # another geometry, causal with a prefix
 ])
 def test_reference_of_other_geometries_and_windows(text):
     """The family's reference (and its chunks of rows, at a tiny budget) against the naive loop."""
@@ -305,13 +305,13 @@ def test_reference_of_other_geometries_and_windows(text):
     fam = families.get("mla_prefill")
     shape = dense_problem.parse_shape(text)
     x = fam.make_inputs(shape, "cpu", seed=1)
-    d_nope, d_rope, d_v = shape.geometry
+    d_nope, d_rope, d_v = shape.dims
     assert x["q"].shape[-1] == d_nope + d_rope and x["v"].shape[-1] == d_v and x["k"].shape[-1] == d_nope
     assert (x["k_rope"] is None) == (d_rope == 0)
     full_k = x["k"] if d_rope == 0 else torch.cat([x["k"], x["k_rope"].expand(-1, shape.heads, -1)], dim=-1)
     ref_out, ref_lse = naive_1b(x["q"], full_k, x["v"], shape.sequence_lengths(), 1 / math.sqrt(d_nope + d_rope),
-                                shape.causal, shape.window)
-    for budget in (2 << 30, 3000):   # one chunk, and chunks of a row or two
+                                shape.causal, None if shape.mask != "window" else shape.window)
+    for budget in (2 << 30, 40000):   # one chunk, and chunks of a few rows
         out, lse = dense_reference.reference_heads(shape, x, None, budget_bytes=budget)
         torch.testing.assert_close(out.double(), ref_out, rtol=1e-5, atol=1e-5)
         assert torch.equal(torch.isinf(lse), torch.isinf(ref_lse)) and (lse[torch.isinf(lse)] > 0).all()

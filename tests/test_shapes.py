@@ -30,7 +30,7 @@ def test_shape_table_matches_benchmarks_md():
         shape = s[sid]
         assert (shape.id, shape.batch, shape.q_lens, shape.k_lens, shape.heads, shape.causal) == \
             (sid, batch, q_lens, k_lens, heads, causal)
-        assert shape.geometry == (128, 64, 128) and shape.window is None and shape.base_traits
+        assert shape.dims == (128, 64, 128) and shape.window == (-1, -1) and shape.mask == ("causal" if causal else "none")
 
 
 # BENCHMARKS.md "Dense, other geometries and masks": D10's cached prefixes, drawn as D4's lengths are.
@@ -39,18 +39,17 @@ D10_PREFIXES = (14859, 7335, 13442, 15609, 7914, 1687, 5266, 9400, 8985, 7658, 1
 
 def test_section_1b_shapes_match_benchmarks_md():
     s = dense.SHAPES
-    expect = {  # id: (q_lens, k_lens, heads, geometry, causal, window)
-        "D8": ((8192,), (8192,), 64, (192, 64, 256), True, None),
-        "D9": ((2048,) * 8, (2048,) * 8, 8, (192, 64, 256), True, None),
-        "D10": ((1024,) * 16, tuple(p + 1024 for p in D10_PREFIXES), 16, (128, 64, 128), True, None),
-        "D11": ((16384,), (16384,), 16, (128, 64, 128), False, (4095, 0)),
+    expect = {  # id: (q_lens, k_lens, heads, (d_nope, d_rope, d_v), mask, window)
+        "D8": ((8192,), (8192,), 64, (192, 64, 256), "causal", (-1, -1)),
+        "D9": ((2048,) * 8, (2048,) * 8, 8, (192, 64, 256), "causal", (-1, -1)),
+        "D10": ((1024,) * 16, tuple(p + 1024 for p in D10_PREFIXES), 16, (128, 64, 128), "causal", (-1, -1)),
+        "D11": ((16384,), (16384,), 16, (128, 64, 128), "window", (4095, 0)),
     }
-    for sid, (q_lens, k_lens, heads, geometry, causal, window) in expect.items():
+    for sid, (q_lens, k_lens, heads, dims, mask, window) in expect.items():
         shape = s[sid]
-        assert (shape.q_lens, shape.k_lens, shape.heads, shape.geometry, shape.causal, shape.window) == \
-            (q_lens, k_lens, heads, geometry, causal, window), sid
-        assert not shape.base_traits or sid == "D10"
-    assert (s["D8"].d_qk, s["D8"].d_v) == (256, 256) and s["D11"].mask == "window" and s["D10"].mask == "causal"
+        assert (shape.q_lens, shape.k_lens, shape.heads, shape.dims, shape.mask, shape.window) == \
+            (q_lens, k_lens, heads, dims, mask, window), sid
+    assert s["D8"].geometry == s["D9"].geometry == "n192r64v256" and not s["D11"].causal
 
 
 def test_d10_prefixes_are_seed0_uniform_draws():
@@ -60,7 +59,7 @@ def test_d10_prefixes_are_seed0_uniform_draws():
     d10 = dense.SHAPES["D10"]
     assert all(1024 <= lk - lq <= 16384 for lq, lk in zip(d10.q_lens, d10.k_lens))
     assert d10.packed and not d10.uniform
-    assert d10.description == "16 × 1024 new after 1687–16068 cached, H 16, causal"
+    assert (min(D10_PREFIXES), max(D10_PREFIXES)) == (1687, 16068)
 
 
 def test_section_1b_flops():
@@ -88,10 +87,11 @@ def test_window_pairs_against_brute_force():
              for right in (-1, 0, 2, 40)]
     cases += [(rng.randint(0, 90), rng.randint(0, 90), rng.randint(-1, 100), rng.randint(-1, 100)) for _ in range(300)]
     for lq, lk, left, right in cases:
-        assert dense.window_pairs(lq, lk, left, right) == brute_window_pairs(lq, lk, left, right), (lq, lk, left, right)
-        assert dense.window_pairs(lq, lk, -1, -1) == dense.visible_pairs(lq, lk, False)
+        got = dense.band_pairs(lq, lk, "window", (left, right))
+        assert got == brute_window_pairs(lq, lk, left, right), (lq, lk, left, right)
+        assert dense.band_pairs(lq, lk, "window", (-1, -1)) == dense.visible_pairs(lq, lk, False)
         if lk >= lq:
-            assert dense.window_pairs(lq, lk, -1, 0) == dense.visible_pairs(lq, lk, True)
+            assert dense.band_pairs(lq, lk, "window", (-1, 0)) == dense.visible_pairs(lq, lk, True)
 
 
 def test_d4_lengths_are_seed0_uniform_draws():
@@ -173,7 +173,7 @@ def test_parse_description_ragged():
 
 
 @pytest.mark.parametrize("shape", ["D1", "D4", "D5", "b=3,q=100,k=300,h=4,none", "q=[1,2,3],k=[4,5,6],h=8",
-                                   "D8", "D9", "D10", "D11", "q=[3,9],h=2,dims=[32,0,16],window=[-1,5]"])
+                                   "D8", "D9", "D10", "D11", "q=[3,9],h=2,d=128/0/128,window=7/5"])
 def test_description_round_trips(shape):
     s = dense.parse_shape(shape)
     again = dense.parse_shape(s.describe_text())
@@ -182,16 +182,18 @@ def test_description_round_trips(shape):
 
 
 def test_parse_geometry_and_window():
-    s = dense.parse_shape("q=8192,h=64,dims=[192,64,256]")
-    assert (s.geometry, s.causal, s.window, s.id) == ((192, 64, 256), True, None, "b=1,q=8192,h=64,dims=[192,64,256],causal")
+    s = dense.parse_shape("q=8192,h=64,d=192/64/256")
+    assert (s.dims, s.mask, s.id) == ((192, 64, 256), "causal", "b=1,q=8192,h=64,d=192/64/256,causal")
     assert s.flops() == dense.SHAPES["D8"].flops()
-    w = dense.parse_shape("q=16384,h=16,window=[4095,0]")
+    w = dense.parse_shape("q=16384,h=16,window=4095/0")
     assert (w.window, w.causal, w.mask) == ((4095, 0), False, "window") and w.flops() == dense.SHAPES["D11"].flops()
-    assert "window (4095, 0)" in w.description and "d 192/64/256" in s.description
-    with pytest.raises(ShapeError, match="a window is the mask"):
-        dense.Shape("W", (4,), (4,), 1, True, window=(2, 0))
-    with pytest.raises(ShapeError, match="geometry"):
-        dense.Shape("G", (4,), (4,), 1, True, geometry=(0, 0, 8))
+    assert "window 4095/0" in w.description and "d 192/64/256" in s.description
+    # FlashAttention's rules: causal with a window is the window (left, 0); (-1, 0) is causal
+    assert dense.parse_shape("q=64,h=2,window=5/3,causal").window == (5, 0)
+    assert dense.parse_shape("q=64,h=2,window=-1/0").mask == "causal"
+    assert dense.parse_shape("q=64,h=2,window=-1/-1").mask == "none"
+    with pytest.raises(ShapeError, match="geometry 'n1r2v3'"):
+        dense.Shape("G", (4,), (4,), 1, True, geometry="n1r2v3")
 
 
 @pytest.mark.parametrize("text, fragment", [
@@ -210,12 +212,10 @@ def test_parse_geometry_and_window():
     ("b=3,q=[1,2],h=4", "the batch (3) and the q/k lists disagree"),
     ("q=4096,,h=16", "cannot read ',h=16'"),
     ("D12", "unknown shape id 'D12'"),
-    ("q=64,h=2,dims=[192,64]", "dims=[192,64]: expected a list of 3 integers, each at least 0"),
-    ("q=64,h=2,dims=[0,0,64]", "d_nope + d_rope and d_v must be at least 1"),
-    ("q=64,h=2,dims=192", "dims=192: expected a list of 3"),
-    ("q=64,h=2,window=[-2,0]", "window=[-2,0]: expected a list of 2 integers, each at least -1"),
-    ("q=64,h=2,window=[4,0],causal", "the mask is given twice"),
-    ("q=64,h=2,none,window=[4,0]", "the mask is given twice"),
+    ("q=64,h=2,d=192/64", "d=192/64: expected d_nope/d_rope/d_v, one of 128/64/128, 192/64/256"),
+    ("q=64,h=2,d=64/64/64", "d=64/64/64: expected d_nope/d_rope/d_v"),
+    ("q=64,h=2,window=-2/0", "window=-2/0: each side is >= 0, or -1 for unbounded"),
+    ("q=64,h=2,window=4", "window=4: expected <left>/<right>"),
     ("", "empty shape"),
 ])
 def test_parse_description_errors_name_the_item(text, fragment):

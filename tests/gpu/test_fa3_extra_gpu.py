@@ -57,8 +57,8 @@ def test_fa3_extra_refuses_a_kernel_it_does_not_have():
         ops.fwd(q, q, q, cu, cu, 8, 8, True, -1, -1, 0.0, None)
 
 
-SHAPES_1B = ["q=[300,77],k=[300,500],h=4,dims=[192,64,256],causal",   # GLM-5's geometry, a prefix, ragged
-             "q=700,h=4,window=[100,0]"]                              # a window narrower than a tile row
+SHAPES_1B = ["q=[300,77],k=[300,500],h=4,d=192/64/256,causal",   # GLM-5's geometry, a prefix, ragged
+             "q=700,h=4,window=100/0"]                              # a window narrower than a tile row
 
 
 def test_bench_runs_section_1b_shapes_with_every_peer_checked():

@@ -24,7 +24,7 @@ from ..base import Family, register
 from . import compile as _compile
 from . import problem as _problem
 from .launch import accepts, launch
-from .problem import D_V, ProblemKey, Shape, flops
+from .problem import DEFAULT_GEOMETRY, ProblemKey, Shape, shape_flops
 from .reference import REL_TOL
 
 
@@ -58,7 +58,8 @@ class MlaPrefillFamily(kit.ShapesOf, Family):
     def check_shapes(self, problem: str) -> list[Shape]:
         """The named shapes of the class, else one sequence of the class's lengths and heads (a
         record tuned on a described shape, such as 1 x 8192 with 64 heads)."""
-        same = [s for s in super().check_shapes(problem) if s.base_traits]   # a record's class is 128/64/128
+        # A record's class is of the section 1 traits (the key names no geometry or window yet).
+        same = [s for s in super().check_shapes(problem) if s.geometry == DEFAULT_GEOMETRY and s.mask != "window"]
         if same:
             return same
         key = ProblemKey.parse(problem)
@@ -87,7 +88,7 @@ class MlaPrefillFamily(kit.ShapesOf, Family):
         import torch
 
         tq = sum(shape.q_lens)
-        return (torch.full((tq, shape.heads, getattr(shape, "d_v", D_V)), fill, dtype=torch.bfloat16, device=device),
+        return (torch.full((tq, shape.heads, shape.dims[2]), fill, dtype=torch.bfloat16, device=device),
                 torch.full((tq, shape.heads), fill, dtype=torch.float32, device=device))
 
     def check_shape(self, shape) -> Shape:
@@ -128,8 +129,7 @@ class MlaPrefillFamily(kit.ShapesOf, Family):
         return compare_bias(got[0], ref[0], self.compare(got, ref, dtype=dtype))
 
     def flops(self, shape) -> int:
-        return flops(_problem.shape_sequences(shape), shape.heads, shape.causal, getattr(shape, "geometry", _problem.GEOMETRY),
-                     getattr(shape, "window", None))
+        return shape_flops(shape)
 
     tolerance = REL_TOL   # bf16 inputs
 

@@ -40,18 +40,32 @@ FA3_EXTRA = ProjectBuild("fa3_extra", "fa3_extra_C.so", "fa3_extra", "FA3_EXTRA_
                          "FlashAttention-3's further kernels (256 / 256, local window, softcap)")
 
 
+#: The inputs' keys of section 1b's call arguments (make_inputs adds those a shape has).
+TRAIT_ARGS = ("window_size", "chunk_size", "softcap", "attn_sink")
+
+
 def _dims(shape) -> tuple[int, int]:
     """(d_qk, d_v) of a shape (a shape without a geometry is 192 / 128)."""
-    d_nope, d_rope, d_v = getattr(shape, "geometry", (128, 64, 128))
+    d_nope, d_rope, d_v = getattr(shape, "dims", (128, 64, 128))
     return d_nope + d_rope, d_v
 
 
-def _window(shape):
-    return getattr(shape, "window", None)
+def _mask(shape) -> str:
+    return getattr(shape, "mask", "causal" if shape.causal else "none")
+
+
+def _window(shape) -> tuple[int, int] | None:
+    return tuple(shape.window) if _mask(shape) == "window" else None
+
+
+def _softcap(shape) -> float:
+    return float(getattr(shape, "softcap", 0.0) or 0.0)
 
 
 def _base(shape) -> bool:
-    return getattr(shape, "base_traits", True)
+    """Section 1's traits: 192 / 128, causal or no mask, plain scores."""
+    return (_dims(shape) == (192, 128) and _mask(shape) in ("causal", "none") and not _softcap(shape)
+            and not getattr(shape, "sink", False))
 
 
 def full_k(shape, inputs: dict):
@@ -78,9 +92,10 @@ def mlagen_peer(shape, inputs: dict, arg: str | None = None, *, check_seqlens: b
     q, k, v = inputs["q"], inputs["k"], inputs["v"]
     kwargs = {"k_rope": inputs["k_rope"], "cu_seqlens_q": inputs["cu_seqlens_q"],
               "cu_seqlens_k": inputs["cu_seqlens_k"], "causal": shape.causal}
-    if _window(shape) is not None:
-        _require_keyword(mla_prefill, "window_size", "a window mask")
-        kwargs["window_size"] = tuple(_window(shape))
+    for name in TRAIT_ARGS:   # a section 1b shape's traits, as the call takes them
+        if name in inputs:
+            _require_keyword(mla_prefill, name, _traits(shape))
+            kwargs[name] = inputs[name]
     d_v = _dims(shape)[1]
     extra = {}
     if arg is not None:
@@ -126,19 +141,23 @@ def mlagen_peer(shape, inputs: dict, arg: str | None = None, *, check_seqlens: b
 
 
 def _traits(shape) -> str:
-    """What sets a section 1b shape apart, for messages: ``d 192/64/256``, ``window (4095, 0)``."""
+    """What sets a section 1b shape apart, for messages: ``d 192/64/256``, ``window 4095/0``."""
     parts = []
-    if tuple(getattr(shape, "geometry", (128, 64, 128))) != (128, 64, 128):
-        parts.append("d {}/{}/{}".format(*shape.geometry))
-    if _window(shape) is not None:
-        parts.append(f"window {tuple(shape.window)}")
+    if tuple(getattr(shape, "dims", (128, 64, 128))) != (128, 64, 128):
+        parts.append("d {}/{}/{}".format(*shape.dims))
+    if _mask(shape) not in ("causal", "none"):
+        parts.append(f"window {shape.window[0]}/{shape.window[1]}" if _window(shape) else _mask(shape))
+    if _softcap(shape):
+        parts.append(f"softcap {_softcap(shape):g}")
+    if getattr(shape, "sink", False):
+        parts.append("sink")
     return ", ".join(parts) or "this shape"
 
 
 def _require_keyword(fn, name: str, what: str) -> None:
     """PeerUnsupported unless ``fn`` takes the keyword ``name``."""
     if name not in inspect.signature(fn).parameters:
-        raise PeerUnsupported(f"{what}: {fn.__module__.split('.')[0]}.{fn.__name__} takes no {name}= yet")
+        raise PeerUnsupported(f"{what}: mlagen.{fn.__name__} takes no {name}= yet")
 
 
 def mlagen_checked_peer(shape, inputs: dict, arg: str | None = None) -> Prepared:
@@ -188,15 +207,17 @@ def fa3_extra_peer(shape, inputs: dict) -> Prepared:
     ``window_size``). A geometry or mask it has no kernel for raises PeerUnsupported."""
     import torch
 
+    if _mask(shape) not in ("causal", "none", "window") or getattr(shape, "sink", False):
+        raise PeerUnsupported(f"{_traits(shape)}: FA3's forward has no such mask or sink")
     ops = FA3_EXTRA.load()
     d_qk, d_v = _dims(shape)
-    window = _window(shape)
-    causal, (left, right) = shape.causal, (tuple(window) if window is not None else (-1, -1))
-    mask = (True, False) if causal and window is None else (False, window is not None)
+    window, softcap = _window(shape), _softcap(shape)
+    causal, (left, right) = shape.causal, (window if window is not None else (-1, -1))
     have = [str(n) for n in ops.kernels()]
-    if not any(_kernel_fits(n, d_qk, d_v, *mask) for n in have):
+    if not any(_kernel_fits(n, d_qk, d_v, causal, window is not None, softcap > 0) for n in have):
         raise PeerUnsupported(f"no FA3 kernel built for d {d_qk} / {d_v}, "
-                              f"{'causal' if mask[0] else 'window' if mask[1] else 'no mask'}; built: {', '.join(have)}")
+                              f"{'causal' if causal else 'window' if window else 'no mask'}"
+                              f"{', softcap' if softcap else ''}; built: {', '.join(have)}")
     q, v, device = inputs["q"], inputs["v"], inputs["q"].device
     k = full_k(shape, inputs).contiguous()
     cu_q, cu_k = inputs["cu_seqlens_q"], inputs["cu_seqlens_k"]
@@ -206,7 +227,7 @@ def fa3_extra_peer(shape, inputs: dict) -> Prepared:
     max_q, max_k = max(shape.q_lens), max(shape.k_lens)
 
     def fn():
-        return ops.fwd(q, k, v, cu_q, cu_k, max_q, max_k, causal, left, right, 0.0, None)
+        return ops.fwd(q, k, v, cu_q, cu_k, max_q, max_k, causal, left, right, softcap, None)
 
     def checked_call():
         out, lse = fn()
@@ -214,11 +235,12 @@ def fa3_extra_peer(shape, inputs: dict) -> Prepared:
 
     return Prepared(fn, checked_call, f"tools/fa3_extra kernel for d {d_qk} / {d_v}"
                     + (f", window ({left}, {right})" if window is not None else "")
+                    + (f", softcap {softcap:g}" if softcap else "")
                     + f"; K nope ‖ rope expanded to [Tk, H, {d_qk}] once, before timing; varlen API")
 
 
 #: The kernels ``tools/fa3_extra/build.py`` names: hdim<d>[_<dv>]_<causal|noncausal|local>[_softcap].
-def _kernel_fits(name: str, d_qk: int, d_v: int, causal: bool, local: bool) -> bool:
+def _kernel_fits(name: str, d_qk: int, d_v: int, causal: bool, local: bool, softcap: bool = False) -> bool:
     parts = name.split("_")
     dims = parts[0].removeprefix("hdim")
     rest = parts[1:]
@@ -226,7 +248,7 @@ def _kernel_fits(name: str, d_qk: int, d_v: int, causal: bool, local: bool) -> b
         dims, rest = f"{dims}_{rest[0]}", rest[1:]
     d, _, dv = dims.partition("_")
     mask = "causal" if causal else "local" if local else "noncausal"
-    return (int(d), int(dv or d)) == (d_qk, d_v) and rest == [mask]
+    return (int(d), int(dv or d)) == (d_qk, d_v) and rest == [mask] + (["softcap"] if softcap else [])
 
 
 def cudnn_peer(shape, inputs: dict, arg: str | None = None) -> Prepared:
@@ -257,8 +279,10 @@ def sdpa_peer(shape, inputs: dict, *, backend, pad_v: bool, lower_right: str) ->
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     d_qk, d_v = _dims(shape)
-    if backend == SDPBackend.FLASH_ATTENTION and _window(shape) is not None:
-        raise PeerUnsupported("SDPA's flash backend takes no mask but causal (no window)")
+    if _softcap(shape) or getattr(shape, "sink", False):
+        raise PeerUnsupported(f"{_traits(shape)}: SDPA has no softcap or sink")
+    if backend == SDPBackend.FLASH_ATTENTION and _mask(shape) not in ("causal", "none"):
+        raise PeerUnsupported(f"{_traits(shape)}: SDPA's flash backend takes no mask but causal")
     calls = _sdpa_calls(shape, inputs, pad_v, lower_right)
     if backend == SDPBackend.FLASH_ATTENTION:
         _require_flash_for_bias(calls)
@@ -277,9 +301,9 @@ def sdpa_peer(shape, inputs: dict, *, backend, pad_v: bool, lower_right: str) ->
         notes.append(f"V zero-padded to {d_qk}")
     if not shape.uniform:
         notes.append(f"per-sequence calls ({shape.batch} SDPA calls per timed call; SDPA takes no packed batch)")
-    if _window(shape) is not None:
-        notes.append(f"window {tuple(shape.window)} as a dense additive [Lq, Lk] mask (SDPA takes no window; "
-                     "every block is computed)")
+    if _mask(shape) not in ("causal", "none"):
+        notes.append(f"{_traits(shape)} as a dense additive [Lq, Lk] mask (SDPA takes no window; every block is "
+                     "computed)")
     elif shape.causal and any(lq != lk for lq, lk in zip(shape.q_lens, shape.k_lens)):
         notes.append("bottom-right causal as a dense additive [Lq, Lk] mask (SDPA's is_causal is top-left, and "
                      "causal_lower_right never dispatches to cuDNN)" if lower_right == "dense"
@@ -306,18 +330,18 @@ def _sdpa_calls(shape, inputs: dict, pad_v: bool, lower_right: str) -> list[tupl
     else:
         groups = [(slice(qs, qs + lq), slice(ks, ks + lk), 1, lq, lk) for qs, lq, ks, lk in shape.sequence_lengths()]
     return [(_bhsd(q[qs], b), _bhsd(k[ks], b), _bhsd(v[ks], b),
-             _sdpa_mask(lq, lk, shape.causal, lower_right, q.device, _window(shape)))
+             _sdpa_mask(lq, lk, shape.causal, lower_right, q.device, shape))
             for qs, ks, b, lq, lk in groups]
 
 
-def _sdpa_mask(lq: int, lk: int, causal: bool, lower_right: str, device, window=None) -> dict:
+def _sdpa_mask(lq: int, lk: int, causal: bool, lower_right: str, device, shape=None) -> dict:
     import torch
 
-    if window is not None:   # a dense additive mask: what SDPA can take for a window
-        from .reference import visible_mask
+    if shape is not None and _mask(shape) not in ("causal", "none"):   # a dense additive mask: what SDPA takes
+        from .reference import band
 
-        p = torch.arange(lq, device=device).unsqueeze(1) + (lk - lq)
-        visible = visible_mask(p, torch.arange(lk, device=device).unsqueeze(0), False, tuple(window))
+        chunk = [shape.chunk] if _mask(shape) == "chunked" else []
+        visible = band(torch.arange(lq, device=device) + (lk - lq), lk, _mask(shape), tuple(shape.window), *chunk)
         bias = torch.zeros(1, 1, lq, lk, dtype=torch.bfloat16, device=device).masked_fill(~visible, -math.inf)
         return {"attn_mask": bias}
     if not causal:

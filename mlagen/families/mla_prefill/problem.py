@@ -8,8 +8,8 @@ as an id of ``../shared/BENCHMARKS.md`` (:data:`SHAPES`: ``D1`` ... ``D7``) or a
     q=[300,1200,77],h=128             # ragged: one sequence per length (b = 3), k = q, causal
     q=2048,k=16384,h=128              # 2048 new tokens after a 14336-token cached prefix
     b=2,q=8192,h=16,none              # no mask
-    q=8192,h=64,dims=[192,64,256]     # GLM-5's head geometry (d_nope, d_rope, d_v; default [128,64,128])
-    q=16384,h=16,window=[4095,0]      # a sliding window (left, right) as FlashAttention's window_size
+    q=8192,h=64,d=192/64/256          # GLM-5's head geometry (d_nope / d_rope / d_v), causal
+    q=16384,h=16,window=4095/0        # a sliding window (FlashAttention's window_size; -1 unbounded)
 
 Pure Python (no torch): the tuner (through the family protocol), the benchmark, dispatch and the
 shape recorder all use it.
@@ -25,10 +25,16 @@ from typing import Iterable
 
 from ...errors import ShapeError
 
-D_NOPE, D_ROPE, D_V = 128, 64, 128
+D_NOPE, D_ROPE, D_V = 128, 64, 128   # the default geometry (DeepSeek-V3 / Kimi-K2)
 D_QK = D_NOPE + D_ROPE
-GEOMETRY = (D_NOPE, D_ROPE, D_V)   # (d_nope, d_rope, d_v) of DeepSeek-V3 / Kimi-K2; GLM-5 is (192, 64, 256)
 MASKS = ("causal", "none")
+#: Head geometries by name, n<d_nope>r<d_rope>v<d_v> (MLA.md section 1b).
+GEOMETRIES = {"n128r64v128": (128, 64, 128), "n192r64v256": (192, 64, 256), "n128r0v128": (128, 0, 128)}
+DEFAULT_GEOMETRY = "n128r64v128"
+
+
+def geometry_name(d_nope: int, d_rope: int, d_v: int) -> str:
+    return f"n{d_nope}r{d_rope}v{d_v}"
 
 
 def _pow2_ceil(x: float) -> int:
@@ -79,8 +85,8 @@ def problem_key(heads: int, total_q: int, total_k: int, batch: int, causal: bool
 # --- shapes ---------------------------------------------------------------------------------
 
 #: The description grammar, for error messages.
-GRAMMAR = ("b=<batch>, q=<len> or q=[l1,l2,...], k=<len> or list (default q), h=<heads>, "
-           "dims=[d_nope,d_rope,d_v] (default [128,64,128]), and causal, none or window=[left,right]")
+GRAMMAR = ("b=<batch>, q=<len> or q=[l1,l2,...], k=<len> or list (default q), h=<heads>, causal or none, and "
+           "optionally d=<d_nope>/<d_rope>/<d_v>, window=<left>/<right>")
 
 
 @dataclass(frozen=True)
@@ -92,10 +98,10 @@ class Shape:
     cached prefix every query sees. ``id`` names it in reports: a BENCHMARKS.md id or the
     canonical description (:meth:`describe_text`).
 
-    ``geometry`` is (d_nope, d_rope, d_v) (MLA.md section 1b; d_qk = d_nope + d_rope). ``window``
-    (left, right), -1 unbounded, is FlashAttention's ``window_size`` with the same bottom-right
-    alignment: query i at position p = i + Lk - Lq sees keys p - left <= j <= p + right; a
-    shape with a window has ``causal`` False (the window is its mask).
+    MLA.md section 1b: ``geometry`` names (d_nope, d_rope, d_v) (:data:`GEOMETRIES`); ``window``
+    is FlashAttention's ``window_size`` (left, right), -1 unbounded, with the same bottom-right
+    alignment: query i at p = i + Lk - Lq sees keys p - left <= j <= p + right. Causal with a
+    window is the window (left, 0); (-1, 0) is causal and (-1, -1) no window.
     """
 
     id: str
@@ -103,43 +109,32 @@ class Shape:
     k_lens: tuple[int, ...]
     heads: int
     causal: bool
-    geometry: tuple[int, int, int] = GEOMETRY
-    window: tuple[int, int] | None = None
+    geometry: str = DEFAULT_GEOMETRY
+    window: tuple[int, int] = (-1, -1)
 
     def __post_init__(self):
         if not self.q_lens or len(self.q_lens) != len(self.k_lens):
             raise ShapeError(f"shape {self.id}: q_lens and k_lens must list the same sequences, "
                              f"got {len(self.q_lens)} and {len(self.k_lens)}")
-        if len(self.geometry) != 3 or min(self.geometry) < 0 or self.geometry[0] + self.geometry[1] < 1 \
-                or self.geometry[2] < 1:
-            raise ShapeError(f"shape {self.id}: geometry {self.geometry}: expected (d_nope, d_rope, d_v) with "
-                             "d_nope + d_rope >= 1 and d_v >= 1")
-        if self.window is not None:
-            if len(self.window) != 2 or min(self.window) < -1:
-                raise ShapeError(f"shape {self.id}: window {self.window}: expected (left, right), each >= -1 "
-                                 "(-1: unbounded)")
-            if self.causal:
-                raise ShapeError(f"shape {self.id}: a window is the mask; give causal=False with it "
-                                 "(window (-1, 0) is causal)")
-
-    @property
-    def d_qk(self) -> int:
-        return self.geometry[0] + self.geometry[1]
-
-    @property
-    def d_v(self) -> int:
-        return self.geometry[2]
+        if self.geometry not in GEOMETRIES:
+            raise ShapeError(f"shape {self.id}: geometry {self.geometry!r}; allowed: {', '.join(GEOMETRIES)}")
+        left, right = self.window
+        if min(left, right) < -1:
+            raise ShapeError(f"shape {self.id}: window {self.window}: each side is >= 0, or -1 for unbounded")
+        right = 0 if self.causal else right
+        causal = left < 0 and right == 0
+        object.__setattr__(self, "causal", causal)
+        object.__setattr__(self, "window", (-1, -1) if causal or (left, right) == (-1, -1) else (left, right))
 
     @property
     def mask(self) -> str:
-        """``causal``, ``none`` or ``window``."""
-        return "window" if self.window is not None else "causal" if self.causal else "none"
+        """causal, none or window."""
+        return "window" if self.window != (-1, -1) else "causal" if self.causal else "none"
 
     @property
-    def base_traits(self) -> bool:
-        """The geometry and masks of section 1 (128 / 64 / 128, causal or none): what the kernels
-        shipped before section 1b run."""
-        return self.geometry == GEOMETRY and self.window is None
+    def dims(self) -> tuple[int, int, int]:
+        """(d_nope, d_rope, d_v)."""
+        return GEOMETRIES[self.geometry]
 
     @property
     def batch(self) -> int:
@@ -177,7 +172,7 @@ class Shape:
 
     def flops(self) -> int:
         """FLOPs of one call by the BENCHMARKS.md convention (visible pairs only)."""
-        return flops(self.sequence_lengths(), self.heads, self.causal, self.geometry, self.window)
+        return shape_flops(self)
 
     @property
     def description(self) -> str:
@@ -193,9 +188,9 @@ class Shape:
         else:
             lengths = (f"{self.batch} ragged, {min(self.q_lens)}–{max(self.q_lens)} "
                        f"(mean {self.total_q // self.batch})")
-        mask = f"window {self.window}" if self.window is not None else "causal" if self.causal else "no mask"
-        dims = "" if self.geometry == GEOMETRY else ", d {}/{}/{}".format(*self.geometry)
-        return f"{lengths}, H {self.heads}{dims}, {mask}"
+        mask = {"causal": "causal", "none": "no mask", "window": f"window {self.window[0]}/{self.window[1]}"}[self.mask]
+        dims = f", d {'/'.join(map(str, self.dims))}" if self.geometry != DEFAULT_GEOMETRY else ""
+        return f"{lengths}, H {self.heads}, {mask}{dims}"
 
     def describe_text(self) -> str:
         """The canonical description, which :func:`parse_shape` reads back into this shape."""
@@ -218,7 +213,6 @@ def ragged_lengths(count: int, low: int, high: int, seed: int) -> tuple[int, ...
 
 _D4_LENGTHS = ragged_lengths(16, 128, 4096, seed=0)
 _D10_PREFIXES = ragged_lengths(16, 1024, 16384, seed=0)
-GLM5 = (192, 64, 256)
 
 #: The dense shapes of BENCHMARKS.md. D4 draws its 16 lengths (Lq = Lk per sequence) with
 #: ``random.Random(0).randint(128, 4096)``, one call per sequence in order; D5 is a chunk of
@@ -235,15 +229,15 @@ SHAPES: dict[str, Shape] = {s.id: s for s in (
     Shape("D5", (2048,), (14336 + 2048,), 128, True),
     Shape("D6", (512,) * 32, (512,) * 32, 128, True),
     Shape("D7", (2048,) * 8, (2048,) * 8, 16, True),
-    Shape("D8", (8192,), (8192,), 64, True, geometry=GLM5),
-    Shape("D9", (2048,) * 8, (2048,) * 8, 8, True, geometry=GLM5),
+    Shape("D8", (8192,), (8192,), 64, True, geometry="n192r64v256"),
+    Shape("D9", (2048,) * 8, (2048,) * 8, 8, True, geometry="n192r64v256"),
     Shape("D10", (1024,) * 16, tuple(p + 1024 for p in _D10_PREFIXES), 16, True),
     Shape("D11", (16384,), (16384,), 16, False, window=(4095, 0)),
 )}
 
 
 _ITEM = re.compile(r"\s*([a-z]+)\s*=\s*(\[[^\]]*\]|[^,\[\]]+)\s*(?:,|$)|\s*([a-z]+)\s*(?:,|$)")
-_KEYS = ("b", "q", "k", "h", "dims", "window")
+_KEYS = ("b", "q", "k", "h", "d", "window")
 
 
 def _lengths(text: str, key: str, where: str) -> tuple[int, ...] | int:
@@ -293,23 +287,32 @@ def parse_shape(text: str, id: str | None = None) -> Shape:
     return replace(shape, id=id or describe_shape(shape))
 
 
-def _int_list(text: str, key: str, where: str, count: int, low: int) -> tuple[int, ...]:
-    """``[a,b,...]`` of ``count`` integers, each at least ``low``; ValueError naming the item."""
-    body = text.strip()
-    try:
-        if not (body.startswith("[") and body.endswith("]")):
-            raise ValueError
-        values = tuple(int(x) for x in body[1:-1].split(","))
-    except ValueError:
-        values = ()
-    if len(values) != count or any(v < low for v in values):
-        raise ValueError(f"{where}: {key}={text}: expected a list of {count} integers, each at least {low}")
-    return values
+def _traits(values: dict, where: str) -> dict:
+    """The Shape fields of the trait items (``d``, ``window``) of a description."""
+    out = {}
+    if "d" in values:
+        try:
+            name = geometry_name(*(int(x) for x in values["d"].split("/")))
+        except (ValueError, TypeError):
+            name = None
+        if name not in GEOMETRIES:
+            allowed = ", ".join("/".join(map(str, g)) for g in GEOMETRIES.values())
+            raise ValueError(f"{where}: d={values['d']}: expected d_nope/d_rope/d_v, one of {allowed}")
+        out["geometry"] = name
+    if "window" in values:
+        try:
+            left, right = (int(x) for x in values["window"].split("/"))
+        except ValueError:
+            raise ValueError(f"{where}: window={values['window']}: expected <left>/<right>, integers >= -1 "
+                             "(-1 unbounded), like 4095/0") from None
+        if left < -1 or right < -1:
+            raise ValueError(f"{where}: window={values['window']}: each side is >= 0, or -1 for unbounded")
+        out["window"] = (left, right)
+    return out
 
 
 def _parse_description(text: str) -> tuple[tuple[int, ...], tuple[int, ...], int, bool, dict]:
-    """(q_lens, k_lens, heads, causal, geometry / window) of a description; ValueError naming the
-    bad item."""
+    """(q_lens, k_lens, heads, causal, traits) of a description; ValueError naming the bad item."""
     where = f"shape {text!r}"
     values: dict[str, str] = {}
     mask = None
@@ -352,17 +355,9 @@ def _parse_description(text: str) -> tuple[tuple[int, ...], tuple[int, ...], int
                          f"on the number of sequences")
     q_lens = q if isinstance(q, tuple) else (q,) * n
     k_lens = k if isinstance(k, tuple) else (k,) * n
-    traits = {}
-    if "dims" in values:
-        traits["geometry"] = _int_list(values["dims"], "dims", where, 3, 0)
-        if traits["geometry"][0] + traits["geometry"][1] < 1 or traits["geometry"][2] < 1:
-            raise ValueError(f"{where}: dims={values['dims']}: d_nope + d_rope and d_v must be at least 1")
-    if "window" in values:
-        if mask is not None:
-            raise ValueError(f"{where}: the mask is given twice ({mask} and window=...)")
-        traits["window"] = _int_list(values["window"], "window", where, 2, -1)
-        return q_lens, k_lens, heads, False, traits
-    return q_lens, k_lens, heads, (mask or "causal") == "causal", traits
+    traits = _traits(values, where)
+    default_mask = "none" if "window" in traits else "causal"   # a window is a mask by itself
+    return q_lens, k_lens, heads, (mask or default_mask) == "causal", traits
 
 
 def describe_shape(shape) -> str:
@@ -374,11 +369,11 @@ def describe_shape(shape) -> str:
     if tuple(shape.k_lens) != tuple(shape.q_lens):
         parts.append(f"k={lens(shape.k_lens)}")
     parts.append(f"h={shape.heads}")
-    geometry = tuple(getattr(shape, "geometry", GEOMETRY))
-    if geometry != GEOMETRY:
-        parts.append("dims=[{},{},{}]".format(*geometry))
-    window = getattr(shape, "window", None)
-    parts.append(f"window=[{window[0]},{window[1]}]" if window is not None else "causal" if shape.causal else "none")
+    geometry = getattr(shape, "geometry", DEFAULT_GEOMETRY)
+    if geometry != DEFAULT_GEOMETRY:
+        parts.append("d=" + "/".join(map(str, GEOMETRIES[geometry])))
+    mask = getattr(shape, "mask", "causal" if shape.causal else "none")
+    parts.append(f"window={shape.window[0]}/{shape.window[1]}" if mask == "window" else mask)
     return ",".join(parts)
 
 
@@ -428,42 +423,6 @@ def shape_sequences(shape) -> list[tuple[int, int, int, int]]:
     return out
 
 
-def _sum_positive(a: int, b: int, x0: int, x1: int) -> int:
-    """Sum over integers x0 <= x <= x1 of max(0, a * x + b), for a slope a in (-1, 0, 1)."""
-    if x1 < x0:
-        return 0
-    if a == 0:
-        return max(0, b) * (x1 - x0 + 1)
-    if a == 1:
-        x0 = max(x0, -b + 1)        # a * x + b >= 1
-    else:
-        x1 = min(x1, b - 1)
-    if x1 < x0:
-        return 0
-    return (a * x0 + b + a * x1 + b) * (x1 - x0 + 1) // 2
-
-
-def window_pairs(len_q: int, len_k: int, left: int, right: int) -> int:
-    """(query, key) pairs a sequence computes under ``window`` (left, right), -1 unbounded (MLA.md
-    section 1b): query i at p = i + len_k - len_q sees keys max(0, p - left) .. min(len_k - 1,
-    p + right). Closed form, piecewise over the positions where either bound stops clamping."""
-    if len_q <= 0 or len_k <= 0:
-        return 0
-    left = len_k if left < 0 else left              # p - len_k < 0 <= every key
-    right = len_k + len_q if right < 0 else right   # p + len_k + len_q >= len_k - 1 for every row
-    p0, p1 = len_k - len_q, len_k - 1          # the positions of the rows
-    # count(p) = hi(p) - lo(p) + 1, hi = min(len_k - 1, p + right), lo = max(0, p - left), floored at 0
-    cuts = sorted({p0, p1 + 1, min(max(left + 1, p0), p1 + 1), min(max(len_k - right, p0), p1 + 1)})
-    total = 0
-    for x0, x1 in zip(cuts, cuts[1:]):
-        lo_clamped, hi_clamped = x0 < left + 1, x0 >= len_k - right   # lo = 0 / hi = len_k - 1 on [x0, x1)
-        slope = (0 if hi_clamped else 1) - (0 if lo_clamped else 1)
-        # count(p) = slope * p + intercept on this piece
-        intercept = (len_k - 1 if hi_clamped else right) - (0 if lo_clamped else -left) + 1
-        total += _sum_positive(slope, intercept, x0, x1 - 1)
-    return total
-
-
 def visible_pairs(len_q: int, len_k: int, causal: bool) -> int:
     """(query, key) pairs a sequence computes: row i sees min(len_k, max(0, i + len_k - len_q + 1))
     keys when causal, all len_k otherwise."""
@@ -476,11 +435,47 @@ def visible_pairs(len_q: int, len_k: int, causal: bool) -> int:
     return ramp + (len_q - first_full) * len_k
 
 
-def flops(lengths, heads: int, causal: bool, geometry: tuple[int, int, int] = GEOMETRY,
-          window: tuple[int, int] | None = None) -> int:
-    """BENCHMARKS.md convention: 2 * H * (d_qk + d_v) * visible pairs, summed over sequences
-    (visible under ``window`` when given, else causal or all)."""
-    width = geometry[0] + geometry[1] + geometry[2]
-    if window is not None:
-        return sum(2 * heads * width * window_pairs(lq, lk, *window) for _, lq, _, lk in lengths)
-    return sum(2 * heads * width * visible_pairs(lq, lk, causal) for _, lq, _, lk in lengths)
+def _sum_positive(a: int, b: int, x0: int, x1: int) -> int:
+    """Sum over integers x0 <= x <= x1 of max(0, a * x + b), for a slope a in (-1, 0, 1)."""
+    if a == 1:
+        x0 = max(x0, 1 - b)        # a * x + b >= 1
+    elif a == -1:
+        x1 = min(x1, b - 1)
+    if x1 < x0:
+        return 0
+    return max(0, b) * (x1 - x0 + 1) if a == 0 else (a * x0 + b + a * x1 + b) * (x1 - x0 + 1) // 2
+
+
+def band_pairs(len_q: int, len_k: int, mask: str, window: tuple[int, int] = (-1, -1)) -> int:
+    """Visible (query, key) pairs of one sequence under ``mask`` (MLA.md section 1b): with a window,
+    row i at p = i + len_k - len_q sees keys max(0, p - left) .. min(len_k - 1, p + right). Closed
+    form: the count is linear in p between the positions where either bound starts clamping."""
+    if mask != "window":
+        return visible_pairs(len_q, len_k, mask == "causal")
+    if len_q <= 0 or len_k <= 0:
+        return 0
+    left = len_k if window[0] < 0 else window[0]             # p - len_k < 0 <= every key
+    right = len_k + len_q if window[1] < 0 else window[1]    # p + right >= len_k - 1 for every row
+    p0, p1 = len_k - len_q, len_k - 1                        # the rows' positions
+    cuts = sorted({p0, p1 + 1, min(max(left + 1, p0), p1 + 1), min(max(len_k - right, p0), p1 + 1)})
+    total = 0
+    for x0, x1 in zip(cuts, cuts[1:]):
+        lo_clamped, hi_clamped = x0 <= left, x0 >= len_k - right   # lo = 0, hi = len_k - 1 on [x0, x1)
+        slope = (0 if hi_clamped else 1) - (0 if lo_clamped else 1)
+        intercept = (len_k - 1 if hi_clamped else right) + (0 if lo_clamped else left) + 1
+        total += _sum_positive(slope, intercept, x0, x1 - 1)
+    return total
+
+
+def flops(lengths, heads: int, causal: bool, mask: str | None = None, window: tuple[int, int] = (-1, -1),
+          geometry: str = DEFAULT_GEOMETRY) -> int:
+    """BENCHMARKS.md convention: 2 * H * (d_qk + d_v) * visible pairs, summed over sequences."""
+    d_nope, d_rope, d_v = GEOMETRIES[geometry]
+    mask = mask or ("causal" if causal else "none")
+    return sum(2 * heads * (d_nope + d_rope + d_v) * band_pairs(lq, lk, mask, window) for _, lq, _, lk in lengths)
+
+
+def shape_flops(shape) -> int:
+    """:func:`flops` of a shape, with its mask and geometry."""
+    return flops(shape_sequences(shape), shape.heads, shape.causal, getattr(shape, "mask", None),
+                 tuple(getattr(shape, "window", (-1, -1))), getattr(shape, "geometry", DEFAULT_GEOMETRY))

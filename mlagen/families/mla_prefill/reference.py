@@ -7,7 +7,7 @@ import math
 from typing import Any
 
 from ..kit import Check
-from .problem import GEOMETRY, sequence_lengths, shape_sequences
+from .problem import sequence_lengths, shape_sequences
 
 REL_TOL = 2e-2      # relative L2 error of out allowed against the float32 reference
 LSE_TOL = 2e-2      # absolute error of lse (natural log) allowed
@@ -26,15 +26,36 @@ def dequantize(x, descale, dtype):
     return x * descale.to(device=x.device, dtype=dtype).reshape(1, -1, 1)
 
 
-def reference(q, k, v, *, k_rope=None, cu_seqlens_q=None, cu_seqlens_k=None, causal=True, softmax_scale=None,
-              dtype=None, head_chunk: int = 16, q_descale=None, k_descale=None, v_descale=None, window=None,
-              row_offset=None):
-    """MLA.md section 1 computed in ``dtype`` (float32 on GPU, float64 on CPU by default).
+def band(positions, len_k: int, mask: str, window=(-1, -1)):
+    """Which of ``len_k`` keys each query position sees (MLA.md section 1b), as a bool
+    [len(positions), len_k] tensor: ``causal`` j <= p, ``none`` all, ``window`` (left, right)
+    p - left <= j <= p + right (-1 unbounded)."""
+    import torch
 
-    The head geometry is the tensors' (section 1b): d_qk = q's last dim, d_v = v's; the scale
-    defaults to 1/sqrt(d_qk). ``window`` (left, right), -1 unbounded, replaces the causal / no
-    mask: query i at p = i + Lk - Lq sees keys p - left <= j <= p + right. ``row_offset`` (one
-    sequence only) places query i at p = i + row_offset instead (a chunk of a sequence's rows).
+    p = positions.unsqueeze(1)
+    j = torch.arange(len_k, device=positions.device).unsqueeze(0)
+    if mask == "causal":
+        return j <= p
+    visible = torch.ones(p.shape[0], len_k, dtype=torch.bool, device=p.device)
+    if mask == "window":
+        left, right = window
+        if left >= 0:
+            visible &= j >= p - left
+        if right >= 0:
+            visible &= j <= p + right
+    return visible
+
+
+def reference(q, k, v, *, k_rope=None, cu_seqlens_q=None, cu_seqlens_k=None, causal=True, softmax_scale=None,
+              dtype=None, head_chunk: int = 16, q_descale=None, k_descale=None, v_descale=None,
+              window_size=(-1, -1), q_positions=None):
+    """MLA.md sections 1 and 1b computed in ``dtype`` (float32 on GPU, float64 on CPU by default).
+
+    Any head geometry (q [Tq, H, d_qk], k [Tk, H, d_qk] or [Tk, H, d_nope] with k_rope [Tk, 1 or H,
+    d_rope], v [Tk, H, d_v]; the scale defaults to 1/sqrt(d_qk)); the masks causal / none /
+    ``window_size`` (left, right), -1 unbounded, bottom-right aligned as FlashAttention's (causal
+    with a window is the window (left, 0)). ``q_positions`` (one sequence only): the position of
+    each query row, for a slice of a sequence's rows (default i + Lk - Lq).
     FP8 inputs are dequantized first (stored value x descale, per tensor or per head; k_descale
     applies to k and k_rope), so the reference is exact math on the values the kernel is given.
     Returns (out, lse) in that dtype: out [Tq, H, d_v], lse [Tq, H] (natural log; +inf for a row
@@ -45,16 +66,18 @@ def reference(q, k, v, *, k_rope=None, cu_seqlens_q=None, cu_seqlens_k=None, cau
     if dtype is None:
         dtype = torch.float64 if q.device.type == "cpu" else torch.float32
     total_q, heads, d_qk = q.shape
-    total_k, d_v = k.shape[0], v.shape[-1]
-    d_rope = 0 if k_rope is None else k_rope.shape[-1]
+    total_k, d_v = k.shape[0], v.shape[2]
     if q_descale is not None or k_descale is not None or v_descale is not None:
         q, k, v = dequantize(q, q_descale, dtype), dequantize(k, k_descale, dtype), dequantize(v, v_descale, dtype)
         if k_rope is not None:
-            k_rope = dequantize(k_rope.expand(total_k, heads, d_rope), k_descale, dtype)
+            k_rope = dequantize(k_rope.expand(total_k, heads, k_rope.shape[2]), k_descale, dtype)
     if k_rope is not None:
-        kr = k_rope.expand(total_k, heads, d_rope) if k_rope.shape[1] == 1 else k_rope
+        kr = k_rope.expand(total_k, heads, k_rope.shape[2]) if k_rope.shape[1] == 1 else k_rope
         k = torch.cat([k, kr], dim=-1)
     scale = 1.0 / math.sqrt(d_qk) if softmax_scale is None else float(softmax_scale)
+    left, right = window_size
+    right = 0 if causal else right
+    mask = "causal" if left < 0 and right == 0 else "none" if (left, right) == (-1, -1) else "window"
     cu_q = None if cu_seqlens_q is None else cu_seqlens_q.cpu()
     cu_k = None if cu_seqlens_k is None else cu_seqlens_k.cpu()
     out = torch.zeros((total_q, heads, d_v), dtype=dtype, device=q.device)
@@ -62,9 +85,8 @@ def reference(q, k, v, *, k_rope=None, cu_seqlens_q=None, cu_seqlens_k=None, cau
     for qs, lq, ks, lk in sequence_lengths(cu_q, cu_k, total_q, total_k):
         if lq == 0 or lk == 0:
             continue
-        i = torch.arange(lq, device=q.device).unsqueeze(1)
-        j = torch.arange(lk, device=q.device).unsqueeze(0)
-        visible = visible_mask(i + (lk - lq if row_offset is None else row_offset), j, causal, window)
+        positions = (torch.arange(lq, device=q.device) + (lk - lq)) if q_positions is None else q_positions.to(q.device)
+        visible = band(positions, lk, mask, (left, right))
         for h0 in range(0, heads, head_chunk):
             h1 = min(heads, h0 + head_chunk)
             qh = q[qs:qs + lq, h0:h1].to(dtype).transpose(0, 1)          # [h, lq, d_qk]
@@ -78,22 +100,6 @@ def reference(q, k, v, *, k_rope=None, cu_seqlens_q=None, cu_seqlens_k=None, cau
             out[qs:qs + lq, h0:h1] = torch.matmul(p, vh).transpose(0, 1)
             lse[qs:qs + lq, h0:h1] = torch.where(seen, row_lse, torch.full_like(row_lse, math.inf)).transpose(0, 1)
     return out, lse
-
-
-def visible_mask(p, j, causal: bool, window=None):
-    """Which keys ``j`` ([1, Lk]) the rows at positions ``p`` ([Lq, 1], i + Lk - Lq) see: the
-    window (left, right) when given (-1 unbounded), else j <= p when causal, else all."""
-    import torch
-
-    if window is None:
-        return (j <= p) if causal else torch.ones(p.shape[0], j.shape[1], dtype=torch.bool, device=p.device)
-    left, right = window
-    seen = torch.ones(p.shape[0], j.shape[1], dtype=torch.bool, device=p.device)
-    if left >= 0:
-        seen &= j >= p - left
-    if right >= 0:
-        seen &= j <= p + right
-    return seen
 
 
 def quantize(x, dtype: str, per_head: bool):
@@ -114,9 +120,9 @@ def make_inputs(shape, device, seed: int = 0, dtype: str = "bf16") -> dict[str, 
     """Fresh standard-normal operands for ``shape`` (never zeros, never constants).
 
     Returns a dict with q [Tq, H, d_qk], k [Tk, H, d_nope], k_rope [Tk, 1, d_rope] (shared by all
-    heads; None when d_rope is 0), v [Tk, H, d_v] (the shape's geometry: 192, 128, 64, 128 by
-    default), cu_seqlens_q / cu_seqlens_k (int32 [B + 1] on ``device``, or None for
-    a batch of one) and causal. ``dtype`` "fp8_e4m3" or "fp8_e4m3fnuz" quantizes the operands
+    heads; None when the geometry has no rope part), v [Tk, H, d_v], cu_seqlens_q / cu_seqlens_k
+    (int32 [B + 1] on ``device``, or None for a batch of one), causal, and window_size when the
+    shape has a window. ``dtype`` "fp8_e4m3" or "fp8_e4m3fnuz" quantizes the operands
     (q and v with one descale per head, k and k_rope with one for the tensor, as a shared rope
     needs) and adds q_descale, k_descale and v_descale.
     """
@@ -131,12 +137,12 @@ def make_inputs(shape, device, seed: int = 0, dtype: str = "bf16") -> dict[str, 
         return torch.randn(size, generator=gen, device=device, dtype=torch.float32 if fp8 else torch.bfloat16)
 
     tq, tk, h = sum(shape.q_lens), sum(shape.k_lens), shape.heads
-    d_nope, d_rope, d_v = getattr(shape, "geometry", GEOMETRY)
+    d_nope, d_rope, d_v = getattr(shape, "dims", (128, 64, 128))
     inputs = {"q": randn(tq, h, d_nope + d_rope), "k": randn(tk, h, d_nope),
               "k_rope": randn(tk, 1, d_rope) if d_rope else None,
               "v": randn(tk, h, d_v), "cu_seqlens_q": None, "cu_seqlens_k": None, "causal": shape.causal}
-    if getattr(shape, "window", None) is not None:
-        inputs["window"] = tuple(shape.window)
+    if getattr(shape, "window", (-1, -1)) != (-1, -1):
+        inputs["window_size"] = tuple(shape.window)
     if fp8:
         inputs["q"], inputs["q_descale"] = quantize(inputs["q"], dtype, per_head=True)
         inputs["v"], inputs["v_descale"] = quantize(inputs["v"], dtype, per_head=True)
@@ -172,12 +178,12 @@ def make_stress_inputs(shape, device, seed: int = 0, dtype: str = "bf16") -> dic
 
 
 def reference_heads(shape, inputs: dict, heads: int | None = 2, budget_bytes: int = 2 << 30):
-    """MLA.md section 1 in float32 for heads [0, heads) (all if None): (out, lse).
+    """MLA.md sections 1 and 1b in float32 for heads [0, heads) (all if None): (out, lse), with
+    the shape's geometry and mask (the inputs' window_size).
 
     Runs :func:`reference` on chunks of query rows, so its score matrices stay within about
-    ``budget_bytes``. A causal chunk of rows [r0, r1) gets the keys [0, r1 + Lk - Lq) of its
-    sequence: the reference's own bottom-right offset then lands each row on the keys it sees in
-    the whole sequence.
+    ``budget_bytes``; each chunk gets its rows' positions in the sequence (q_positions) and the keys
+    its rows can reach.
     """
     import torch
 
@@ -187,24 +193,25 @@ def reference_heads(shape, inputs: dict, heads: int | None = 2, budget_bytes: in
     for name in ("q_descale", "k_descale", "v_descale"):
         d = inputs.get(name)
         descales[name] = None if d is None else (d if d.numel() == 1 else d[:heads])
+    window = tuple(inputs.get("window_size", (-1, -1)))
+    mask = getattr(shape, "mask", "causal" if shape.causal else "none")
     total_q = sum(shape.q_lens)
-    window = getattr(shape, "window", None)
-    out = torch.zeros((total_q, heads, v.shape[-1]), dtype=torch.float32, device=q.device)
+    out = torch.zeros((total_q, heads, v.shape[2]), dtype=torch.float32, device=q.device)
     lse = torch.full((total_q, heads), math.inf, dtype=torch.float32, device=q.device)
     for qs, lq, ks, lk in shape_sequences(shape):
         rows = max(1, budget_bytes // (6 * 4 * heads * max(lk, 1)))  # ~6 live fp32 score matrices
         for r0 in range(0, lq, rows):
             r1 = min(lq, r0 + rows)
-            # keys [k0, k1) of the sequence: those rows [r0, r1) can see
-            k0, k1 = 0, (max(0, min(lk, r1 + lk - lq)) if shape.causal else lk)
-            if window is not None:
-                k0 = 0 if window[0] < 0 else min(lk, max(0, r0 + lk - lq - window[0]))
-                k1 = lk if window[1] < 0 else max(k0, min(lk, r1 - 1 + lk - lq + window[1] + 1))
+            # keys [k0, k1) of the sequence: those the rows [r0, r1) at positions p0 .. p1 can see
+            p0, p1 = r0 + lk - lq, r1 - 1 + lk - lq
+            right = -1 if mask == "none" else (window[1] if mask == "window" else 0)
+            k1 = lk if right < 0 else max(0, min(lk, p1 + right + 1))
+            k0 = min(k1, max(0, p0 - window[0])) if mask == "window" and window[0] >= 0 else 0
             kr = slice(ks + k0, ks + k1)
-            # row r sits at position r + lk - lq of the sequence: r - r0 + (that of r0) - k0 among keys [k0, k1)
+            positions = torch.arange(r0, r1, device=q.device) + (lk - lq - k0)
             o, l = reference(q[qs + r0:qs + r1], k[kr], v[kr], k_rope=None if k_rope is None else k_rope[kr],
-                             causal=shape.causal, window=window, dtype=torch.float32,
-                             row_offset=r0 + lk - lq - k0, **descales)
+                             causal=shape.causal, window_size=window, dtype=torch.float32, q_positions=positions,
+                             **descales)
             out[qs + r0:qs + r1] = o
             lse[qs + r0:qs + r1] = l
     return out, lse

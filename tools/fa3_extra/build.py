@@ -226,6 +226,11 @@ def toolchain(fa3) -> Toolchain:
                      tuple(d for d in incs if d.startswith(cuda_home)), tuple(incs), tuple(defines), tuple(ldflags))
 
 
+def torch_has_cuda_headers(tools: Toolchain) -> bool:
+    """Whether torch's headers are a CUDA build's (the op includes c10/cuda)."""
+    return any((Path(d) / "c10" / "cuda" / "impl" / "cuda_cmake_macros.h").exists() for d in tools.torch_include_dirs)
+
+
 def write_if_changed(path: Path, text: str) -> None:
     """Write ``text`` unless the file already holds it (its time stamp then stays: no recompile)."""
     if not path.exists() or path.read_text() != text:
@@ -233,8 +238,8 @@ def write_if_changed(path: Path, text: str) -> None:
 
 
 def up_to_date(job: Job, stamp: float) -> bool:
-    """The object exists, is newer than every source (``stamp``: the newest FA3 / CUTLASS header, this
-    script) and its own source, and was made by the same command."""
+    """The object exists, is newer than every source (``stamp``: the newest FA3 / CUTLASS header) and
+    its own source, and was made by the same command."""
     cmd_file = Path(str(job.obj) + ".cmd")
     return (job.obj.exists() and cmd_file.exists() and cmd_file.read_text() == shlex.join(job.cmd)
             and job.obj.stat().st_mtime > max(stamp, job.src.stat().st_mtime))
@@ -270,6 +275,13 @@ def main(argv: list[str] | None = None) -> int:
     build = Path(args.build_dir).resolve()
     tools = toolchain(fa3)
     jobs, link = plan(fa3, tools, build, instances, args.extra_nvcc)
+    if not args.dry_run and not torch_has_cuda_headers(tools):
+        if not args.compile_only:
+            print("fa3_extra: this torch has no CUDA headers (c10/cuda/impl/cuda_cmake_macros.h; a CPU build): the "
+                  "op cannot be built here; use --compile-only to compile the kernels alone", file=sys.stderr)
+            return 2
+        print("[fa3_extra] note: a CPU build of torch: compiling the kernels only, not the op")
+        jobs = [j for j in jobs if j.name != "api"]
     if args.dry_run:
         for job in jobs:
             print(shlex.join(job.cmd))
@@ -280,7 +292,8 @@ def main(argv: list[str] | None = None) -> int:
     for inst in instances:
         write_if_changed(build / inst.source_name, kernel_source(inst))
     csrc = Path(fa3.CSRC)
-    stamp = max(fa3.newest_mtime([str(csrc / "hopper"), str(csrc / "cutlass")]), Path(__file__).stat().st_mtime)
+    # FA3's and CUTLASS's headers; this script's output (the sources, the commands) is compared itself
+    stamp = fa3.newest_mtime([str(csrc / "hopper"), str(csrc / "cutlass")])
     header = (build / "fa3_extra_kernels.h").stat().st_mtime   # the op's only: the kernels declare themselves
     todo = [j for j in jobs if args.force or not up_to_date(j, max(stamp, header) if j.name == "api" else stamp)]
     for j in jobs:

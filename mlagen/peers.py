@@ -7,7 +7,9 @@ holds a Python wrapper (``fa3/fa3_peer.py``) and, once built on the GPU machine,
 library it loads. The library's path follows the wrapper's own rule: an environment variable
 naming the file, else one naming its build folder, else ``<folder>/build/<library>``. The family
 packages declare their external peers as :class:`ExternalBuild` values; ``mlagen bench`` asks
-them whether they are there (:meth:`ExternalBuild.status`) before it asks for a peer.
+them whether they are there (:meth:`ExternalBuild.status`) before it asks for a peer. A peer that
+one of this repository's tools builds (``tools/fa3_extra``) is a :class:`ProjectBuild`: a torch op
+library in ``<repo>/out/<tool>``.
 
 Importing this module imports neither torch nor the wrappers.
 """

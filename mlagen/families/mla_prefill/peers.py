@@ -172,23 +172,29 @@ def fa3_status() -> str | None:
     return None if a is None or b is None else f"{a}; {b}"
 
 
+def _fa3_varlen(shape, inputs: dict):
+    """(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k) as FA3's varlen call takes
+    them: K nope ‖ rope expanded to every head, and cu_seqlens [0, T] for a batch of one."""
+    import torch
+
+    device = inputs["q"].device
+    cu_q, cu_k = inputs["cu_seqlens_q"], inputs["cu_seqlens_k"]
+    if cu_q is None:
+        cu_q = torch.tensor([0, shape.total_q], dtype=torch.int32, device=device)
+        cu_k = torch.tensor([0, shape.total_k], dtype=torch.int32, device=device)
+    return (inputs["q"], full_k(shape, inputs).contiguous(), inputs["v"], cu_q, cu_k, max(shape.q_lens),
+            max(shape.k_lens))
+
+
 def fa3_peer(shape, inputs: dict, arg: str | None = None) -> Prepared:
     """FlashAttention-3's varlen forward: ``<peers>/fa3``'s 192 / 128 kernels for the shapes of
     section 1, ``tools/fa3_extra``'s for the others (:func:`fa3_extra_peer`). FA3 takes K with the
     rope part expanded to every head: built once here, outside the timed call, as a serving stack
     holds it. A batch of one gets cu_seqlens [0, T] (the varlen API, as vLLM and SGLang call it)."""
-    import torch
-
     if not _base(shape):
         return fa3_extra_peer(shape, inputs)
     fa3 = FA3.load()
-    q, v, device = inputs["q"], inputs["v"], inputs["q"].device
-    k = full_k(shape, inputs).contiguous()
-    cu_q, cu_k = inputs["cu_seqlens_q"], inputs["cu_seqlens_k"]
-    if cu_q is None:
-        cu_q = torch.tensor([0, shape.total_q], dtype=torch.int32, device=device)
-        cu_k = torch.tensor([0, shape.total_k], dtype=torch.int32, device=device)
-    max_q, max_k = max(shape.q_lens), max(shape.k_lens)
+    q, k, v, cu_q, cu_k, max_q, max_k = _fa3_varlen(shape, inputs)
 
     def fn():
         return fa3.fwd(q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max_q, max_seqlen_k=max_k,
@@ -205,8 +211,6 @@ def fa3_extra_peer(shape, inputs: dict) -> Prepared:
     """FlashAttention-3's kernel for the shape's geometry and mask from ``tools/fa3_extra``
     (``torch.ops.fa3_extra.fwd``: varlen, window (left, right) with -1 unbounded, as FA3's
     ``window_size``). A geometry or mask it has no kernel for raises PeerUnsupported."""
-    import torch
-
     if _mask(shape) not in ("causal", "none", "window") or getattr(shape, "sink", False):
         raise PeerUnsupported(f"{_traits(shape)}: FA3's forward has no such mask or sink")
     ops = FA3_EXTRA.load()
@@ -218,13 +222,7 @@ def fa3_extra_peer(shape, inputs: dict) -> Prepared:
         raise PeerUnsupported(f"no FA3 kernel built for d {d_qk} / {d_v}, "
                               f"{'causal' if causal else 'window' if window else 'no mask'}"
                               f"{', softcap' if softcap else ''}; built: {', '.join(have)}")
-    q, v, device = inputs["q"], inputs["v"], inputs["q"].device
-    k = full_k(shape, inputs).contiguous()
-    cu_q, cu_k = inputs["cu_seqlens_q"], inputs["cu_seqlens_k"]
-    if cu_q is None:
-        cu_q = torch.tensor([0, shape.total_q], dtype=torch.int32, device=device)
-        cu_k = torch.tensor([0, shape.total_k], dtype=torch.int32, device=device)
-    max_q, max_k = max(shape.q_lens), max(shape.k_lens)
+    q, k, v, cu_q, cu_k, max_q, max_k = _fa3_varlen(shape, inputs)
 
     def fn():
         return ops.fwd(q, k, v, cu_q, cu_k, max_q, max_k, causal, left, right, softcap, None)

@@ -97,9 +97,10 @@ def _fake_build(root, folder, wrapper, library, built: bool):
 
 
 @pytest.fixture
-def no_wrapper_env(monkeypatch):
-    for var in ("FA3_PEER_SO", "FA3_PEER_BUILD", "FLASHMLA_PEER_SO", "FLASHMLA_PEER_BUILD"):
+def no_wrapper_env(monkeypatch, tmp_path):
+    for var in ("FA3_PEER_SO", "FA3_PEER_BUILD", "FLASHMLA_PEER_SO", "FLASHMLA_PEER_BUILD", "FA3_EXTRA_SO"):
         monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("FA3_EXTRA_BUILD", str(tmp_path / "no-fa3-extra"))   # not <repo>/out/fa3_extra, if built
 
 
 def test_fa3_is_a_default_peer_only_when_built(tmp_path, monkeypatch, no_wrapper_env):
@@ -620,3 +621,4 @@ def test_mlagen_peer_names_the_tile_order(monkeypatch, sid, symbol, group):
     inputs = {"q": None, "k": None, "v": None, "k_rope": None, "cu_seqlens_q": None, "cu_seqlens_k": None}
     note = peers.mlagen_peer(DENSE.shapes()[sid], inputs).note
     assert note.endswith(f"{symbol} (shipped:h100.json); tiles in groups of {group} heads"), note
+

@@ -3,7 +3,7 @@
 
 Modules, in the order a call meets them:
 
-* compile time: :mod:`.problem` (constants, the dense ``Shape``, the BENCHMARKS.md ids D1-D7 and
+* compile time: :mod:`.problem` (constants, the dense ``Shape``, the BENCHMARKS.md ids D1-D11 and
   the description grammar, shape classes, FLOPs), :mod:`.params` (the
   kernel parameter structs), :mod:`.schedule` (the Hopper barrier schedule), :mod:`.compile`
   (spec checks, pruning, render values);
@@ -59,7 +59,8 @@ class MlaPrefillFamily(kit.ShapesOf, Family):
     def check_shapes(self, problem: str) -> list[Shape]:
         """The named shapes of the class, else one sequence of the class's lengths and heads (a
         record tuned on a described shape, such as 1 x 8192 with 64 heads)."""
-        same = super().check_shapes(problem)
+        # A record's class is of the section 1 traits (the key names no geometry or window yet).
+        same = [s for s in super().check_shapes(problem) if s.geometry == DEFAULT_GEOMETRY and s.mask != "window"]
         if same:
             return same
         key = ProblemKey.parse(problem)

@@ -165,6 +165,11 @@ class Shape:
     mask is bottom-right aligned (MLA.md section 1), so ``k_lens[b] - q_lens[b]`` keys are a
     cached prefix every query sees. ``id`` names it in reports: a BENCHMARKS.md id or the
     canonical description (:meth:`describe_text`).
+
+    MLA.md section 1b: ``geometry`` names (d_nope, d_rope, d_v) (:data:`GEOMETRIES`); ``window``
+    is FlashAttention's ``window_size`` (left, right), -1 unbounded, with the same bottom-right
+    alignment: query i at p = i + Lk - Lq sees keys p - left <= j <= p + right. Causal with a
+    window is the window (left, 0); (-1, 0) is causal and (-1, -1) no window.
     """
 
     id: str
@@ -250,6 +255,9 @@ class Shape:
         elif self.uniform:
             lq, lk = self.q_lens[0], self.k_lens[0]
             lengths = f"{self.batch} × {lq} new after {lk - lq} cached (Lk {lk})"
+        elif len(set(self.q_lens)) == 1:
+            prefixes = [lk - lq for lq, lk in zip(self.q_lens, self.k_lens)]
+            lengths = f"{self.batch} × {self.q_lens[0]} new after {min(prefixes)}–{max(prefixes)} cached"
         else:
             lengths = (f"{self.batch} ragged, {min(self.q_lens)}–{max(self.q_lens)} "
                        f"(mean {self.total_q // self.batch})")
@@ -280,10 +288,15 @@ def ragged_lengths(count: int, low: int, high: int, seed: int) -> tuple[int, ...
 
 
 _D4_LENGTHS = ragged_lengths(16, 128, 4096, seed=0)
+_D10_PREFIXES = ragged_lengths(16, 1024, 16384, seed=0)
 
 #: The dense shapes of BENCHMARKS.md. D4 draws its 16 lengths (Lq = Lk per sequence) with
 #: ``random.Random(0).randint(128, 4096)``, one call per sequence in order; D5 is a chunk of
-#: 2048 new tokens after a 14336-token cached prefix; D7 is a TP8 slice (16 heads).
+#: 2048 new tokens after a 14336-token cached prefix; D7 is a TP8 slice (16 heads). D8 and D9
+#: are GLM-5's geometry (192 / 64 / 256) at 64 heads and at TP8; D10 is chunked prefill at TP8,
+#: 16 chunks of 1024 new tokens after cached prefixes drawn as D4's lengths are
+#: (``random.Random(0).randint(1024, 16384)``); D11 a sliding window of 4096 keys (left 4095,
+#: right 0) over 16384 tokens.
 SHAPES: dict[str, Shape] = {s.id: s for s in (
     Shape("D1", (8192,), (8192,), 128, True),
     Shape("D2", (4096,) * 4, (4096,) * 4, 16, True),
@@ -292,6 +305,10 @@ SHAPES: dict[str, Shape] = {s.id: s for s in (
     Shape("D5", (2048,), (14336 + 2048,), 128, True),
     Shape("D6", (512,) * 32, (512,) * 32, 128, True),
     Shape("D7", (2048,) * 8, (2048,) * 8, 16, True),
+    Shape("D8", (8192,), (8192,), 64, True, geometry="n192r64v256"),
+    Shape("D9", (2048,) * 8, (2048,) * 8, 8, True, geometry="n192r64v256"),
+    Shape("D10", (1024,) * 16, tuple(p + 1024 for p in _D10_PREFIXES), 16, True),
+    Shape("D11", (16384,), (16384,), 16, False, window=(4095, 0)),
 )}
 
 

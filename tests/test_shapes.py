@@ -233,7 +233,7 @@ def test_a_given_family_reads_the_text(tmp_path):
     with pytest.raises(ShapeError, match=r"family: 'dense'; allowed: mla_prefill, mla_sparse_prefill"):
         shapes.parse_shape("D1", "dense")
     assert [s.id for s in shapes.parse_shapes("D1,d3", "mla_prefill")] == ["D1", "D3"]
-    assert len(shapes.parse_shapes("all", "mla_sparse_prefill")) == 6
+    assert len(shapes.parse_shapes("all", "mla_sparse_prefill")) == 19   # S1-S6, V1-V5, M1-M8
     with pytest.raises(ShapeError, match="unknown shape id 'D9'"):
         shapes.parse_shapes("D1,D9", "mla_prefill")
     with pytest.raises(ShapeError, match="name the family"):

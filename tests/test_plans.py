@@ -36,7 +36,8 @@ def _values(ps, seed: int) -> dict:
 
 
 @pytest.mark.parametrize("ps, variable", [
-    (params_for("bf16"), ("q", "kv", "indices", "topk_length", "attn_sink", "out", "max_logits", "lse")),
+    (params_for("bf16"), ("q", "kv", "indices", "topk_length", "attn_sink", "out", "max_logits", "lse", "extra_kv",
+                          "extra_indices", "extra_topk_length")),
     (TMA_PARAMS, ("tma_q", "tma_k", "tma_k_rope", "tma_v", "tma_o", "tile_counter", "out", "lse", "cu_seqlens_q",
                   "cu_seqlens_k", "attn_sink")),
 ])
@@ -54,7 +55,8 @@ def test_each_thread_writes_its_own_buffer():
     ps = params_for("bf16")
     kernel = RecordingKernel()
     plan = plans.LaunchPlan(kernel, (1, 1, 1), (32, 1, 1), 0, ps, _values(ps, 1),
-                            ("q", "kv", "indices", "topk_length", "attn_sink", "out", "max_logits", "lse"))
+                            ("q", "kv", "indices", "topk_length", "attn_sink", "out", "max_logits", "lse", "extra_kv",
+                             "extra_indices", "extra_topk_length"))
     buffers = []
     for _ in range(2):
         t = threading.Thread(target=lambda: buffers.append(plan._buffer()))
@@ -65,7 +67,8 @@ def test_each_thread_writes_its_own_buffer():
 
 def test_only_pointers_and_maps_vary_and_every_pointer_does():
     ps = params_for("bf16")
-    every = ("q", "kv", "indices", "topk_length", "attn_sink", "out", "max_logits", "lse")
+    every = ("q", "kv", "indices", "topk_length", "attn_sink", "out", "max_logits", "lse", "extra_kv",
+             "extra_indices", "extra_topk_length")
     with pytest.raises(ValueError, match="only pointers and tensor maps"):
         plans.LaunchPlan(RecordingKernel(), (1, 1, 1), (32, 1, 1), 0, ps, _values(ps, 1), every + ("topk",))
     with pytest.raises(ValueError, match=r"pointer fields \['out'\] must be written per call"):
@@ -81,7 +84,7 @@ def test_the_families_write_every_pointer_per_call():
 
     pairs = [(ABIS["simt"], dense_plan._SIMT_VARIABLE), (ABIS["tma"], dense_plan._TMA_VARIABLE),
              (ABIS["tma_fp8"], dense_plan._FP8_VARIABLE), (VT_PARAMS, dense_plan._VT_VARIABLE),
-             (params_for("fp8_v32"), _POINTERS), (params_tma_for("bf16"), _POINTERS + ("kv_map",))]
+             (params_for("fp8_v32"), _POINTERS), (params_tma_for("bf16"), _POINTERS + ("kv_map", "extra_kv_map"))]
     for ps, variable in pairs:
         plans.LaunchPlan(RecordingKernel(), (1, 1, 1), (32, 1, 1), 0, ps, _values(ps, 1), variable)
 

@@ -304,3 +304,55 @@ def test_flashmla_peers_run_on_the_concatenated_pool():
     sliding = sp_problem.parse_shape("sq=20,h=3,topk=0,skv=0,d=512,window=28,raw=800", "t")
     with pytest.raises(BenchError, match="flashmla-concat is for two-pool"):
         peers.flashmla_concat_peer(sliding, FAMILY.make_inputs(sliding, "cpu"), sparse_fwd=fake_fwd)
+
+
+class _RecordingKernel:
+    def __init__(self):
+        self.launches = []
+
+    def launch(self, grid, block, smem, stream, params):
+        self.launches.append((grid, bytes(params.data)))
+
+
+def _call_of(torch_, extra: str):
+    """A validated Call on CPU tensors (what prepare returns, without its CUDA check)."""
+    from mlagen.families.mla_sparse_prefill.call import Call, Pool
+
+    q = torch_.zeros(4, 8, 512, dtype=torch_.bfloat16)
+    kv = torch_.zeros(0 if extra == "first_empty" else 30, 512, dtype=torch_.bfloat16)
+    idx = torch_.zeros(4, 3, dtype=torch_.int32)
+    outs = (torch_.zeros(4, 8, 512, dtype=torch_.bfloat16), torch_.zeros(4, 8), torch_.zeros(4, 8))
+    pool = None
+    if extra != "none":
+        x_kv, x_idx = torch_.zeros(5, 16, 512, dtype=torch_.bfloat16)[:, :8], torch_.zeros(4, 7, dtype=torch_.int32)
+        pool = Pool(x_kv, x_idx, torch_.zeros(4, dtype=torch_.int32), 7, 40, 512, 8192, 8)
+    call = Call(q, kv, idx, None, None, *outs, 4, 8, 3, 512, kv.shape[0], 512, 0, 0, 0.1, "bf16", pool)
+    return call
+
+
+@pytest.mark.parametrize("extra", ["none", "two", "first_empty"])
+def test_a_sparse_plan_writes_what_the_full_pack_writes(extra, monkeypatch):
+    """The launch plan of a call (one pool, two pools, an empty first pool) writes the bytes the
+    full path's pack writes, with every pointer taken from the new call's tensors."""
+    from types import SimpleNamespace
+
+    from mlagen.families.mla_sparse_prefill import entry
+
+    call = _call_of(torch, extra)
+    kernel = _RecordingKernel()
+    sel = SimpleNamespace(spec=SimpleNamespace(abi="gather", problem=()), env={"block_h": 64},
+                          resources=SimpleNamespace(threads=384, smem_bytes=1000), kernel=kernel)
+    monkeypatch.setattr("mlagen.runtime.current_stream", lambda torch_, device: 0)
+    x = call.extra
+    plan = entry._Plan.of(sel, call, call.q, call.kv, call.indices, None if x is None else x.kv,
+                          None if x is None else x.indices)
+    # A second call of the same signature, other tensors.
+    other = _call_of(torch, extra)
+    ox = other.extra
+    plan.run(torch, other.q, other.kv, other.indices, None, None, other.out, other.max_logits, other.lse,
+             None if ox is None else ox.kv, None if ox is None else ox.indices, None if ox is None else ox.topk_length)
+    assert kernel.launches[-1][1] == bytes(entry.pack(other).data)
+    values = entry._pack_values(other, "gather")
+    assert values["extra_topk"] == (0 if extra == "none" else 7)
+    if extra == "first_empty":
+        assert values["kv"] == ox.kv.data_ptr()   # the kernel's base is the second pool's

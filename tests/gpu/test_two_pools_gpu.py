@@ -323,3 +323,27 @@ def test_one_pool_kernels_refuse_a_second_pool():
     with pytest.raises(ValueError, match=r"^mla_sparse_prefill: extra_kv: kernel 'mla_sparse_prefill_sm80' reads one "
                                          r"KV pool; the two-pool kernels are"):
         mlagen.mla_sparse_prefill(q, kv, idx, softmax_scale=0.1, kernel=SM80, extra_kv=kv, extra_indices=idx)
+
+
+@pytest.mark.parametrize("heads", [8, 64])
+def test_a_repeated_two_pool_call_takes_its_launch_plan(heads):
+    from mlagen.families.mla_sparse_prefill import entry
+
+    def inputs():
+        """The same data in new tensors of the same layout (a paged first pool, a flat second)."""
+        gen = torch.Generator(device="cuda").manual_seed(heads)
+        q = torch.randn((5, heads, 512), generator=gen, device="cuda").to(torch.bfloat16)
+        kv1 = torch.randn((4, 128, 512), generator=gen, device="cuda").to(torch.bfloat16)[:, :64]
+        kv2 = torch.randn((300, 512), generator=gen, device="cuda").to(torch.bfloat16)
+        i1 = torch.randint(-1, 256, (5, 128), generator=gen, device="cuda", dtype=torch.int32)
+        i2 = torch.randint(-1, 300, (5, 200), generator=gen, device="cuda", dtype=torch.int32)
+        return q, kv1, i1, dict(softmax_scale=512 ** -0.5, extra_kv=kv2, extra_indices=i2)
+
+    q, kv1, i1, args = inputs()
+    first = mlagen.mla_sparse_prefill(q, kv1, i1, **args)
+    hits = entry._plans.hits
+    for _ in range(2):   # the plan must take the new tensors' addresses
+        q, kv1, i1, args = inputs()
+        again = mlagen.mla_sparse_prefill(q, kv1, i1, **args)
+        assert all(torch.equal(a, b) for a, b in zip(first, again))
+    assert entry._plans.hits == hits + 2

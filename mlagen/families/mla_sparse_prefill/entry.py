@@ -127,13 +127,15 @@ def run(q, kv, indices, *, softmax_scale, topk_length=None, attn_sink=None, d_v=
     from ...runtime import current_stream
 
     sig = None
-    two = extra_kv is not None or extra_indices is not None or extra_topk_length is not None
-    if (kernel is None or type(kernel) is str) and not two:
+    extra = (extra_kv, extra_indices, extra_topk_length)
+    # A two-pool call of bf16 pools keeps a plan too (FP8 pools are staged: the full path).
+    plannable = extra_kv is None or (kv_format == "bf16" and extra_kv_format in (None, "bf16"))
+    if (kernel is None or type(kernel) is str) and plannable:
         sig = _signature(torch, q, kv, indices, softmax_scale, topk_length, attn_sink, d_v, out, max_logits, lse,
-                         kernel, kv_format, compute)
+                         kernel, kv_format, compute, extra, extra_kv_format)
         plan = _plans.get(sig) if sig is not None else None
         if plan is not None:
-            return plan.run(torch, q, kv, indices, topk_length, attn_sink, out, max_logits, lse)
+            return plan.run(torch, q, kv, indices, topk_length, attn_sink, out, max_logits, lse, *extra)
     call = prepare(q, kv, indices, softmax_scale=softmax_scale, topk_length=topk_length, attn_sink=attn_sink,
                    d_v=d_v, out=out, max_logits=max_logits, lse=lse, kv_format=kv_format, compute=compute,
                    extra_kv=extra_kv, extra_indices=extra_indices, extra_topk_length=extra_topk_length,
@@ -143,7 +145,11 @@ def run(q, kv, indices, *, softmax_scale, topk_length=None, attn_sink=None, d_v=
             fill_empty(call)
         return call.out, call.max_logits, call.lse
     if call.extra is not None:
-        return _run_two(torch, call, kernel)
+        two_bf16 = call.kv_format == "bf16" and call.extra.kv_format == "bf16"
+        device, selection = _run_two(torch, call, kernel)
+        if sig is not None and sig[-1] == device and two_bf16:
+            _keep_plan(sig, selection, call, q, kv, indices, extra_kv, extra_indices)
+        return call.out, call.max_logits, call.lse
     if staging.applies(call, kernel):   # an FP8 cache in bf16: dequantized first (staging.py says why)
         ws, ws_indices = kit.on_device(torch, call.q.device.index, staging.stage, call)
         return run(call.q, ws, ws_indices, softmax_scale=call.scale, topk_length=call.topk_length,
@@ -151,19 +157,23 @@ def run(q, kv, indices, *, softmax_scale, topk_length=None, attn_sink=None, d_v=
     device, selection = select(call, kernel)
     kit.on_device(torch, device, launch, selection, call, current_stream(torch, device))
     if sig is not None and sig[-1] == device:
-        try:
-            plan = _Plan.of(selection, call, q, kv, indices)
-        except Exception:   # the call ran; without a plan the next one takes the full path again
-            plan = None
-        if plan is not None:
-            _plans.put(sig, plan)
+        _keep_plan(sig, selection, call, q, kv, indices)
     return call.out, call.max_logits, call.lse
+
+
+def _keep_plan(sig, selection, call: Call, q, kv, indices, extra_kv=None, extra_indices=None) -> None:
+    try:
+        plan = _Plan.of(selection, call, q, kv, indices, extra_kv, extra_indices)
+    except Exception:   # the call ran; without a plan the next one takes the full path again
+        plan = None
+    if plan is not None:
+        _plans.put(sig, plan)
 
 
 def _run_two(torch, call: Call, kernel):
     """A call with a second pool: FP8 pools are staged into bf16 first (each on its own, as a
     one-pool call stages; the in-kernel FP8 operand reads one pool), then one bf16 launch reads
-    both. No launch plan: the full path runs each time."""
+    both. Returns (device, selection)."""
     from ...runtime import current_stream
 
     _check_two_pool_kernel(kernel)
@@ -186,7 +196,7 @@ def _run_two(torch, call: Call, kernel):
                 pool.page_size, pool.kv_page_stride = as_paged(pool.num_kv, pool.kv_row_stride)
     device, selection = select(call, kernel)
     kit.on_device(torch, device, launch, selection, call, current_stream(torch, device))
-    return call.out, call.max_logits, call.lse
+    return device, selection
 
 
 def _check_two_pool_kernel(kernel) -> None:
@@ -222,7 +232,7 @@ _plans = plans.PlanCache()
 
 
 def _signature(torch, q, kv, indices, softmax_scale, topk_length, attn_sink, d_v, out, max_logits, lse, kernel,
-               kv_format, compute):
+               kv_format, compute, extra=(None, None, None), extra_kv_format=None):
     """The launch-plan signature of a call (mlagen/plans.py), or None when it takes the full path
     (plans off, or an argument a signature cannot hold). The current device comes last."""
     from ... import dispatch
@@ -238,43 +248,56 @@ def _signature(torch, q, kv, indices, softmax_scale, topk_length, attn_sink, d_v
                 plans.tensor_sig(topk_length, t), plans.tensor_sig(attn_sink, t), plans.tensor_sig(out, t),
                 plans.tensor_sig(max_logits, t), plans.tensor_sig(lse, t), plans.scalar_sig(softmax_scale),
                 plans.scalar_sig(d_v), plans.scalar_sig(kernel), plans.scalar_sig(kv_format),
-                plans.scalar_sig(compute), state, dispatch.dispatcher().generation, torch.cuda.current_device())
+                plans.scalar_sig(compute), *(plans.tensor_sig(x, t) for x in extra), plans.scalar_sig(extra_kv_format),
+                state, dispatch.dispatcher().generation, torch.cuda.current_device())
     except plans.NoPlan:
         return None
 
 
 # The fields of the parameter struct that change from call to call with one signature.
-_POINTERS = ("q", "kv", "indices", "topk_length", "attn_sink", "out", "max_logits", "lse")
+_POINTERS = ("q", "kv", "indices", "topk_length", "attn_sink", "out", "max_logits", "lse", "extra_kv",
+             "extra_indices", "extra_topk_length")
 
 
 class _Plan:
     """A sparse call's launch plan: the outputs' shapes and what ``pack`` would write, less the
-    pointers (and the KV tensor map's address, for the TMA gather)."""
+    pointers (and the KV tensor maps' addresses, for the TMA gather). ``two``: the call's second
+    pool is read; ``first_empty``: its first pool has no rows (the kernel's base is then the
+    second's, as :func:`_pack_values` writes it)."""
 
-    def __init__(self, launch_plan, device, out_shape, stat_shape, kv_map_key):
+    def __init__(self, launch_plan, device, out_shape, stat_shape, maps, kv_map_key, extra_map_key, two, first_empty):
         self.launch_plan, self.device = launch_plan, device
-        self.out_shape, self.stat_shape, self.kv_map_key = out_shape, stat_shape, kv_map_key
+        self.out_shape, self.stat_shape, self.maps, self.kv_map_key = out_shape, stat_shape, maps, kv_map_key
+        self.extra_map_key, self.two, self.first_empty = extra_map_key, two, first_empty
 
     @classmethod
-    def of(cls, selection, call: Call, q, kv, indices):
+    def of(cls, selection, call: Call, q, kv, indices, extra_kv=None, extra_indices=None):
         """The plan of a call that ran, or None where the full path copied an argument (then a
         repeated call must copy again) or the kernel has no plan-able launcher."""
         if (call.q.data_ptr(), call.kv.data_ptr(), call.indices.data_ptr()) != (q.data_ptr(), kv.data_ptr(),
                                                                                  indices.data_ptr()):
             return None
+        x = call.extra
+        if x is not None and (x.kv.data_ptr(), x.indices.data_ptr()) != (extra_kv.data_ptr(), extra_indices.data_ptr()):
+            return None
+        two = x is not None and not x.empty
         abi_name = selection.spec.abi
         values = _pack_values(call, abi_name)
         variable = _POINTERS
-        kv_map_key = None
-        if abi_name == "gather_tma" and call.kv_format == "bf16":
-            variable = _POINTERS + ("kv_map",)
-            kv_map_key = _kv_map_key(call)[1:]
+        kv_map_key = extra_map_key = None
+        maps = abi_name == "gather_tma" and call.kv_format == "bf16"
+        if maps:
+            variable = _POINTERS + ("kv_map", "extra_kv_map")
+            kv_map_key = _kv_map_key(call)[1:] if call.num_kv > 0 else None
+            extra_map_key = _kv_map_key(call, x)[1:] if two else None
         res = selection.resources
         launch_plan = plans.LaunchPlan(selection.kernel, grid(selection, call), (res.threads, 1, 1), res.smem_bytes,
                                        ABIS[abi_name](call.kv_format), values, variable)
-        return cls(launch_plan, call.q.device, tuple(call.out.shape), tuple(call.lse.shape), kv_map_key)
+        return cls(launch_plan, call.q.device, tuple(call.out.shape), tuple(call.lse.shape), maps, kv_map_key,
+                   extra_map_key, two, two and call.num_kv == 0)
 
-    def run(self, torch, q, kv, indices, topk_length, attn_sink, out, max_logits, lse):
+    def run(self, torch, q, kv, indices, topk_length, attn_sink, out, max_logits, lse, extra_kv=None,
+            extra_indices=None, extra_topk_length=None):
         from ...runtime import current_stream
 
         if out is None:
@@ -283,12 +306,20 @@ class _Plan:
             max_logits = torch.empty(self.stat_shape, dtype=torch.float32, device=self.device)
         if lse is None:
             lse = torch.empty(self.stat_shape, dtype=torch.float32, device=self.device)
-        values = [q.data_ptr(), kv.data_ptr(), indices.data_ptr(),
+        base = extra_kv.data_ptr() if self.first_empty else kv.data_ptr()
+        if self.two:
+            second = (extra_kv.data_ptr(), extra_indices.data_ptr(),
+                      0 if extra_topk_length is None else extra_topk_length.data_ptr())
+        else:
+            second = (base, 0, 0)   # no second pool: _pack_values's values
+        values = [q.data_ptr(), base, indices.data_ptr(),
                   0 if topk_length is None else topk_length.data_ptr(),
                   0 if attn_sink is None else attn_sink.data_ptr(),
-                  out.data_ptr(), max_logits.data_ptr(), lse.data_ptr()]
-        if self.kv_map_key is not None:
-            values.append(_kv_map((values[1],) + self.kv_map_key))
+                  out.data_ptr(), max_logits.data_ptr(), lse.data_ptr(), *second]
+        if self.maps:
+            values.append(_kv_map((kv.data_ptr(),) + self.kv_map_key) if self.kv_map_key is not None else _NO_MAP)
+            values.append(_kv_map((extra_kv.data_ptr(),) + self.extra_map_key) if self.extra_map_key is not None
+                          else _NO_MAP)
         self.launch_plan.launch(current_stream(torch, self.device.index), values)
         return out, max_logits, lse
 

@@ -1228,3 +1228,31 @@ def test_measuring_guesses_ahead_while_the_gpus_wait_changes_no_trial(tmp_path):
     wasted = runner.ahead_made - runner.ahead_used
     for w, p in zip(workers, plain_workers):
         assert len(p.calls) + wasted - 1 <= len(w.calls) <= len(p.calls) + wasted
+
+
+def test_a_class_search_holds_every_specialization_axis():
+    """A D1-class tune searches schedules of the kernel D1 needs, never a kernel of another head
+    geometry or with score traits (a sink kernel run without a sink read a null pointer: 3 trials
+    of a D1 tune crashed on the H200, 2026-12-02, before the search held these axes)."""
+    from mlagen import arch, shapes
+    from mlagen import spec as spec_mod
+    from mlagen.tune.config import TuneConfig
+    from mlagen.tune.loop import class_fixed
+    from mlagen.tune.search import make_search
+
+    spec = spec_mod.load("mla_prefill_sm90")
+    shape = shapes.parse_shape("D1", "mla_prefill")
+    fixed = class_fixed(spec, shape, TuneConfig(spec="mla_prefill_sm90", shapes=("D1",)))
+    assert {name for name, _ in spec.specialize} <= set(fixed)
+    assert fixed["mask"] == "causal" and fixed["geometry"] == "n128r64v128" and fixed["score"] == "plain"
+    search = make_search("global", spec, fixed, arch.target("sm_90a"), 60, 0)
+    proposed = []
+    for _ in range(3):
+        batch = search.next_batch()
+        if not batch:
+            break
+        for ask in batch:
+            v = getattr(ask, "variant", ask)
+            search.tell(v, 1.0 + (sum(map(ord, v.symbol)) % 97) / 100, retime=getattr(ask, "retime", False))
+            proposed.append(v)
+    assert proposed and {(v["geometry"], v["score"], v["mask"]) for v in proposed} == {("n128r64v128", "plain", "causal")}

@@ -101,10 +101,19 @@ def record_in_use(spec, shape, target, config: TuneConfig, database: db.TuningDB
     return None
 
 
+def class_fixed(spec, shape, config: TuneConfig) -> dict:
+    """The axes a class's search holds: every specialization axis (the shape's value, else the axis's
+    first value: a specialization is what the kernel computes, never a tunable, so a shape of the
+    default geometry and plain scores is never tried on a kernel of another geometry or with a
+    sink), and the tunables ``--fixed`` names."""
+    return {**{name: values[0] for name, values in spec.specialize}, **config.fixed,
+            **family_of(spec).specialization(shape)}
+
+
 def _class_search(spec, shape, target, config: TuneConfig, database: db.TuningDB, key: db.RecordKey):
     """(the tunables held fixed, a new search) for one shape class: the same search whenever
     the arguments are the same (the first batch can be compiled before the class is tuned)."""
-    fixed = {**config.fixed, **family_of(spec).specialization(shape)}
+    fixed = class_fixed(spec, shape, config)
     starts = known_starts(spec, fixed, target, database, key)
     return fixed, make_search(config.strategy, spec, fixed, target, config.max_trials, config.seed, starts=starts)
 

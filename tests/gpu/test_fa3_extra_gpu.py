@@ -50,11 +50,17 @@ def test_every_fa3_extra_kernel_matches_the_reference():
 
 
 def test_fa3_extra_refuses_a_kernel_it_does_not_have():
-    ops = _built()
-    q = torch.randn(8, 2, 64, device="cuda", dtype=torch.bfloat16)
-    cu = torch.tensor([0, 8], dtype=torch.int32, device="cuda")
-    with pytest.raises(RuntimeError, match="no kernel built for d 64"):
-        ops.fwd(q, q, q, cu, cu, 8, 8, True, -1, -1, 0.0, None)
+    """The peer refuses, naming what is built, a shape whose kernel the library lacks (GLM-5's
+    geometry with softcap: only 192 / 128 has a softcap kernel), before any call of the op (the
+    raw op crashed the process on a head dim it has no kernel for, on the H200, 2026-12-02)."""
+    from mlagen.errors import PeerUnsupported
+    from mlagen.families.mla_prefill import peers
+    from mlagen.families.mla_prefill.problem import parse_shape
+
+    _built()
+    shape = parse_shape("q=64,h=2,d=192/64/256,softcap=30,causal")
+    with pytest.raises(PeerUnsupported, match="no FA3 kernel built for d 256 / 256"):
+        peers.fa3_extra_peer(shape, {})
 
 
 SHAPES_1B = ["q=[300,77],k=[300,500],h=4,d=192/64/256,causal",   # GLM-5's geometry, a prefix, ragged

@@ -347,3 +347,37 @@ def test_a_repeated_two_pool_call_takes_its_launch_plan(heads):
         again = mlagen.mla_sparse_prefill(q, kv1, i1, **args)
         assert all(torch.equal(a, b) for a, b in zip(first, again))
     assert entry._plans.hits == hits + 2
+
+
+def test_window_indices_and_the_two_pool_call_are_captured_in_one_graph():
+    """A server's step: the window's lists built on the device, then the call, in one CUDA graph."""
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    cu_q = torch.tensor([0, 40, 100], dtype=torch.int32, device="cuda")
+    cu_k = torch.tensor([0, 300, 360], dtype=torch.int32, device="cuda")
+    raw = torch.randn((360, 512), generator=gen, device="cuda").to(torch.bfloat16)
+    comp = torch.randn((90, 512), generator=gen, device="cuda").to(torch.bfloat16)
+    chosen = torch.randint(-1, 90, (100, 64), generator=gen, device="cuda", dtype=torch.int32)
+    q = torch.randn((100, 64, 512), generator=gen, device="cuda").to(torch.bfloat16)
+    win = torch.empty((100, 128), dtype=torch.int32, device="cuda")
+    outs = (torch.empty((100, 64, 512), dtype=torch.bfloat16, device="cuda"),
+            torch.empty((100, 64), device="cuda"), torch.empty((100, 64), device="cuda"))
+
+    def step():
+        mlagen.window_indices(cu_q, cu_k, num_tokens=100, window=128, out=win)
+        mlagen.mla_sparse_prefill(q, raw, win, softmax_scale=512 ** -0.5, out=outs[0], max_logits=outs[1],
+                                  lse=outs[2], extra_kv=comp, extra_indices=chosen)
+
+    step()   # compiles, and keeps the launch plan
+    ref = sp_ref.reference(q, raw, win, softmax_scale=512 ** -0.5, extra_kv=comp, extra_indices=chosen)
+    assert tools.judge(torch, outs, ref)[0]
+    want = [t.clone() for t in outs]
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    win.fill_(-7)
+    for t in outs:
+        t.fill_(math.nan)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(win.cpu(), sp_window.window_reference(cu_q.cpu(), cu_k.cpu(), window=128))
+    assert all(torch.equal(a, b) for a, b in zip(outs, want))

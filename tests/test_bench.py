@@ -97,9 +97,10 @@ def _fake_build(root, folder, wrapper, library, built: bool):
 
 
 @pytest.fixture
-def no_wrapper_env(monkeypatch):
-    for var in ("FA3_PEER_SO", "FA3_PEER_BUILD", "FLASHMLA_PEER_SO", "FLASHMLA_PEER_BUILD"):
+def no_wrapper_env(monkeypatch, tmp_path):
+    for var in ("FA3_PEER_SO", "FA3_PEER_BUILD", "FLASHMLA_PEER_SO", "FLASHMLA_PEER_BUILD", "FA3_EXTRA_SO"):
         monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("FA3_EXTRA_BUILD", str(tmp_path / "no-fa3-extra"))   # not <repo>/out/fa3_extra, if built
 
 
 def test_fa3_is_a_default_peer_only_when_built(tmp_path, monkeypatch, no_wrapper_env):
@@ -599,10 +600,10 @@ def test_mlagen_peer_takes_a_kernel_symbol_and_refuses_the_wrong_mask():
 
 
 @pytest.mark.parametrize("sid, symbol, group", [
-    ("D2", "mla_prefill_sm90_causal_c2_n128_s2_qsmem_opingpong_ov1_rsoverlapped_pwearly_schdynamic_eptma_lw2_rp24"
-           "_rc240_sq128_sk128_sv128_cl1_dghalf", 8),
-    ("D7", "mla_prefill_sm90_causal_c2_n128_s2_qsmem_opingpong_ov1_rsoverlapped_pwearly_schpersistent_epdirect_lw1"
-           "_rp56_rc224_sq128_sk128_sv128_cl1_dghalf", 1),
+    ("D2", "mla_prefill_sm90_causal_n128r64v128_plain_c2_n128_s2_qsmem_opingpong_ov1_rsoverlapped_pwearly"
+           "_schdynamic_eptma_lw2_rp24_rc240_sq128_sk128_sv128_cl1_dghalf", 8),
+    ("D7", "mla_prefill_sm90_causal_n128r64v128_plain_c2_n128_s2_qsmem_opingpong_ov1_rsoverlapped_pwearly"
+           "_schpersistent_epdirect_lw1_rp56_rc224_sq128_sk128_sv128_cl1_dghalf", 1),
 ])
 def test_mlagen_peer_names_the_tile_order(monkeypatch, sid, symbol, group):
     """The bench's note for our kernel says which head group the launcher picks (a launch-time
@@ -620,3 +621,4 @@ def test_mlagen_peer_names_the_tile_order(monkeypatch, sid, symbol, group):
     inputs = {"q": None, "k": None, "v": None, "k_rope": None, "cu_seqlens_q": None, "cu_seqlens_k": None}
     note = peers.mlagen_peer(DENSE.shapes()[sid], inputs).note
     assert note.endswith(f"{symbol} (shipped:h100.json); tiles in groups of {group} heads"), note
+

@@ -30,7 +30,8 @@ def test_schemas_say_what_is_optional_and_what_is_written():
     assert functional.startswith("mlagen::mla_prefill(Tensor q, Tensor k, Tensor v, Tensor? k_rope, "
                                  "Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, bool causal, float? softmax_scale, "
                                  "bool? check_seqlens, SymInt? max_seqlen_q, SymInt? max_seqlen_k, str? kernel, "
-                                 "Tensor? q_descale, Tensor? k_descale, Tensor? v_descale)"), \
+                                 "Tensor? q_descale, Tensor? k_descale, Tensor? v_descale, SymInt window_left, "
+                                 "SymInt window_right, SymInt? chunk_size, float softcap, Tensor? attn_sink)"), \
         functional
     assert functional.endswith("-> (Tensor, Tensor)")
     out = str(torch.ops.mlagen.mla_prefill_out.default._schema)

@@ -39,7 +39,7 @@ def _values(ps, seed: int) -> dict:
     (params_for("bf16"), ("q", "kv", "indices", "topk_length", "attn_sink", "out", "max_logits", "lse", "extra_kv",
                           "extra_indices", "extra_topk_length")),
     (TMA_PARAMS, ("tma_q", "tma_k", "tma_k_rope", "tma_v", "tma_o", "tile_counter", "out", "lse", "cu_seqlens_q",
-                  "cu_seqlens_k")),
+                  "cu_seqlens_k", "attn_sink")),
 ])
 def test_a_plan_writes_what_a_full_pack_writes(ps, variable):
     kernel = RecordingKernel()

@@ -22,7 +22,7 @@ def test_spec_loads_with_its_family():
     s = spec.load("mla_sparse_prefill_sm90")
     assert (s.family, s.abi, s.targets) == ("mla_sparse_prefill", "gather", ("sm_90a",))
     assert dict(s.specialize) == {"d_qk": (576, 512), "paged": (False, True),
-                                  "kv_format": ("bf16", "fp8_v32", "fp8_b64", "fp8_b32", "fp8_b0")}
+                                  "kv_format": ("bf16", "fp8_v32", "fp8_b64", "fp8_b32", "fp8_b0", "fp8_v4")}
     assert set(s.schedule) == {"roles", "gather", "consumer_split"}
 
 

@@ -18,7 +18,8 @@ from typing import Any
 from ... import knobs
 from ...errors import ArgumentError, ArgumentTypeError
 from .. import kit
-from .problem import D_NOPE, D_QK, D_ROPE, D_V, ProblemKey, problem_key
+from .problem import D_QK, GEOMETRIES, ProblemKey, problem_key
+from .traits import Traits, check_traits, geometry_of
 
 
 @dataclass
@@ -46,14 +47,20 @@ class Call:
     q_descale: Any = None  # fp32 [1] or [H] (fp8 inputs only; None: 1.0): real value = stored x descale
     k_descale: Any = None  # applies to k and k_rope
     v_descale: Any = None
+    traits: Traits | None = None  # geometry, mask and score traits (MLA.md section 1b); None: causal's
+
+    def __post_init__(self):
+        if self.traits is None:
+            self.traits = Traits(mask="causal" if self.causal else "none")
 
     @property
     def mask(self) -> str:
-        return "causal" if self.causal else "none"
+        return self.traits.mask
 
     @property
     def key(self) -> ProblemKey:
-        return problem_key(self.heads, self.total_q, self.total_k, self.batch, self.causal)
+        t = self.traits
+        return problem_key(self.heads, self.total_q, self.total_k, self.batch, self.causal, t.mask, t.geometry, t.score)
 
     @property
     def empty(self) -> bool:
@@ -171,6 +178,17 @@ def check_descales(torch, q, q_descale=None, k_descale=None, v_descale=None) -> 
     return dtype
 
 
+def _geometry_for_checks(torch, q, k, v, k_rope) -> str:
+    """The geometry the tensors' widths name, else (some width is wrong) the first whose d_qk is q's,
+    or the default: the checks then name the tensor that does not fit it."""
+    try:
+        if all(isinstance(t, torch.Tensor) and t.dim() == 3 for t in (k, v)):
+            return geometry_of(q, k, v, k_rope)
+    except ArgumentError:
+        pass
+    return next((g for g, (n, r, _) in GEOMETRIES.items() if n + r == q.shape[-1]), "n128r64v128")
+
+
 def check_arguments(torch, q, k, v, k_rope=None, cu_seqlens_q=None, cu_seqlens_k=None, out=None, lse=None,
                     max_seqlen_q=None, max_seqlen_k=None) -> tuple[int, int, int, int, str]:
     """Shapes, dtypes, devices and strides of every tensor argument; reads no values, so it runs
@@ -184,8 +202,10 @@ def check_arguments(torch, q, k, v, k_rope=None, cu_seqlens_q=None, cu_seqlens_k
     _check_tensor(torch, q, "q", in_dtype, 3)
     device = q.device
     total_q, heads, dq = q.shape
-    if dq != D_QK:
-        _fail("q", f"last dimension must be {D_QK} (nope {D_NOPE} + rope {D_ROPE}), got {dq}")
+    d_nope, d_rope, d_v = GEOMETRIES[_geometry_for_checks(torch, q, k, v, k_rope)]
+    d_qk = d_nope + d_rope
+    if dq != d_qk:
+        _fail("q", f"last dimension must be {d_qk} (nope {d_nope} + rope {d_rope}), got {dq}")
     if heads < 1:
         _fail("q", "needs at least one head")
     for name, t in (("k", k), ("v", v), ("k_rope", k_rope)):
@@ -196,21 +216,21 @@ def check_arguments(torch, q, k, v, k_rope=None, cu_seqlens_q=None, cu_seqlens_k
     total_k = k.shape[0]
     if k.shape[1] != heads:
         _fail("k", f"has {k.shape[1]} heads, q has {heads}")
-    if tuple(v.shape) != (total_k, heads, D_V):
-        _fail("v", f"expected shape ({total_k}, {heads}, {D_V}), got {tuple(v.shape)}")
+    if tuple(v.shape) != (total_k, heads, d_v):
+        _fail("v", f"expected shape ({total_k}, {heads}, {d_v}), got {tuple(v.shape)}")
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.stride(-1) != 1:
             _fail(name, f"last dimension must be contiguous (stride 1), got stride {t.stride(-1)}")
     if k_rope is None:
-        if k.shape[2] != D_QK:
-            _fail("k", f"without k_rope, k must hold nope and rope ({D_QK} columns), got {k.shape[2]}")
+        if k.shape[2] != d_qk:
+            _fail("k", f"without k_rope, k must hold nope and rope ({d_qk} columns), got {k.shape[2]}")
         rope = "folded"
     else:
-        if k.shape[2] != D_NOPE:
-            _fail("k", f"with k_rope given, k holds the {D_NOPE} nope columns only, got {k.shape[2]}")
+        if k.shape[2] != d_nope:
+            _fail("k", f"with k_rope given, k holds the {d_nope} nope columns only, got {k.shape[2]}")
         _check_tensor(torch, k_rope, "k_rope", in_dtype, 3, device)
-        if k_rope.shape[0] != total_k or k_rope.shape[2] != D_ROPE or k_rope.shape[1] not in (1, heads):
-            _fail("k_rope", f"expected shape ({total_k}, 1, {D_ROPE}) or ({total_k}, {heads}, {D_ROPE}), "
+        if k_rope.shape[0] != total_k or k_rope.shape[2] != d_rope or k_rope.shape[1] not in (1, heads):
+            _fail("k_rope", f"expected shape ({total_k}, 1, {d_rope}) or ({total_k}, {heads}, {d_rope}), "
                             f"got {tuple(k_rope.shape)}")
         if k_rope.stride(-1) != 1:
             _fail("k_rope", f"last dimension must be contiguous (stride 1), got stride {k_rope.stride(-1)}")
@@ -244,8 +264,8 @@ def check_arguments(torch, q, k, v, k_rope=None, cu_seqlens_q=None, cu_seqlens_k
 
     if out is not None:
         _check_tensor(torch, out, "out", torch.bfloat16, 3, device)
-        if tuple(out.shape) != (total_q, heads, D_V):
-            _fail("out", f"expected shape ({total_q}, {heads}, {D_V}), got {tuple(out.shape)}")
+        if tuple(out.shape) != (total_q, heads, d_v):
+            _fail("out", f"expected shape ({total_q}, {heads}, {d_v}), got {tuple(out.shape)}")
         if out.stride(-1) != 1:
             _fail("out", f"last dimension must be contiguous (stride 1), got stride {out.stride(-1)}")
         if any((out.stride(d) * 2) % 16 for d in range(2) if out.size(d) > 1):
@@ -288,7 +308,8 @@ def resolve_check(torch, check_seqlens) -> bool:
 
 def prepare(q, k, v, *, k_rope=None, cu_seqlens_q=None, cu_seqlens_k=None, causal=True, softmax_scale=None,
             out=None, lse=None, check_seqlens=None, max_seqlen_q=None, max_seqlen_k=None, q_descale=None,
-            k_descale=None, v_descale=None) -> Call:
+            k_descale=None, v_descale=None, window_size=(-1, -1), chunk_size=None, softcap=0.0,
+            attn_sink=None) -> Call:
     """Validate arguments (errors name the argument) and allocate ``out``/``lse``.
 
     Argument errors are :class:`~mlagen.errors.ArgumentError` (a ValueError) or, for a wrong type
@@ -306,6 +327,12 @@ def prepare(q, k, v, *, k_rope=None, cu_seqlens_q=None, cu_seqlens_k=None, causa
     total_q, total_k, heads, batch, rope = check_arguments(
         torch, q, k, v, k_rope, cu_seqlens_q, cu_seqlens_k, out, lse, max_seqlen_q, max_seqlen_k)
     dtype = check_descales(torch, q, q_descale, k_descale, v_descale)
+    geometry = geometry_of(q, k, v, k_rope)
+    d_nope, d_rope, d_v = GEOMETRIES[geometry]
+    if softmax_scale is None:
+        scale = 1.0 / math.sqrt(d_nope + d_rope)
+    traits = check_traits(torch, q, causal, window_size, chunk_size, softcap, attn_sink, geometry, heads, total_k)
+    causal = traits.mask == "causal"
     device = q.device
     check = resolve_check(torch, check_seqlens)
     cu_q = cu_k = None
@@ -319,17 +346,19 @@ def prepare(q, k, v, *, k_rope=None, cu_seqlens_q=None, cu_seqlens_k=None, causa
                       for cu in (cu_seqlens_q, cu_seqlens_k))
         cu_q, cu_k = cu_q.contiguous(), cu_k.contiguous()
     if out is None:
-        out = torch.empty((total_q, heads, D_V), dtype=torch.bfloat16, device=device)
+        out = torch.empty((total_q, heads, d_v), dtype=torch.bfloat16, device=device)
     elif out.data_ptr() % 16:
         _fail("out", "base address and row/head strides must be multiples of 16 bytes")
     if lse is None:
         lse = torch.empty((total_q, heads), dtype=torch.float32, device=device)
-    if k_rope is None:
-        k_rope = k[:, :, D_NOPE:]
-        k = k[:, :, :D_NOPE]
-    q, k, k_rope, v = kit.aligned_or_copy(q), kit.aligned_or_copy(k), kit.aligned_or_copy(k_rope), kit.aligned_or_copy(v)
+    if k_rope is None and d_rope:
+        k_rope = k[:, :, d_nope:]
+        k = k[:, :, :d_nope]
+    q, k, v = kit.aligned_or_copy(q), kit.aligned_or_copy(k), kit.aligned_or_copy(v)
+    # Without a rope part the kernels read no k_rope; k stands in for it (a valid tensor map).
+    k_rope = k if not d_rope else kit.aligned_or_copy(k_rope)
     call = Call(q, k, k_rope, v, out, lse, cu_q, cu_k, total_q, total_k, heads, batch, causal, scale, rope,
-                max_seqlen_q, max_seqlen_k, dtype, q_descale, k_descale, v_descale)
+                max_seqlen_q, max_seqlen_k, dtype, q_descale, k_descale, v_descale, traits)
     # TMA's rules are kit.aligned's: q, k, k_rope and v now meet them, and out was checked above (its
     # strides by check_arguments) or allocated here; so dispatch need not look again.
     call._tma_verdict = None

@@ -21,13 +21,13 @@ FAMILY_NAME = "mla_prefill"
 
 def run(q, k, v, *, k_rope=None, cu_seqlens_q=None, cu_seqlens_k=None, causal=True, softmax_scale=None,
         out=None, lse=None, check_seqlens=None, max_seqlen_q=None, max_seqlen_k=None, kernel=None, q_descale=None,
-        k_descale=None, v_descale=None):
+        k_descale=None, v_descale=None, window_size=(-1, -1), chunk_size=None, softcap=0.0, attn_sink=None):
     """Validate, select and launch on the current stream; returns (out, lse). No host sync
     unless ``check_seqlens`` asks for one (or the first call of a shape class compiles)."""
     import torch
 
     sig = None
-    if kernel is None or type(kernel) is str:
+    if (kernel is None or type(kernel) is str) and plain_traits(window_size, chunk_size, softcap, attn_sink):
         sig = plan.signature(torch, q, k, v, k_rope, cu_seqlens_q, cu_seqlens_k, causal, softmax_scale, out, lse,
                              check_seqlens, max_seqlen_q, max_seqlen_k, kernel, q_descale, k_descale, v_descale)
         hit = plan.lookup(sig)
@@ -37,7 +37,15 @@ def run(q, k, v, *, k_rope=None, cu_seqlens_q=None, cu_seqlens_k=None, causal=Tr
     return run_full(q, k, v, k_rope=k_rope, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, causal=causal,
                     softmax_scale=softmax_scale, out=out, lse=lse, check_seqlens=check_seqlens,
                     max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, kernel=kernel, q_descale=q_descale,
-                    k_descale=k_descale, v_descale=v_descale, sig=sig)
+                    k_descale=k_descale, v_descale=v_descale, window_size=window_size, chunk_size=chunk_size,
+                    softcap=softcap, attn_sink=attn_sink, sig=sig)
+
+
+def plain_traits(window_size, chunk_size, softcap, attn_sink) -> bool:
+    """Whether a call leaves every mask and score trait at its default: only such calls get launch
+    plans (whose signatures hold no traits)."""
+    return (window_size is None or tuple(window_size) == (-1, -1)) and chunk_size is None and not softcap \
+        and attn_sink is None
 
 
 def planned(q, k, v, k_rope, cu_seqlens_q, cu_seqlens_k, causal, softmax_scale, out, lse, check_seqlens,
@@ -58,14 +66,16 @@ def planned(q, k, v, k_rope, cu_seqlens_q, cu_seqlens_k, causal, softmax_scale, 
 
 def run_full(q, k, v, *, k_rope=None, cu_seqlens_q=None, cu_seqlens_k=None, causal=True, softmax_scale=None,
              out=None, lse=None, check_seqlens=None, max_seqlen_q=None, max_seqlen_k=None, kernel=None,
-             q_descale=None, k_descale=None, v_descale=None, sig=None):
+             q_descale=None, k_descale=None, v_descale=None, window_size=(-1, -1), chunk_size=None, softcap=0.0,
+             attn_sink=None, sig=None):
     """The full path of :func:`run` (checks, dispatch, launch); keeps a launch plan for ``sig``."""
     import torch
 
     call = prepare(q, k, v, k_rope=k_rope, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, causal=causal,
                    softmax_scale=softmax_scale, out=out, lse=lse, check_seqlens=check_seqlens,
                    max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, q_descale=q_descale, k_descale=k_descale,
-                   v_descale=v_descale)
+                   v_descale=v_descale, window_size=window_size, chunk_size=chunk_size, softcap=softcap,
+                   attn_sink=attn_sink)
     record.note(call)
     if call.empty:
         return call.out, call.lse
@@ -96,6 +106,7 @@ def select(call: Call, kernel=None):
     if isinstance(kernel, Variant):
         return _select(call, kernel, device)
     memo = (device, call.dtype, call.heads, call.total_q, call.total_k, call.batch, call.causal,
+            tuple(call.traits.specialization().items()),
             call.tma_compatible() is None, kernel, knobs.FAMILY.raw())
     return _selected.get(memo, lambda: _select(call, kernel, device))
 
@@ -109,7 +120,7 @@ def _select(call: Call, kernel, device: int):
     if not isinstance(kernel, Variant):
         check_dtype_supported(call, device)
     selection = dispatch.dispatcher().select(
-        FAMILY_NAME, str(call.key), {"mask": call.mask}, device,
+        FAMILY_NAME, str(call.key), call.traits.specialization(), device,
         accepts=lambda spec: accepts(spec, call),
         variant=kernel if isinstance(kernel, Variant) else None,
         only=kernel if isinstance(kernel, str) else None,
@@ -144,7 +155,8 @@ def check_dtype_supported(call: Call, device: int) -> None:
 
 
 def mla_prefill_kernel(q, k, v, *, k_rope=None, cu_seqlens_q=None, cu_seqlens_k=None, causal=True, kernel=None,
-                       q_descale=None, k_descale=None, v_descale=None):
+                       q_descale=None, k_descale=None, v_descale=None, window_size=(-1, -1), chunk_size=None,
+                       softcap=0.0, attn_sink=None):
     """The kernel :func:`mlagen.mla_prefill` would run for these arguments, without running it.
 
     Returns the dispatcher's Selection: ``.spec``, ``.variant`` (``.variant.symbol``), ``.origin``
@@ -154,5 +166,6 @@ def mla_prefill_kernel(q, k, v, *, k_rope=None, cu_seqlens_q=None, cu_seqlens_k=
     Builds the kernel if it is not built yet.
     """
     call = prepare(q, k, v, k_rope=k_rope, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
-                   causal=causal, check_seqlens=False, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
+                   causal=causal, check_seqlens=False, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale,
+                   window_size=window_size, chunk_size=chunk_size, softcap=softcap, attn_sink=attn_sink)
     return select(call, kernel)[1]

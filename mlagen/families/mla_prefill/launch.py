@@ -18,8 +18,12 @@ def spec_dtype(spec) -> str:
 
 
 def accepts(spec, call: Call) -> bool:
-    """Whether ``spec``'s kernels can take this call's tensors (their dtype, and TMA's alignment)."""
+    """Whether ``spec``'s kernels can take this call's tensors (their dtype, and TMA's alignment)
+    and traits (a spec without a geometry or score axis implements only the default)."""
     if spec_dtype(spec) != call.dtype:
+        return False
+    axes = dict(spec.specialize)
+    if any(value not in axes.get(name, ()) for name, value in call.traits.specialization().items()):
         return False
     return spec.abi not in TMA_ABIS or call.tma_compatible() is None
 

@@ -25,7 +25,7 @@ from ... import layouts
 from ...errors import ArgumentTypeError
 from . import entry
 from .call import check_arguments, check_descales, check_scalars
-from .problem import D_V
+from .traits import check_traits
 
 Tensor = torch.Tensor
 
@@ -34,20 +34,28 @@ Tensor = torch.Tensor
 def _op(q: Tensor, k: Tensor, v: Tensor, k_rope: Optional[Tensor], cu_seqlens_q: Optional[Tensor],
         cu_seqlens_k: Optional[Tensor], causal: bool, softmax_scale: Optional[float], check_seqlens: Optional[bool],
         max_seqlen_q: Optional[int], max_seqlen_k: Optional[int], kernel: Optional[str], q_descale: Optional[Tensor],
-        k_descale: Optional[Tensor], v_descale: Optional[Tensor]) -> tuple[Tensor, Tensor]:
+        k_descale: Optional[Tensor], v_descale: Optional[Tensor], window_left: int, window_right: int,
+        chunk_size: Optional[int], softcap: float, attn_sink: Optional[Tensor]) -> tuple[Tensor, Tensor]:
     return entry.run(q, k, v, k_rope=k_rope, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, causal=causal,
                      softmax_scale=softmax_scale, check_seqlens=check_seqlens, max_seqlen_q=max_seqlen_q,
                      max_seqlen_k=max_seqlen_k, kernel=kernel, q_descale=q_descale, k_descale=k_descale,
-                     v_descale=v_descale)
+                     v_descale=v_descale, window_size=(window_left, window_right), chunk_size=chunk_size,
+                     softcap=softcap, attn_sink=attn_sink)
+
+
+def _fake_checks(q, k, v, k_rope, causal, window_left, window_right, chunk_size, softcap, attn_sink):
+    check_traits(torch, q, causal, (window_left, window_right), chunk_size, softcap, attn_sink, heads=q.shape[1])
 
 
 @_op.register_fake
 def _op_fake(q, k, v, k_rope, cu_seqlens_q, cu_seqlens_k, causal, softmax_scale, check_seqlens, max_seqlen_q,
-             max_seqlen_k, kernel, q_descale, k_descale, v_descale):
+             max_seqlen_k, kernel, q_descale, k_descale, v_descale, window_left, window_right, chunk_size, softcap,
+             attn_sink):
     total_q, _, heads, _, _ = check_arguments(torch, q, k, v, k_rope, cu_seqlens_q, cu_seqlens_k,
                                               max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
     check_descales(torch, q, q_descale, k_descale, v_descale)
-    return (q.new_empty((total_q, heads, D_V), dtype=torch.bfloat16),
+    _fake_checks(q, k, v, k_rope, causal, window_left, window_right, chunk_size, softcap, attn_sink)
+    return (q.new_empty((total_q, heads, v.shape[-1]), dtype=torch.bfloat16),
             q.new_empty((total_q, heads), dtype=torch.float32))
 
 
@@ -56,17 +64,21 @@ def _op_out(q: Tensor, k: Tensor, v: Tensor, k_rope: Optional[Tensor], cu_seqlen
             cu_seqlens_k: Optional[Tensor], causal: bool, softmax_scale: Optional[float],
             check_seqlens: Optional[bool], max_seqlen_q: Optional[int], max_seqlen_k: Optional[int],
             kernel: Optional[str], q_descale: Optional[Tensor], k_descale: Optional[Tensor],
-            v_descale: Optional[Tensor], out: Tensor, lse: Tensor) -> None:
+            v_descale: Optional[Tensor], window_left: int, window_right: int, chunk_size: Optional[int],
+            softcap: float, attn_sink: Optional[Tensor], out: Tensor, lse: Tensor) -> None:
     entry.run(q, k, v, k_rope=k_rope, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, causal=causal,
               softmax_scale=softmax_scale, out=out, lse=lse, check_seqlens=check_seqlens, max_seqlen_q=max_seqlen_q,
-              max_seqlen_k=max_seqlen_k, kernel=kernel, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
+              max_seqlen_k=max_seqlen_k, kernel=kernel, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale,
+              window_size=(window_left, window_right), chunk_size=chunk_size, softcap=softcap, attn_sink=attn_sink)
 
 
 @_op_out.register_fake
 def _op_out_fake(q, k, v, k_rope, cu_seqlens_q, cu_seqlens_k, causal, softmax_scale, check_seqlens, max_seqlen_q,
-                 max_seqlen_k, kernel, q_descale, k_descale, v_descale, out, lse):
+                 max_seqlen_k, kernel, q_descale, k_descale, v_descale, window_left, window_right, chunk_size, softcap,
+                 attn_sink, out, lse):
     check_arguments(torch, q, k, v, k_rope, cu_seqlens_q, cu_seqlens_k, out, lse, max_seqlen_q, max_seqlen_k)
     check_descales(torch, q, q_descale, k_descale, v_descale)
+    _fake_checks(q, k, v, k_rope, causal, window_left, window_right, chunk_size, softcap, attn_sink)
 
 
 def _tracing(q) -> bool:
@@ -80,8 +92,14 @@ def _tracing(q) -> bool:
 
 def mla_prefill(q, k, v, *, k_rope=None, cu_seqlens_q=None, cu_seqlens_k=None, causal=True, softmax_scale=None,
                 out=None, lse=None, check_seqlens=None, max_seqlen_q=None, max_seqlen_k=None, kernel=None,
-                q_descale=None, k_descale=None, v_descale=None):
-    """Dense MLA prefill attention (unabsorbed, "MHA mode"), as in MLA.md section 1.
+                q_descale=None, k_descale=None, v_descale=None, window_size=(-1, -1), chunk_size=None, softcap=0.0,
+                attn_sink=None):
+    """Dense MLA prefill attention (unabsorbed, "MHA mode"), as in MLA.md sections 1 and 1b.
+
+    The head geometry (d_nope, d_rope, d_v) follows from the tensors' widths: 128 / 64 / 128
+    (DeepSeek-V3, Kimi-K2; the widths below), 192 / 64 / 256 (GLM-5) or 128 / 0 / 128 (no rope
+    part: k has d_nope columns and there is no k_rope). Geometries other than the first, and the
+    window, chunk, softcap and sink traits, run on the sm_90a bf16 kernel.
 
     Args:
         q: [Tq, H, 192] bf16 or fp8 e4m3, nope (128) followed by rope (64). Strided views are
@@ -96,7 +114,7 @@ def mla_prefill(q, k, v, *, k_rope=None, cu_seqlens_q=None, cu_seqlens_k=None, c
         cu_seqlens_q, cu_seqlens_k: optional int32 [B + 1] offsets of a packed (ragged) batch;
             both or neither. Sequence b has queries cu_seqlens_q[b]:cu_seqlens_q[b+1].
         causal: bottom-right aligned: query i of a sequence sees key j iff j <= i + Lk - Lq.
-        softmax_scale: defaults to 1/sqrt(192).
+        softmax_scale: defaults to 1/sqrt(d_nope + d_rope).
         out: optional preallocated [Tq, H, 128] bf16 output (16-byte aligned strides).
         lse: optional preallocated [Tq, H] fp32 output (heads contiguous).
         check_seqlens: read device cu_seqlens back and check that they start at 0, never
@@ -119,10 +137,17 @@ def mla_prefill(q, k, v, *, k_rope=None, cu_seqlens_q=None, cu_seqlens_k=None, c
             applies to k and k_rope alike. None means 1.0. The softmax scale applies to the real
             values: S = softmax_scale * (q_descale * q) (k_descale * k)^T. Accumulation is
             fp32; out is bf16 and lse fp32 as for bf16 inputs.
+        window_size: (left, right), FlashAttention's local attention: query i (at p = i + Lk - Lq)
+            sees keys p - left .. p + right; -1 is unbounded. With ``causal`` right is 0.
+        chunk_size: optional int C: chunked attention, query p sees keys j <= p with
+            j // C == p // C (excludes a window).
+        softcap: c > 0 caps the scores, s <- c * tanh(s / c), before the mask; 0.0 is none.
+        attn_sink: optional float32 [H] on q's device, one sink per head (natural-log units):
+            out = sum_j exp(s_j - m) v_j / (sum_j exp(s_j - m) + exp(sink - m)); lse ignores it.
 
     Returns:
-        (out, lse): out [Tq, H, 128] bf16; lse [Tq, H] fp32, natural log. A row that sees no key
-        gives out = 0 and lse = +inf.
+        (out, lse): out [Tq, H, d_v] bf16; lse [Tq, H] fp32, natural log. A row that sees no key
+        (its mask leaves none) gives out = 0 and lse = +inf.
 
     Raises:
         ValueError (``mlagen.errors.ArgumentError``) or TypeError
@@ -140,13 +165,15 @@ def mla_prefill(q, k, v, *, k_rope=None, cu_seqlens_q=None, cu_seqlens_k=None, c
     token and head strides go in without a copy and give out [B, S, H, 128], lse [B, S, H]:
     :mod:`mlagen.layouts` (the transposed view of a [B, H, S, D] tensor included).
     """
+    traits = dict(window_size=window_size, chunk_size=chunk_size, softcap=softcap, attn_sink=attn_sink)
     if isinstance(q, torch.Tensor) and q.dim() == 4:   # issue 38 hook: batched inputs, mlagen/layouts.py
         return layouts.dense_batched(mla_prefill, _tracing(q), q, k, v, k_rope=k_rope, cu_seqlens_q=cu_seqlens_q,
                                      cu_seqlens_k=cu_seqlens_k, causal=causal, softmax_scale=softmax_scale, out=out,
                                      lse=lse, check_seqlens=check_seqlens, max_seqlen_q=max_seqlen_q,
                                      max_seqlen_k=max_seqlen_k, kernel=kernel, q_descale=q_descale,
-                                     k_descale=k_descale, v_descale=v_descale)
-    if kernel is None and type(q) is torch.Tensor and not _tracing(q):
+                                     k_descale=k_descale, v_descale=v_descale, **traits)
+    plain = entry.plain_traits(window_size, chunk_size, softcap, attn_sink)
+    if kernel is None and type(q) is torch.Tensor and not _tracing(q) and plain:
         # A call with a launch plan first (its signature is one whose arguments passed every check).
         hit, sig = entry.planned(q, k, v, k_rope, cu_seqlens_q, cu_seqlens_k, causal, softmax_scale, out, lse,
                                  check_seqlens, max_seqlen_q, max_seqlen_k, q_descale, k_descale, v_descale)
@@ -162,6 +189,8 @@ def mla_prefill(q, k, v, *, k_rope=None, cu_seqlens_q=None, cu_seqlens_k=None, c
             raise ArgumentTypeError(f"mla_prefill: {name}: expected a torch.Tensor, got {type(t).__name__}")
     if check_seqlens is not None and not isinstance(check_seqlens, bool):
         raise ArgumentTypeError(f"mla_prefill: check_seqlens: expected a bool or None, got {check_seqlens!r}")
+    checked = check_traits(torch, q, causal, window_size, chunk_size, softcap, attn_sink,
+                           heads=q.shape[1] if q.dim() == 3 else None)
     if kernel is not None and not isinstance(kernel, str):
         from ...variant import Variant
 
@@ -171,7 +200,7 @@ def mla_prefill(q, k, v, *, k_rope=None, cu_seqlens_q=None, cu_seqlens_k=None, c
         return entry.run(q, k, v, k_rope=k_rope, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
                          causal=causal, softmax_scale=softmax_scale, out=out, lse=lse, check_seqlens=check_seqlens,
                          max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, kernel=kernel,
-                         q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
+                         q_descale=q_descale, k_descale=k_descale, v_descale=v_descale, **traits)
     if not _tracing(q):
         # Eager: the same implementation the ops run, without the dispatcher's cost per call.
         if kernel is None:   # its plan was looked for above
@@ -179,21 +208,22 @@ def mla_prefill(q, k, v, *, k_rope=None, cu_seqlens_q=None, cu_seqlens_k=None, c
                                   causal=causal, softmax_scale=softmax_scale, out=out, lse=lse,
                                   check_seqlens=check_seqlens, max_seqlen_q=max_seqlen_q,
                                   max_seqlen_k=max_seqlen_k, q_descale=q_descale, k_descale=k_descale,
-                                  v_descale=v_descale, sig=sig)
+                                  v_descale=v_descale, **traits, sig=sig)
         return entry.run(q, k, v, k_rope=k_rope, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
                          causal=causal, softmax_scale=softmax_scale, out=out, lse=lse, check_seqlens=check_seqlens,
                          max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, kernel=kernel,
-                         q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
+                         q_descale=q_descale, k_descale=k_descale, v_descale=v_descale, **traits)
     scale = None if softmax_scale is None else float(softmax_scale)
+    left, right = (int(x) for x in tuple(window_size))
     args = (q, k, v, k_rope, cu_seqlens_q, cu_seqlens_k, causal, scale, check_seqlens, max_seqlen_q, max_seqlen_k,
-            kernel, q_descale, k_descale, v_descale)
+            kernel, q_descale, k_descale, v_descale, left, right, chunk_size, float(checked.softcap), attn_sink)
     if out is None and lse is None:
         return torch.ops.mlagen.mla_prefill(*args)
     if out is None or lse is None:  # one given: the op writes both, so allocate the other
         total_q, _, heads, _, _ = check_arguments(torch, q, k, v, k_rope, cu_seqlens_q, cu_seqlens_k, out, lse,
                                                   max_seqlen_q, max_seqlen_k)
         if out is None:
-            out = q.new_empty((total_q, heads, D_V), dtype=torch.bfloat16)
+            out = q.new_empty((total_q, heads, v.shape[-1]), dtype=torch.bfloat16)
         if lse is None:
             lse = q.new_empty((total_q, heads), dtype=torch.float32)
     torch.ops.mlagen.mla_prefill_out(*args, out, lse)

@@ -21,7 +21,7 @@ _plans = plans.PlanCache()
 # The fields each launcher's plan writes per call, in the order DensePlan.run gives them.
 _SIMT_VARIABLE = ("q", "k", "k_rope", "v", "out", "lse", "cu_seqlens_q", "cu_seqlens_k")
 _TMA_VARIABLE = tuple(field for field, _ in tma.MAP_FIELDS) + ("tile_counter", "out", "lse", "cu_seqlens_q",
-                                                                 "cu_seqlens_k")
+                                                                 "cu_seqlens_k", "attn_sink")
 _FP8_VARIABLE = _TMA_VARIABLE + ("q_descale", "k_descale", "v_descale")
 _VT_VARIABLE = ("v", "vt", "cu_seqlens_k")
 
@@ -121,7 +121,7 @@ class DensePlan:
             maps = tuple(tma.map_at((ptr,) + key, what)
                          for ptr, key, (_, what) in zip(pointers, self.map_tails, tma.MAP_FIELDS))
             counter = tma.tile_counter(self.device, stream) if self.dynamic else 0
-            values = maps + (counter, pointers[4]) + tail
+            values = maps + (counter, pointers[4]) + tail + (0,)   # no sink: calls with one get no plan
             if self.fp8:
                 values += tuple(0 if t is None else t.data_ptr() for t in (q_descale, k_descale, v_descale))
         else:

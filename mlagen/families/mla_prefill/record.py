@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from ... import shapelog
 from .call import Call
+from .problem import DEFAULT_GEOMETRY
 
 
 def describe_call(call: Call) -> str:
@@ -12,7 +13,15 @@ def describe_call(call: Call) -> str:
     parts = [f"b={call.batch}", f"q={round(call.total_q / b)}"]
     if call.total_k != call.total_q:
         parts.append(f"k={round(call.total_k / b)}")
-    parts += [f"h={call.heads}", call.mask]
+    parts.append(f"h={call.heads}")
+    t = call.traits
+    if t.geometry != DEFAULT_GEOMETRY:
+        parts.append("d=" + "/".join(map(str, t.dims)))
+    parts.append({"window": f"window={t.window[0]}/{t.window[1]}", "chunked": f"chunk={t.chunk}"}.get(t.mask, t.mask))
+    if t.softcap:
+        parts.append(f"softcap={t.softcap:g}")
+    if t.attn_sink is not None:
+        parts.append("sink")
     return ",".join(parts)
 
 

@@ -98,7 +98,7 @@ class MlaSparsePrefillFamily(kit.ShapesOf, Family):
         # The operand as data for the template: its device loader and row layout.
         kv = {"format": fmt.name, "quantized": fmt.quantized, "row_bytes": fmt.row_bytes, "value_count": fmt.values,
               "scale_block": fmt.scale_block, "scale_offset": fmt.scale_offset, "rope_offset": fmt.rope_offset,
-              "rope": fmt.rope}
+              "rope": fmt.rope, "scale_dtype": fmt.scale_dtype, "page_scales": fmt.page_scales}
         return {"params_decl": ABIS[variant.spec.abi](fmt.name).c_declaration(),
                 "smem_bytes": estimate(variant).smem_bytes, "kv": kv}
 

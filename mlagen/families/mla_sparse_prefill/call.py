@@ -114,13 +114,23 @@ def kv_layout(kv, fmt: operands.KvFormat, device=None, arg: str = "kv"):
     to back); otherwise row ``r`` is page ``r // page_size``, offset ``r % page_size``.
 
     bf16: [N, d], [N, 1, d] or [blocks, page, d]. Quantized: uint8 [N, row_bytes],
-    [blocks, page, row_bytes] or [blocks, page, 1, row_bytes] (FlashMLA's decode cache)."""
+    [blocks, page, row_bytes] or [blocks, page, 1, row_bytes] (FlashMLA's decode cache); a format
+    with scales after each page's rows (fp8_v4): uint8 [blocks, page_bytes] or FlashMLA's views
+    [blocks, page, (1,) token_bytes] of it (operands.page_pool), row stride row_bytes."""
     import torch
 
     dtype = torch.uint8 if fmt.quantized else torch.bfloat16
+    if fmt.quantized and isinstance(kv, torch.Tensor) and kv.dtype == torch.float8_e4m3fn:
+        kv = kv.view(torch.uint8)   # the same bytes: FlashMLA's quantize_k_cache returns its cache typed so
     if isinstance(kv, torch.Tensor) and kv.dtype != dtype:
         _fail(arg, f"dtype must be {dtype} for kv_format {fmt.name!r}, got {kv.dtype}", ArgumentTypeError)
     _check_tensor(torch, kv, arg, dtype, (2, 3, 4) if fmt.quantized else (2, 3), device)
+    if fmt.page_scales:   # scales after each page's rows: always paged (operands.page_pool)
+        try:
+            num_kv, page_size, page_stride = operands.page_pool(kv.shape, kv.stride(), fmt, kv.data_ptr())
+        except ValueError as exc:
+            _fail(arg, str(exc))
+        return kv, num_kv, page_size, fmt.row_bytes, page_stride
     if kv.dim() == 4:
         if kv.shape[2] != 1:
             _fail(arg, f"a 4-D cache must be [num_blocks, page_size, 1, {fmt.row_elems}], got {tuple(kv.shape)}")

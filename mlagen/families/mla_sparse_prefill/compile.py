@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ...errors import SpecError
 from .params import ABIS
-from .problem import NAME
+from .problem import NAME, is_paged
 
 SCHEDULE_KEYS = ("roles", "gather", "consumer_split")
 
@@ -20,8 +20,7 @@ def family_specs():
 def specialization(call) -> dict:
     """The compile-time values a call (or Shape) needs: d_qk, whether kv is a pool of strided
     pages, and the KV format."""
-    return {"d_qk": call.d_qk, "paged": getattr(call, "page_size", 0) > 0,
-            "kv_format": getattr(call, "kv_format", "bf16")}
+    return {"d_qk": call.d_qk, "paged": is_paged(call), "kv_format": getattr(call, "kv_format", "bf16")}
 
 
 def accepts(spec, call) -> bool:

@@ -106,7 +106,11 @@ def mla_sparse_prefill(q, kv, indices, *, softmax_scale, topk_length=None, attn_
         kv_format: how kv rows are stored (``mlagen.operands``): ``"bf16"`` (default), or
             ``"fp8_v32"`` (DeepSeek-V3.2: 512 e4m3 values, 4 fp32 scales one per 128 values,
             64 bf16 rope values; 656 bytes), ``"fp8_b64"`` / ``"fp8_b32"`` (a scale per 64 / 32
-            values), ``"fp8_b0"`` (no scales). Quantized rows need d_qk 576. sm_90a only.
+            values), ``"fp8_b0"`` (no scales): these need d_qk 576; ``"fp8_v4"`` (DeepSeek-V4,
+            FlashMLA's MODEL1: 448 e4m3 + 64 bf16 values a token, UE8M0 scales after each page's
+            rows; d_qk 512; kv uint8 [num_blocks, page_bytes] or [num_blocks, page_size, 1, 584]).
+            A quantized cache may also be typed float8_e4m3fn (FlashMLA's quantize_k_cache does):
+            its bytes are read the same. sm_90a only.
         compute: ``"bf16"``, the only mode (kept so calls that name it still work): an FP8 cache
             is read as bf16 (dequantized in the kernel, or staged first). ``"fp8"`` (FP8 tensor
             cores) was removed on 2026-12-01 and raises ValueError naming compute.

@@ -8,6 +8,7 @@ import math
 from dataclasses import dataclass, replace
 
 from ... import operands
+from ..kit import MAX_HEADS, decimal
 
 NAME = "mla_sparse_prefill"
 D_V = 512
@@ -64,9 +65,15 @@ class ProblemKey:
         return abs(math.log2(self.heads) - math.log2(other.heads)) + abs(math.log2(self.topk) - math.log2(other.topk))
 
 
+def is_paged(call) -> bool:
+    """Whether a Call's or Shape's cache is read as a pool of strided pages: a page size, or a
+    format whose scales sit after each page's rows (fp8_v4: always a pool of pages)."""
+    return getattr(call, "page_size", 0) > 0 or bool(operands.get(getattr(call, "kv_format", "bf16")).page_scales)
+
+
 def problem_key(call) -> ProblemKey:
     """The shape class of a Call or a Shape; topk counts both pools' positions of a two-pool call."""
-    paged = getattr(call, "page_size", 0) > 0
+    paged = is_paged(call)
     keys = getattr(call, "keys", call.topk)
     return ProblemKey(call.d_qk, _pow2_ceil(call.heads), _pow2_ceil(max(keys, 1)), "paged" if paged else "flat",
                       getattr(call, "kv_format", "bf16"))
@@ -135,7 +142,8 @@ SHAPES: dict[str, Shape] = {s.id: s for s in (
 
 def parse_shape(text: str, id: str | None = None) -> Shape:
     """A shape from an id of :data:`SHAPES` (any case) or
-    ``sq=..,h=..,topk=..,skv=..[,d=..][,sink=..][,kv=..]``; ValueError naming the bad item."""
+    ``sq=..,h=..,topk=..,skv=..[,d=..][,sink=..][,kv=..]`` (each key once, numbers in plain decimal
+    digits, h from 1 to 128, sink 0 or 1); ValueError naming the bad item."""
     if text.strip().upper() in SHAPES:
         named = SHAPES[text.strip().upper()]
         return named if id is None else replace(named, id=id)
@@ -147,15 +155,21 @@ def parse_shape(text: str, id: str | None = None) -> Shape:
         k, v = item.split("=", 1)
         if k not in _SHAPE_KEYS:
             raise ValueError(f"{text!r}: unknown item {k!r}; known: {', '.join(_SHAPE_KEYS)}")
+        if _SHAPE_KEYS[k] in values:
+            raise ValueError(f"{text!r}: {k} is given twice; give each of {', '.join(_SHAPE_KEYS)} once")
         if k == "kv":
             if v not in operands.NAMES:
                 raise ValueError(f"{text!r}: kv must be one of {list(operands.NAMES)}, got {v!r}")
             values["kv_format"] = v
             continue
-        try:
-            values[_SHAPE_KEYS[k]] = int(v)
-        except ValueError:
-            raise ValueError(f"{text!r}: {k} must be an integer, got {v!r}") from None
+        number = decimal(v)
+        if number is None:
+            raise ValueError(f"{text!r}: {k} must be a decimal integer, got {v!r}")
+        if k == "sink" and number not in (0, 1):
+            raise ValueError(f"{text!r}: sink must be 0 (off) or 1 (on), got {v!r}")
+        if k == "h" and not 1 <= number <= MAX_HEADS:
+            raise ValueError(f"{text!r}: h must be a head count from 1 to {MAX_HEADS}, got {v}")
+        values[_SHAPE_KEYS[k]] = number
     optional = ("d", "sink", "kv", "window", "raw", "hca")
     missing = [k for k, f in _SHAPE_KEYS.items() if f not in values and k not in optional]
     if missing:

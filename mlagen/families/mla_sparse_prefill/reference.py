@@ -138,11 +138,8 @@ def make_inputs(shape: dict, device, seed: int = 0) -> dict:
     inputs = {"q": q, "kv": kv, "indices": indices, "softmax_scale": d_qk ** -0.5, "attn_sink": sink}
     fmt = operands.get(shape.get("kv_format", "bf16"), d_qk)
     if fmt.quantized:
-        # The same rows quantized into a pool of 64-token pages (the V3.2 serving layout).
-        pages = -(-s_kv // 64)
-        rows = torch.zeros((pages * 64, d_qk), device=device)
-        rows[:s_kv] = kv[:, 0].float()
-        inputs["kv"] = operands.quantize(rows, fmt).view(pages, 64, fmt.row_bytes)
+        # The same rows quantized into a pool of 64-token pages (the V3.2 and V4 serving layouts).
+        inputs["kv"] = operands.quantize_pages(kv[:, 0].float(), fmt, 64)
         inputs["kv_format"] = fmt.name
     return inputs
 

@@ -15,7 +15,8 @@ on a dequantized copy on S1 / S3, where converting first costs a few percent (do
   rows (invalid ones to -1). Nothing is read back to the host (no synchronisation; graph capture
   works), so the workspace is sized for the worst case, min(pool rows, sq x topk) rows.
 
-The workspace holds ``d_qk`` bf16 values a row (1152 B; the pool's rows are 656 B for fp8_v32), freed
+The workspace holds ``d_qk`` bf16 values a row (1152 B; the pool's rows are 656 B for fp8_v32; 1024 B
+for fp8_v4, whose tokens take 584 B and whose scales sit after each page's rows), freed
 when the call returns (torch's caching allocator, stream-ordered). A call whose worst case
 (``workspace_bytes``) is over MLAGEN_STAGING_MB (512 MiB unless set; S1 needs 9 MiB, S3 151 MiB, a
 1 M-row pool under 8 M references 1.2 GiB) converts in the kernel instead, so a server that sized its

@@ -3,7 +3,7 @@ reference on the concatenated pool, and against the one-pool call on the same ke
 
 The matrix: H in {1, 5, 8, 16, 64, 128} x keys per query (pool 1 + pool 2) in {1, 129, 640, 1152}
 (and one pool empty), both pools flat / [N, 1, d] / strided pages of 64 or 16 rows in every
-pairing, bf16 and FP8 V3.2 pools (staged), fuzzed indices (-1, negatives, >= N, 2**31 - 1,
+pairing, bf16, FP8 V3.2 and FP8 V4 pools (staged), fuzzed indices (-1, negatives, >= N, 2**31 - 1,
 duplicates) in both, topk_length per pool (short, zero, past topk), rows with no key, sinks
 finite / +inf / -inf / mixed, d_qk 512 (V4) and 576, on every kernel of the family the device
 has (the 64-head kernel, the H <= 16 kernel) and dispatch's choice; the sm80 kernel refuses. Outputs
@@ -43,9 +43,13 @@ def _kernels(heads: int) -> list:
 
 def make_pool(layout: str, n: int, d_qk: int, fmt: str, gen):
     """A pool of about n rows: bf16 "flat" [n, d], "n1d" [n, 1, d], "paged64" / "paged16" strided
-    pages (each page in a slot twice its size); FP8 (fmt_v32) "flat" [n, 656] or "paged64"."""
+    pages (each page in a slot twice its size); FP8 V3.2 (fp8_v32) "flat" [n, 656] or "paged64";
+    FP8 V4 (fp8_v4) "v4pool64" / "v4pool32", its page pool."""
     dev = "cuda"
     f = operands.get(fmt, d_qk)
+    if layout.startswith("v4pool"):   # DeepSeek-V4's FP8 cache: [blocks, page_bytes], scales after each page's rows
+        return operands.quantize(torch.randn((n, d_qk), generator=gen, device=dev), f,
+                                 page_size=int(layout[len("v4pool"):]))
     if layout == "flat" or layout == "n1d" or n == 0:
         rows = torch.randn((n, d_qk), generator=gen, device=dev)
         t = operands.quantize(rows, f) if f.quantized else rows.to(torch.bfloat16)
@@ -180,12 +184,18 @@ FP8 = [
      "len2": "long"},
     {"fmt": ("fp8_v32", "fp8_v32"), "layout": ("paged64", "paged64"), "heads": 5, "topk": (1, 128),
      "sink": "mixed"},
+    # DeepSeek-V4's FP8 cache (d_qk 512): the compressed pool, the window's raw pool, or both.
+    {"fmt": ("bf16", "fp8_v4"), "layout": ("paged64", "v4pool64"), "heads": 64, "topk": (128, 512), "d_qk": 512},
+    {"fmt": ("fp8_v4", "bf16"), "layout": ("v4pool64", "flat"), "heads": 8, "topk": (128, 640), "d_qk": 512,
+     "len2": "short"},
+    {"fmt": ("fp8_v4", "fp8_v4"), "layout": ("v4pool64", "v4pool32"), "heads": 128, "topk": (129, 1023), "d_qk": 512,
+     "len1": "long"},
 ]
 
 
 @pytest.mark.parametrize("i", range(len(FP8)))
 def test_fp8_pools_are_staged_into_the_same_softmax(i):
-    case = dict(FP8[i], sq=9, d_qk=576, n=(640, 2048))
+    case = dict({"d_qk": 576}, **FP8[i], sq=9, n=(640, 2048))
     for kernel in (None, SM90):
         ok, msg = run_case(case, 300 + i, kernel)
         assert ok, f"{kernel}: {case}: {msg}"

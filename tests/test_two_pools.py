@@ -356,3 +356,17 @@ def test_a_sparse_plan_writes_what_the_full_pack_writes(extra, monkeypatch):
     assert values["extra_topk"] == (0 if extra == "none" else 7)
     if extra == "first_empty":
         assert values["kv"] == ox.kv.data_ptr()   # the kernel's base is the second pool's
+
+
+def test_the_traced_two_pool_call_is_the_operator_with_the_extra_arguments():
+    import mlagen
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    schema = str(torch.ops.mlagen.mla_sparse_prefill.default._schema)
+    assert "Tensor? extra_kv=None, Tensor? extra_indices=None, Tensor? extra_topk_length=None" in schema
+    with FakeTensorMode():
+        q = torch.empty(4, 8, 512, dtype=torch.bfloat16, device="cuda")
+        kv = torch.empty(10, 512, dtype=torch.bfloat16, device="cuda")
+        idx = torch.empty(4, 3, dtype=torch.int32, device="cuda")
+        out, ml, lse = mlagen.mla_sparse_prefill(q, kv, idx, softmax_scale=0.1, extra_kv=kv, extra_indices=idx)
+        assert (tuple(out.shape), tuple(ml.shape), tuple(lse.shape)) == ((4, 8, 512), (4, 8), (4, 8))

@@ -3,7 +3,7 @@ reference on the concatenated pool, and against the one-pool call on the same ke
 
 The matrix: H in {1, 5, 8, 16, 64, 128} x keys per query (pool 1 + pool 2) in {1, 129, 640, 1152}
 (and one pool empty), both pools flat / [N, 1, d] / strided pages of 64 or 16 rows in every
-pairing, bf16 and FP8 V3.2 pools (staged), fuzzed indices (-1, negatives, >= N, 2**31 - 1,
+pairing, bf16, FP8 V3.2 and FP8 V4 pools (staged), fuzzed indices (-1, negatives, >= N, 2**31 - 1,
 duplicates) in both, topk_length per pool (short, zero, past topk), rows with no key, sinks
 finite / +inf / -inf / mixed, d_qk 512 (V4) and 576, on every kernel of the family the device
 has (the 64-head kernel, the H <= 16 kernel) and dispatch's choice; the sm80 kernel refuses. Outputs
@@ -43,9 +43,13 @@ def _kernels(heads: int) -> list:
 
 def make_pool(layout: str, n: int, d_qk: int, fmt: str, gen):
     """A pool of about n rows: bf16 "flat" [n, d], "n1d" [n, 1, d], "paged64" / "paged16" strided
-    pages (each page in a slot twice its size); FP8 (fmt_v32) "flat" [n, 656] or "paged64"."""
+    pages (each page in a slot twice its size); FP8 V3.2 (fp8_v32) "flat" [n, 656] or "paged64";
+    FP8 V4 (fp8_v4) "v4pool64" / "v4pool32", its page pool."""
     dev = "cuda"
     f = operands.get(fmt, d_qk)
+    if layout.startswith("v4pool"):   # DeepSeek-V4's FP8 cache: [blocks, page_bytes], scales after each page's rows
+        return operands.quantize(torch.randn((n, d_qk), generator=gen, device=dev), f,
+                                 page_size=int(layout[len("v4pool"):]))
     if layout == "flat" or layout == "n1d" or n == 0:
         rows = torch.randn((n, d_qk), generator=gen, device=dev)
         t = operands.quantize(rows, f) if f.quantized else rows.to(torch.bfloat16)
@@ -180,12 +184,18 @@ FP8 = [
      "len2": "long"},
     {"fmt": ("fp8_v32", "fp8_v32"), "layout": ("paged64", "paged64"), "heads": 5, "topk": (1, 128),
      "sink": "mixed"},
+    # DeepSeek-V4's FP8 cache (d_qk 512): the compressed pool, the window's raw pool, or both.
+    {"fmt": ("bf16", "fp8_v4"), "layout": ("paged64", "v4pool64"), "heads": 64, "topk": (128, 512), "d_qk": 512},
+    {"fmt": ("fp8_v4", "bf16"), "layout": ("v4pool64", "flat"), "heads": 8, "topk": (128, 640), "d_qk": 512,
+     "len2": "short"},
+    {"fmt": ("fp8_v4", "fp8_v4"), "layout": ("v4pool64", "v4pool32"), "heads": 128, "topk": (129, 1023), "d_qk": 512,
+     "len1": "long"},
 ]
 
 
 @pytest.mark.parametrize("i", range(len(FP8)))
 def test_fp8_pools_are_staged_into_the_same_softmax(i):
-    case = dict(FP8[i], sq=9, d_qk=576, n=(640, 2048))
+    case = dict({"d_qk": 576}, **FP8[i], sq=9, n=(640, 2048))
     for kernel in (None, SM90):
         ok, msg = run_case(case, 300 + i, kernel)
         assert ok, f"{kernel}: {case}: {msg}"
@@ -347,3 +357,37 @@ def test_a_repeated_two_pool_call_takes_its_launch_plan(heads):
         again = mlagen.mla_sparse_prefill(q, kv1, i1, **args)
         assert all(torch.equal(a, b) for a, b in zip(first, again))
     assert entry._plans.hits == hits + 2
+
+
+def test_window_indices_and_the_two_pool_call_are_captured_in_one_graph():
+    """A server's step: the window's lists built on the device, then the call, in one CUDA graph."""
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    cu_q = torch.tensor([0, 40, 100], dtype=torch.int32, device="cuda")
+    cu_k = torch.tensor([0, 300, 360], dtype=torch.int32, device="cuda")
+    raw = torch.randn((360, 512), generator=gen, device="cuda").to(torch.bfloat16)
+    comp = torch.randn((90, 512), generator=gen, device="cuda").to(torch.bfloat16)
+    chosen = torch.randint(-1, 90, (100, 64), generator=gen, device="cuda", dtype=torch.int32)
+    q = torch.randn((100, 64, 512), generator=gen, device="cuda").to(torch.bfloat16)
+    win = torch.empty((100, 128), dtype=torch.int32, device="cuda")
+    outs = (torch.empty((100, 64, 512), dtype=torch.bfloat16, device="cuda"),
+            torch.empty((100, 64), device="cuda"), torch.empty((100, 64), device="cuda"))
+
+    def step():
+        mlagen.window_indices(cu_q, cu_k, num_tokens=100, window=128, out=win)
+        mlagen.mla_sparse_prefill(q, raw, win, softmax_scale=512 ** -0.5, out=outs[0], max_logits=outs[1],
+                                  lse=outs[2], extra_kv=comp, extra_indices=chosen)
+
+    step()   # compiles, and keeps the launch plan
+    ref = sp_ref.reference(q, raw, win, softmax_scale=512 ** -0.5, extra_kv=comp, extra_indices=chosen)
+    assert tools.judge(torch, outs, ref)[0]
+    want = [t.clone() for t in outs]
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    win.fill_(-7)
+    for t in outs:
+        t.fill_(math.nan)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(win.cpu(), sp_window.window_reference(cu_q.cpu(), cu_k.cpu(), window=128))
+    assert all(torch.equal(a, b) for a, b in zip(outs, want))

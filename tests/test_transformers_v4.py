@@ -11,6 +11,7 @@ model on the GPU, against the real kernel: tests/gpu/test_transformers_v4_gpu.py
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
@@ -159,6 +160,21 @@ def test_window_and_compressed_pools_of_packed_sequences():
     assert [_rows(csa, t) for t in range(9)] == [[1], [0, 1], [0, 1], [0], [], [2, 6], [5], [3], [4, 4]]
 
 
+def test_window_pool_lists_what_mlagen_window_indices_lists():
+    """The same keys as the device helper's lists (mlagen.window_indices, its reference here):
+    ragged sequences, cached prefixes, a sequence without queries, windows longer than a sequence."""
+    from mlagen.families.mla_sparse_prefill.window import window_reference
+
+    lens_q, lens_k = [3, 0, 7, 1, 5], [3, 4, 20, 9, 5]
+    cu_q, cu_k = (torch.tensor([0, *itertools.accumulate(n)], dtype=torch.int32) for n in (lens_q, lens_k))
+    kv = torch.zeros(sum(lens_k), 512, dtype=torch.bfloat16)
+    for window in (1, 4, 128):
+        pool = v4.window_pool(kv, cu_q, cu_k, sum(lens_q), window=window)
+        ref = window_reference(cu_q, cu_k, window=window)
+        for t in range(sum(lens_q)):
+            assert _rows(pool, t) == sorted(int(r) for r in ref[t] if r >= 0), (window, t)
+
+
 def test_one_pool_lists_the_union_of_the_pools_keys():
     cu = torch.tensor([0, 4], dtype=torch.int32)
     raw, comp = torch.randn(4, 512).to(torch.bfloat16), torch.randn(2, 512).to(torch.bfloat16)
@@ -171,9 +187,9 @@ def test_one_pool_lists_the_union_of_the_pools_keys():
     assert pool.indices[0].tolist() == [0, -1, -1, -1] and pool.length.tolist() == [1, 3, 3, 4]
 
 
-def test_attend_over_two_pools_equals_the_concatenated_pool(kernel, monkeypatch):
-    """The two-pool call gets each pool as it is; without it (or for batched queries) the pools
-    are concatenated; both give the softmax over the union of the keys, with the sink."""
+def test_attend_over_two_pools_equals_the_concatenated_pool(kernel):
+    """The two-pool call gets each pool as it is; batched queries' pools are concatenated; both
+    give the softmax over the union of the keys, with the sink."""
     g = torch.Generator().manual_seed(3)
     cu = torch.tensor([0, 6], dtype=torch.int32)
     raw, comp = (torch.randn(n, 512, generator=g).to(torch.bfloat16) for n in (6, 3))
@@ -189,12 +205,11 @@ def test_attend_over_two_pools_equals_the_concatenated_pool(kernel, monkeypatch)
         p = torch.exp(s - m[:, None])
         want.append((p @ rows[keys]) / (p.sum(-1) + torch.exp(sink.double() - m))[:, None])
     want = torch.stack(want)
-    assert v4._has_two_pools()
     two = v4.attend(q, pools, softmax_scale=0.05, attn_sink=sink)
     call = kernel.calls[-1]
     assert call["kv"] is raw and call["extra_kv"] is comp and call["extra_indices"] is pools[1].indices
-    monkeypatch.setattr(v4, "_has_two_pools", lambda: False)
-    one = v4.attend(q, pools, softmax_scale=0.05, attn_sink=sink)
+    batched = [v4.Pool(p.kv, p.indices.unsqueeze(0), p.length.unsqueeze(0)) for p in pools]
+    one = v4.attend(q.unsqueeze(0), batched, softmax_scale=0.05, attn_sink=sink)[0]
     assert kernel.calls[-1]["extra_kv"] is None and kernel.calls[-1]["kv"].shape == (9, 512)
     for got in (two, one):
         torch.testing.assert_close(got.double(), want, atol=2e-2, rtol=2e-2)

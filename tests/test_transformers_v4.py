@@ -11,6 +11,7 @@ model on the GPU, against the real kernel: tests/gpu/test_transformers_v4_gpu.py
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
@@ -31,12 +32,14 @@ class FakeSparse:
         self.calls = []
 
     def run(self, q, kv, indices, *, softmax_scale, topk_length=None, attn_sink=None, out=None, max_logits=None,
-            lse=None, **rest):
+            lse=None, extra_kv=None, extra_indices=None, extra_topk_length=None, **rest):
         assert q.dim() == 3 and q.dtype == torch.bfloat16 and indices.dtype == torch.int32
         self.calls.append(dict(q=q, kv=kv, indices=indices, topk_length=topk_length, attn_sink=attn_sink,
-                               softmax_scale=softmax_scale))
+                               softmax_scale=softmax_scale, extra_kv=extra_kv, extra_indices=extra_indices,
+                               extra_topk_length=extra_topk_length))
         r_out, r_ml, r_lse = reference(q, kv, indices, softmax_scale=softmax_scale, topk_length=topk_length,
-                                       attn_sink=attn_sink)
+                                       attn_sink=attn_sink, extra_kv=extra_kv, extra_indices=extra_indices,
+                                       extra_topk_length=extra_topk_length)
         if out is None:
             out = torch.empty(r_out.shape, dtype=torch.bfloat16)
             max_logits, lse = (torch.empty(r_ml.shape, dtype=torch.float32) for _ in range(2))
@@ -157,6 +160,21 @@ def test_window_and_compressed_pools_of_packed_sequences():
     assert [_rows(csa, t) for t in range(9)] == [[1], [0, 1], [0, 1], [0], [], [2, 6], [5], [3], [4, 4]]
 
 
+def test_window_pool_lists_what_mlagen_window_indices_lists():
+    """The same keys as the device helper's lists (mlagen.window_indices, its reference here):
+    ragged sequences, cached prefixes, a sequence without queries, windows longer than a sequence."""
+    from mlagen.families.mla_sparse_prefill.window import window_reference
+
+    lens_q, lens_k = [3, 0, 7, 1, 5], [3, 4, 20, 9, 5]
+    cu_q, cu_k = (torch.tensor([0, *itertools.accumulate(n)], dtype=torch.int32) for n in (lens_q, lens_k))
+    kv = torch.zeros(sum(lens_k), 512, dtype=torch.bfloat16)
+    for window in (1, 4, 128):
+        pool = v4.window_pool(kv, cu_q, cu_k, sum(lens_q), window=window)
+        ref = window_reference(cu_q, cu_k, window=window)
+        for t in range(sum(lens_q)):
+            assert _rows(pool, t) == sorted(int(r) for r in ref[t] if r >= 0), (window, t)
+
+
 def test_one_pool_lists_the_union_of_the_pools_keys():
     cu = torch.tensor([0, 4], dtype=torch.int32)
     raw, comp = torch.randn(4, 512).to(torch.bfloat16), torch.randn(2, 512).to(torch.bfloat16)
@@ -169,33 +187,32 @@ def test_one_pool_lists_the_union_of_the_pools_keys():
     assert pool.indices[0].tolist() == [0, -1, -1, -1] and pool.length.tolist() == [1, 3, 3, 4]
 
 
-def test_attend_over_two_pools_equals_the_concatenated_pool(kernel, monkeypatch):
+def test_attend_over_two_pools_equals_the_concatenated_pool(kernel):
+    """The two-pool call gets each pool as it is; batched queries' pools are concatenated; both
+    give the softmax over the union of the keys, with the sink."""
     g = torch.Generator().manual_seed(3)
     cu = torch.tensor([0, 6], dtype=torch.int32)
     raw, comp = (torch.randn(n, 512, generator=g).to(torch.bfloat16) for n in (6, 3))
     q = torch.randn(6, 4, 512, generator=g).to(torch.bfloat16)
     sink = torch.randn(4, generator=g)
     pools = [v4.window_pool(raw, cu, cu, 6, window=3), v4.hca_pool(comp, cu, cu, torch.tensor([0, 3]), 6, 2, 3)]
-    got = v4.attend(q, pools, softmax_scale=0.05, attn_sink=sink)
     rows = torch.cat([raw, comp]).double()
+    want = []
     for t in range(6):
         keys = [i for i in _rows(pools[0], t)] + [6 + i for i in _rows(pools[1], t)]
         s = torch.einsum("hd,kd->hk", q[t].double(), rows[keys]) * 0.05
         m = torch.maximum(s.amax(-1), sink.double())
         p = torch.exp(s - m[:, None])
-        want = (p @ rows[keys]) / (p.sum(-1) + torch.exp(sink.double() - m))[:, None]
-        torch.testing.assert_close(got[t].double(), want, atol=2e-2, rtol=2e-2)
-    # where mla_sparse_prefill takes a second pool (extra_kv), attend hands both over as they are
-    seen = []
-
-    def two_pool(q, kv, indices, *, topk_length=None, extra_kv=None, extra_indices=None, extra_topk_length=None,
-                 attn_sink=None, softmax_scale=None):
-        seen.append((kv, extra_kv))
-        return torch.zeros(q.shape[0], q.shape[1], 512, dtype=torch.bfloat16), None, None
-
-    monkeypatch.setattr(sparse_op, "mla_sparse_prefill", two_pool)
-    v4.attend(q, pools, softmax_scale=0.05, attn_sink=sink)
-    assert seen[0][0] is raw and seen[0][1] is comp
+        want.append((p @ rows[keys]) / (p.sum(-1) + torch.exp(sink.double() - m))[:, None])
+    want = torch.stack(want)
+    two = v4.attend(q, pools, softmax_scale=0.05, attn_sink=sink)
+    call = kernel.calls[-1]
+    assert call["kv"] is raw and call["extra_kv"] is comp and call["extra_indices"] is pools[1].indices
+    batched = [v4.Pool(p.kv, p.indices.unsqueeze(0), p.length.unsqueeze(0)) for p in pools]
+    one = v4.attend(q.unsqueeze(0), batched, softmax_scale=0.05, attn_sink=sink)[0]
+    assert kernel.calls[-1]["extra_kv"] is None and kernel.calls[-1]["kv"].shape == (9, 512)
+    for got in (two, one):
+        torch.testing.assert_close(got.double(), want, atol=2e-2, rtol=2e-2)
 
 
 # --- transformers ---------------------------------------------------------------------------------

@@ -15,11 +15,12 @@ ones count. Two ways to build them:
   bottom-right aligned queries as in ``flash_attn_varlen_func``): :func:`window_pool` (the raw
   tokens), :func:`hca_pool` and :func:`csa_pool` (the compressed pool).
 
-:func:`attend` runs the layer over its pools. Today that is one ``mla_sparse_prefill`` call over
-one pool; pools given separately are concatenated first (:func:`one_pool`, the copy a server
-without a two-pool kernel makes). The two-pool call (``extra_kv`` / ``extra_indices`` /
-``extra_topk_length``, MLA.md section 2b) takes a second pool as it is, and :func:`attend` uses it
-once ``mla_sparse_prefill`` has it.
+:func:`attend` runs the layer over its pools in one ``mla_sparse_prefill`` call: a second pool
+goes in as it is (``extra_kv`` / ``extra_indices`` / ``extra_topk_length``, MLA.md section 2b);
+batched pools are concatenated first (:func:`one_pool`, the copy a server without a two-pool
+kernel makes). transformers' V4 hands over one pool already concatenated, so its call is the
+one-pool one. For a paged raw pool, :func:`mlagen.window_indices` (one kernel, a block table)
+builds the window's lists that :func:`window_pool` builds for a packed one.
 
 Nothing here reads a device value on the host: the index widths come from shapes and the model's
 own bounds, so a layer can be captured in a CUDA graph. Imports torch.
@@ -27,7 +28,6 @@ own bounds, so a layer can be captured in a CUDA graph. Imports torch.
 
 from __future__ import annotations
 
-import inspect
 import math
 from typing import NamedTuple, Optional
 
@@ -115,7 +115,8 @@ def window_pool(kv: torch.Tensor, cu_seqlens_q: torch.Tensor, cu_seqlens_k: torc
                 window: int = 128) -> Pool:
     """The raw-token pool of a V4 layer: kv [total_k, 512] holds each sequence's keys back to back
     (``cu_seqlens_k``); query t at key position p reads the ``window`` keys up to and including
-    its own (fewer near the sequence start). Indices [total_q, window], oldest first."""
+    its own (fewer near the sequence start). Indices [total_q, window], oldest first, the valid
+    ones first (``length`` of them): the keys :func:`mlagen.window_indices` lists."""
     seq, pos = token_positions(cu_seqlens_q, cu_seqlens_k, total_q)
     count = torch.clamp(torch.minimum(pos + 1, torch.full_like(pos, window)), min=0)
     return Pool(kv, _first_rows(cu_seqlens_k[seq] + pos + 1 - count, count, window), count.to(torch.int32))
@@ -169,19 +170,16 @@ def one_pool(*pools: Pool) -> Pool:
     return Pool(kv, indices, length)
 
 
-def _has_two_pools() -> bool:
-    return "extra_kv" in inspect.signature(sparse_op.mla_sparse_prefill).parameters
-
-
 def attend(q: torch.Tensor, pools, *, softmax_scale: float, attn_sink=None):
     """A V4 layer's attention: q [T, H, 512] (or batched [B, S, H, 512], with the pools' indices
-    batched alike) over the union of the pools' keys, one softmax, the sink in the denominator.
+    batched alike) over the union of the pools' keys, one softmax, the sink in the denominator:
+    two pools of packed queries are the two-pool call, batched ones are concatenated first.
     Returns out [..., H, 512] bf16 (rows a pool marks as overflowing are NaN: their keys did not
     fit the index lists)."""
     pools = list(pools)
     if not pools or len(pools) > 2:
         raise ValueError(f"attend: pools: expected one or two pools, got {len(pools)}")
-    if len(pools) == 2 and q.dim() == 3 and _has_two_pools():   # the two-pool call takes packed queries
+    if len(pools) == 2 and q.dim() == 3:   # the two-pool call takes packed queries
         main, extra = pools
         out, _, _ = sparse_op.mla_sparse_prefill(q, main.kv, main.indices, topk_length=main.length,
                                                  extra_kv=extra.kv, extra_indices=extra.indices,

@@ -72,6 +72,43 @@ def test_each_v4_layers_attention_matches_eager_in_float32(heads, monkeypatch):
         assert err < OUT_TOL, f"{module.layer_type}: max |out - ref| / max |ref| = {err:.3g}"
 
 
+@pytest.mark.parametrize("heads", [8, 64])
+def test_a_servers_two_pool_call_of_each_v4_layer_matches_eager_in_float32(heads, monkeypatch):
+    """The same layers as a server holds them: packed sequences, the raw tokens and the compressed
+    entries in two pools, the lists built from positions (window_pool, hca_pool, csa_pool from the
+    indexer's choice) and one two-pool call (deepseek_v4.attend)."""
+    _, modeling = CPU._v4_transformers()
+    from mlagen.integrations import deepseek_v4 as v4
+
+    model = _model(heads, "eager", torch.float32)
+    eager = modeling.eager_attention_forward
+    calls, choices = CPU._capture(model, modeling, monkeypatch)
+    batch = 2
+    with torch.no_grad():
+        model(_ids(batch, SEQ, 5), use_cache=False)
+    cu = torch.arange(batch + 1, dtype=torch.int32, device="cuda") * SEQ
+    for module, q, kv, mask, kw in calls:
+        qb, kvb = q.to(torch.bfloat16), kv.to(torch.bfloat16)
+        entries = kv.shape[2] - SEQ
+        cu_e = torch.arange(batch + 1, dtype=torch.int32, device="cuda") * entries
+        raw = kvb[:, 0, :SEQ].reshape(batch * SEQ, 512)
+        comp = kvb[:, 0, SEQ:].reshape(batch * entries, 512)
+        pools = [v4.window_pool(raw, cu, cu, batch * SEQ, window=128)]
+        if module.layer_type == "heavily_compressed_attention":
+            pools.append(v4.hca_pool(comp, cu, cu, cu_e, batch * SEQ, rate=128, width=entries))
+        elif module.layer_type == "compressed_sparse_attention":
+            pools.append(v4.csa_pool(comp, choices[0].reshape(batch * SEQ, -1), cu, cu_e))
+        with torch.no_grad():
+            ref, _ = eager(module, qb.float(), kvb.float(), kvb.float(), mask, **kw)
+            got = v4.attend(qb.transpose(1, 2).reshape(batch * SEQ, heads, -1), pools,
+                            softmax_scale=kw["scaling"], attn_sink=kw["s_aux"].float())
+        ref = ref.reshape(batch * SEQ, heads, -1)
+        assert torch.isfinite(got).all(), module.layer_type
+        err = (got.float() - ref).abs().max().item() / ref.abs().max().item()
+        print(f"H {heads} {module.layer_type}, {len(pools)} pool(s): max |out - ref| / max |ref| = {err:.3g}")
+        assert err < OUT_TOL, f"{module.layer_type}: max |out - ref| / max |ref| = {err:.3g}"
+
+
 @pytest.mark.parametrize("heads", [64, 128])
 def test_a_v4_model_through_mlagen_is_as_close_to_eager_as_bf16_eager(heads):
     ids = _ids(2, SEQ, 2)

@@ -42,13 +42,15 @@ for r in json.load(sys.stdin):
     target = spec.targets[0]
     (built,) = build_many([v], [target], jobs=1)
     if not built.ok:
-        out[r["symbol"]] = "build failed: " + "; ".join(built.reasons)
+        out[r["symbol"]] = ["build failed: " + "; ".join(built.reasons), v.symbol]
         continue
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(built.binary.data)
         f.flush()
         sass = subprocess.run([cuobjdump, "-sass", f.name], capture_output=True, text=True, check=True).stdout
-    out[r["symbol"]] = "\n".join(l for l in sass.splitlines() if not l.lstrip().startswith("Fatbin"))
+    # SASS without the lines naming the kernel (its symbol may be renamed when a spec gains an axis)
+    body = [l for l in sass.splitlines() if not l.lstrip().startswith(("Fatbin", "Function", ".section", "code for"))]
+    out[r["symbol"]] = ["\n".join(body).replace(v.symbol, "<symbol>"), v.symbol]
 json.dump(out, sys.stdout)
 """
 
@@ -112,12 +114,14 @@ def main(argv=None) -> int:
     after = _sass(ROOT, stale, cuobjdump)
     changed = 0
     for r in stale:
-        same = before[r["symbol"]] == after[r["symbol"]] and not after[r["symbol"]].startswith("build failed")
+        (sass_before, _), (sass_after, symbol) = before[r["symbol"]], after[r["symbol"]]
+        same = sass_before == sass_after and not sass_after.startswith("build failed")
         accepted = r["spec"] in args.accept or f"{r['spec']}:{r['problem']}" in args.accept
         verdict = "identical SASS" if same else ("SASS changed, accepted" if accepted else "SASS changed: stays retired")
-        print(f"{r['spec']}:{r['problem']} ({r['symbol']}): {verdict}")
+        print(f"{r['spec']}:{r['problem']}: {verdict}")
         if same or accepted:
             r["source_hash"] = current[r["spec"]]
+            r["symbol"] = symbol   # the current name of the same variant
             changed += 1
     if args.write and changed:
         for f, doc in docs.items():

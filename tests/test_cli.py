@@ -70,7 +70,7 @@ def test_specs(run):
     assert rows["mla_sparse_prefill_sm90"][1:5] == ["mla_sparse_prefill", "gather", "20", "sm_90a"]
     assert rows["mla_sparse_prefill_sm90_h16"][1:5] == ["mla_sparse_prefill", "gather_tma", "30", "sm_90a"]
     assert rows["mla_prefill_sm80"][1:6] == ["mla_prefill", "simt", "10", "sm_80,sm_86,sm_89,sm_90a,sm_100a", "256"]
-    sizes = math.prod(len(t.values) for t in S90.tunables) * 2
+    sizes = math.prod(len(t.values) for t in S90.tunables) * math.prod(len(v) for _, v in S90.specialize)
     assert rows["mla_prefill_sm90"][5] == str(sizes)
 
 

@@ -362,7 +362,8 @@ def parse_shape(text: str, id: str | None = None) -> Shape:
         named = SHAPES[raw.upper()]
         return named if id is None else replace(named, id=id)
     if "=" not in raw and raw.lower() not in _WORDS:
-        raise ShapeError(f"unknown shape id {raw!r}; choose from {', '.join(SHAPES)}, or describe one: {GRAMMAR}")
+        raise ShapeError(f"unknown shape id {raw!r}; choose from {', '.join(SHAPES)}, or describe one like "
+                         f"q=4096,h=16,causal (keys {' '.join(_KEYS)}; also sink)")
     try:
         q_lens, k_lens, heads, causal, traits = _parse_description(raw)
     except ValueError as exc:

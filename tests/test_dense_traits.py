@@ -449,3 +449,26 @@ def test_visited_key_tiles_hold_every_visible_key_and_unmasked_tiles_only_visibl
                         assert j // bn in visited, (mask, len_q, len_k, row0, i, j)
                     elif j // bn in visited and not (j // bn >= first or j // bn < lo_masked):
                         pytest.fail(f"unmasked tile {j // bn} holds invisible key {j} of row {i} ({mask})")
+
+
+@pytest.mark.parametrize("target,traits,match", [
+    ("sm_80", dict(mask="window", window=(3, 0)), "window_size: mask window has bf16 kernels for sm_90a "
+                                                  "\\(mla_prefill_sm90\\), not for sm_80"),
+    ("sm_80", dict(geometry="n192r64v256"), "q: mask causal, geometry n192r64v256 has bf16 kernels for sm_90a"),
+    ("sm_90a", dict(mask="chunked", chunk=8), None),
+])
+def test_traits_without_a_kernel_for_the_device_name_the_argument(monkeypatch, target, traits, match):
+    import types
+
+    from mlagen.families.mla_prefill import entry
+    from mlagen.families.mla_prefill.traits import Traits
+
+    monkeypatch.setattr(entry.runtime, "device_info", lambda device: types.SimpleNamespace(target=arch.target(target)))
+    call = types.SimpleNamespace(dtype="bf16", traits=Traits(**traits))
+    if match is None:
+        entry.check_traits_supported(call, 0)
+        return
+    with pytest.raises(ArgumentError, match=f"mla_prefill: {match}"):
+        entry.check_traits_supported(call, 0)
+    with pytest.raises(ArgumentError, match="in mla_prefill_sm80"):
+        entry.check_traits_supported(call, 0, spec_mod.load("mla_prefill_sm80"))

@@ -10,7 +10,7 @@ import math
 
 from ... import dispatch, knobs, runtime
 from ...runtime import current_stream
-from ...errors import ArgumentTypeError
+from ...errors import ArgumentError, ArgumentTypeError
 from ...variant import Variant
 from .launch import accepts, launch, spec_dtype
 from . import plan, record
@@ -119,6 +119,7 @@ def _select(call: Call, kernel, device: int):
                                 f"q is {call.q.dtype}")
     if not isinstance(kernel, Variant):
         check_dtype_supported(call, device)
+        check_traits_supported(call, device, named)
     selection = dispatch.dispatcher().select(
         FAMILY_NAME, str(call.key), call.traits.specialization(), device,
         accepts=lambda spec: accepts(spec, call),
@@ -152,6 +153,29 @@ def check_dtype_supported(call: Call, device: int) -> None:
         known = "; ".join(f"{INPUT_DTYPES[d]} on {', '.join(t) or 'none'}" for d, t in fp8.items())
         raise ArgumentTypeError(f"mla_prefill: q: {call.dtype} inputs (torch.{INPUT_DTYPES[call.dtype]}) have no "
                                 f"kernel for {target.name}; fp8 kernels: {known}")
+
+
+def check_traits_supported(call: Call, device: int, named=None) -> None:
+    """One clear line (a ValueError naming the argument) when no spec for the device's target (or
+    the one named) implements the call's geometry, mask or score traits (MLA.md section 1b)."""
+    traits = call.traits
+    if traits.default:
+        return
+    target = runtime.device_info(device).target
+    if target is None:
+        return  # dispatch names the unknown device
+    specs = [s for s in dispatch.family_specs(FAMILY_NAME) if spec_dtype(s) == call.dtype]
+    offer = [s for s in specs if all(v in dict(s.specialize).get(k, ()) for k, v in traits.specialization().items())]
+    here = [s for s in offer if target.name in s.targets and (named is None or s.name == named.name)]
+    if here:
+        return
+    arg = ("q" if traits.geometry != "n128r64v128" else "window_size" if traits.mask == "window" else
+           "chunk_size" if traits.mask == "chunked" else "softcap" if traits.softcap else "attn_sink")
+    what = ", ".join(f"{k} {v}" for k, v in traits.specialization().items())
+    where = sorted({t for s in offer for t in s.targets})
+    raise ArgumentError(f"mla_prefill: {arg}: {what} has {call.dtype} kernels for {', '.join(where) or 'no target'} "
+                        f"({', '.join(s.name for s in offer) or 'no spec'}), not for {target.name}"
+                        f"{f' in {named.name}' if named is not None else ''}")
 
 
 def mla_prefill_kernel(q, k, v, *, k_rope=None, cu_seqlens_q=None, cu_seqlens_k=None, causal=True, kernel=None,

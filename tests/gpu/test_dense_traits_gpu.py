@@ -38,7 +38,7 @@ RAGGED_Q = (1, 77, 0, 300, 129, 200)
 RAGGED_K = (1, 90, 5, 333, 129, 150)
 
 
-def _run(shape: Shape, seed: int = 0, per_head_rope: bool = False, fold_rope: bool = False):
+def _run(shape: Shape, seed: int = 0, per_head_rope: bool = False, fold_rope: bool = False, kernel=None):
     inputs = make_inputs(shape, "cuda", seed)
     if per_head_rope and inputs["k_rope"] is not None:
         inputs["k_rope"] = torch.randn(inputs["k"].shape[0], shape.heads, inputs["k_rope"].shape[2],
@@ -51,7 +51,8 @@ def _run(shape: Shape, seed: int = 0, per_head_rope: bool = False, fold_rope: bo
         k, k_rope = torch.cat([k, k_rope.expand(-1, shape.heads, -1)], dim=-1), None
     traits = {n: inputs[n] for n in ("window_size", "chunk_size", "softcap", "attn_sink") if n in inputs}
     mlagen.mla_prefill(inputs["q"], k, inputs["v"], k_rope=k_rope, cu_seqlens_q=inputs["cu_seqlens_q"],
-                       cu_seqlens_k=inputs["cu_seqlens_k"], causal=shape.causal, out=out, lse=lse, **traits)
+                       cu_seqlens_k=inputs["cu_seqlens_k"], causal=shape.causal, out=out, lse=lse, kernel=kernel,
+                       **traits)
     torch.cuda.synchronize()
     inputs["k_rope"] = k_rope if not fold_rope else None
     if fold_rope:
@@ -175,3 +176,28 @@ def test_flash_attn_window_and_softcap_pass_through():
                        softmax_scale=192 ** -0.5, dtype=torch.float32)
     rel = float((out.float() - ref).norm() / ref.norm())
     assert rel < REL_TOL, rel
+
+
+@needs_sm90
+@pytest.mark.parametrize("values", [
+    {"mask": "window", "epilogue": "direct"},
+    {"mask": "window", "q_operand": "regs", "epilogue": "direct", "scheduler": "persistent"},
+    {"mask": "chunked", "epilogue": "vtma"},
+    {"mask": "window", "geometry": "n192r64v256", "consumers": 1, "order": "none", "block_n": 64, "epilogue": "direct",
+     "scheduler": "static"},
+], ids=["direct", "q-regs-persistent", "vtma", "glm5-one-consumer-static"])
+def test_band_masks_on_other_schedules(values):
+    """The Q buffer is released after the band's first key tile (not tile 0) with the epilogues
+    that free it early; other schedulers and one consumer warpgroup."""
+    from mlagen import arch, resources, spec as spec_mod, variant
+
+    s90 = spec_mod.load("mla_prefill_sm90")
+    v = variant.make(s90, values)
+    assert resources.check(v, arch.target("sm_90a")).ok, resources.check(v, arch.target("sm_90a")).reasons
+    geometry = values.get("geometry", "n128r64v128")
+    if values["mask"] == "window":
+        _run(_shape(RAGGED_Q, RAGGED_K, 5, geometry, False, (150, 0)), kernel=v)
+        _run(_shape(1200, 1300, 3, geometry, False, (200, 7)), kernel=v)
+    else:
+        _run(_shape(RAGGED_Q, RAGGED_K, 5, geometry, chunk=100), kernel=v)
+        _run(_shape(1200, 1300, 3, geometry, chunk=257), kernel=v)

@@ -922,7 +922,8 @@ __device__ __forceinline__ void serial_step(const Params& p, ConsumerRegs<Cfg>& 
   turn_pass<Cfg>(wg);
   wgmma_wait<0>();
   release_kv<Cfg>(bar.k_empty(s));
-  if (!Cfg::kTmaEpilogue && !Cfg::kQInRegs && n == 0) mbar_arrive(bar.q_empty());  // last Q K^T done
+  // The last Q K^T done (the band's first key tile: tiles go last to first).
+  if (!Cfg::kTmaEpilogue && !Cfg::kQInRegs && n == first_key_tile<Cfg>(qt)) mbar_arrive(bar.q_empty());
   if constexpr (HALF) half_scores_to_probabilities<Cfg>(p, r, s_half, qt, n, row_base, scale_log2, corr);
   else scores_to_probabilities<Cfg>(p, r, qt, n, row_base, scale_log2, corr);
   finish_step<Cfg>(r, corr);
@@ -1018,7 +1019,8 @@ __device__ void consumer(const Params& p, u32 smem, const Barriers& bar, int wg)
           turn_pass<Cfg>(wg);
           wgmma_wait<1>();
           release_kv<Cfg>(bar.k_empty(s));
-          if (!Cfg::kTmaEpilogue && !Cfg::kQInRegs && n == 0) mbar_arrive(bar.q_empty());  // last Q K^T done
+          // The last Q K^T done (the band's first key tile: tiles go last to first).
+          if (!Cfg::kTmaEpilogue && !Cfg::kQInRegs && n == first_key_tile<Cfg>(qt)) mbar_arrive(bar.q_empty());
           scores_to_probabilities<Cfg>(p, r, qt, n, row_base, scale_log2, corr);
           if constexpr (Cfg::kPvWaitLate) schedule_boundary(p.num_heads);
           wgmma_wait<0>();

@@ -472,3 +472,24 @@ def test_traits_without_a_kernel_for_the_device_name_the_argument(monkeypatch, t
         entry.check_traits_supported(call, 0)
     with pytest.raises(ArgumentError, match="in mla_prefill_sm80"):
         entry.check_traits_supported(call, 0, spec_mod.load("mla_prefill_sm80"))
+
+
+def test_traced_calls_carry_the_traits_through_the_op():
+    """FakeTensors (what torch.compile traces with): the op's fake implementation gives GLM-5's
+    256-wide output and checks the trait arguments like the eager call."""
+    import mlagen
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    bf = torch.bfloat16
+    with FakeTensorMode():
+        q = torch.empty(10, 4, 256, dtype=bf, device="cuda")
+        k = torch.empty(12, 4, 192, dtype=bf, device="cuda")
+        k_rope = torch.empty(12, 1, 64, dtype=bf, device="cuda")
+        v = torch.empty(12, 4, 256, dtype=bf, device="cuda")
+        sink = torch.empty(4, dtype=torch.float32, device="cuda")
+        out, lse = mlagen.mla_prefill(q, k, v, k_rope=k_rope, window_size=(5, 0), softcap=3.0, attn_sink=sink)
+        assert tuple(out.shape) == (10, 4, 256) and tuple(lse.shape) == (10, 4)
+        with pytest.raises(ArgumentError, match="mla_prefill: attn_sink: expected shape \\[4\\]"):
+            mlagen.mla_prefill(q, k, v, k_rope=k_rope, attn_sink=torch.empty(3, dtype=torch.float32, device="cuda"))
+        with pytest.raises(ArgumentError, match="mla_prefill: chunk_size"):
+            mlagen.mla_prefill(q, k, v, k_rope=k_rope, chunk_size=0)

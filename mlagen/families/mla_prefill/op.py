@@ -214,7 +214,7 @@ def mla_prefill(q, k, v, *, k_rope=None, cu_seqlens_q=None, cu_seqlens_k=None, c
                          max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, kernel=kernel,
                          q_descale=q_descale, k_descale=k_descale, v_descale=v_descale, **traits)
     scale = None if softmax_scale is None else float(softmax_scale)
-    left, right = (int(x) for x in tuple(window_size))
+    left, right = (-1, -1) if window_size is None else (int(x) for x in tuple(window_size))   # checked above
     args = (q, k, v, k_rope, cu_seqlens_q, cu_seqlens_k, causal, scale, check_seqlens, max_seqlen_q, max_seqlen_k,
             kernel, q_descale, k_descale, v_descale, left, right, chunk_size, float(checked.softcap), attn_sink)
     if out is None and lse is None:

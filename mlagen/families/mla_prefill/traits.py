@@ -82,6 +82,8 @@ def geometry_of(q, k, v, k_rope) -> str:
 
 
 def _window(window_size) -> tuple[int, int]:
+    if window_size is None:
+        return -1, -1
     if isinstance(window_size, list):
         window_size = tuple(window_size)
     if (not isinstance(window_size, tuple) or len(window_size) != 2

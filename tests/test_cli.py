@@ -284,7 +284,7 @@ def test_bench_without_a_gpu(run):
 
 
 def test_bench_bad_shape(run):
-    result = run("bench", "--shapes", "D9")
+    result = run("bench", "--shapes", "D99")
     assert result.exit_code == 1 and isinstance(result.exception, SystemExit)
     assert "Traceback" not in result.output
 
@@ -329,7 +329,7 @@ def test_tune_needs_a_shape_or_a_workload(run):
 
 @pytest.mark.parametrize("args, fragment", [
     (("--shape", "q=5"), "needs q=<length> and h=<heads>"),
-    (("--shape", "D9"), "unknown shape id 'D9'"),
+    (("--shape", "D99"), "unknown shape id 'D99'"),
     (("--shape", "b=2,q=[1,2,3],h=4"), "the batch (2) and the q/k lists disagree"),
     (("--shape", "D1", "--devices", "0,x"), "'x' is not a GPU index"),
     (("--shape", "D1", "--budget", "0"), "--budget"),

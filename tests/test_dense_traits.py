@@ -493,3 +493,23 @@ def test_traced_calls_carry_the_traits_through_the_op():
             mlagen.mla_prefill(q, k, v, k_rope=k_rope, attn_sink=torch.empty(3, dtype=torch.float32, device="cuda"))
         with pytest.raises(ArgumentError, match="mla_prefill: chunk_size"):
             mlagen.mla_prefill(q, k, v, k_rope=k_rope, chunk_size=0)
+
+
+def test_a_variant_of_other_traits_is_refused():
+    """The tuner's explicit variants must compute the call's traits: a sink kernel run without
+    sinks would read a null pointer (three D1 trials crashed so on the H200 before the tuner held
+    every specialisation fixed)."""
+    import types
+
+    from mlagen.families.mla_prefill import entry
+    from mlagen.families.mla_prefill.traits import Traits
+
+    call = types.SimpleNamespace(traits=Traits(mask="causal"))
+    entry.check_variant_traits(call, variant.make(S90, {"mask": "causal"}))
+    with pytest.raises(ArgumentError, match="mla_prefill: kernel: .* computes score sink; the call has score plain"):
+        entry.check_variant_traits(call, variant.make(S90, {"mask": "causal", "score": "sink"}))
+    with pytest.raises(ArgumentError, match="computes mask none; the call has mask causal"):
+        entry.check_variant_traits(call, variant.make(S90, {"mask": "none"}))
+    glm = types.SimpleNamespace(traits=Traits(geometry="n192r64v256"))
+    with pytest.raises(ArgumentError, match="computes geometry -; the call has geometry n192r64v256"):
+        entry.check_variant_traits(glm, variant.make(spec_mod.load("mla_prefill_sm80"), {}))

@@ -331,7 +331,9 @@ def prepare(q, k, v, *, k_rope=None, cu_seqlens_q=None, cu_seqlens_k=None, causa
     d_nope, d_rope, d_v = GEOMETRIES[geometry]
     if softmax_scale is None:
         scale = 1.0 / math.sqrt(d_nope + d_rope)
-    traits = check_traits(torch, q, causal, window_size, chunk_size, softcap, attn_sink, geometry, heads, total_k)
+    # Sizes past the keys are kept as given (no length-based rewrite), so a call runs the mask it names
+    # and a variant of that mask (the tuner's) fits it.
+    traits = check_traits(torch, q, causal, window_size, chunk_size, softcap, attn_sink, geometry, heads)
     causal = traits.mask == "causal"
     device = q.device
     check = resolve_check(torch, check_seqlens)

@@ -120,6 +120,8 @@ def _select(call: Call, kernel, device: int):
     if not isinstance(kernel, Variant):
         check_dtype_supported(call, device)
         check_traits_supported(call, device, named)
+    else:
+        check_variant_traits(call, kernel)
     selection = dispatch.dispatcher().select(
         FAMILY_NAME, str(call.key), call.traits.specialization(), device,
         accepts=lambda spec: accepts(spec, call),
@@ -153,6 +155,20 @@ def check_dtype_supported(call: Call, device: int) -> None:
         known = "; ".join(f"{INPUT_DTYPES[d]} on {', '.join(t) or 'none'}" for d, t in fp8.items())
         raise ArgumentTypeError(f"mla_prefill: q: {call.dtype} inputs (torch.{INPUT_DTYPES[call.dtype]}) have no "
                                 f"kernel for {target.name}; fp8 kernels: {known}")
+
+
+def check_variant_traits(call: Call, v: Variant) -> None:
+    """A variant given as ``kernel`` (the tuner's) must compute the call's mask, geometry and score
+    traits (its specialisation; an axis its spec lacks is the default): a sink kernel run without
+    sinks would read a null pointer. ArgumentError naming both."""
+    want = {**{k: values[0] for k, values in v.spec.specialize}, **call.traits.specialization()}
+    have = v.specialization
+    wrong = {k: want[k] for k in want if k in have and have[k] != want[k]} or {
+        k: val for k, val in call.traits.specialization().items() if k not in have}
+    if wrong:
+        raise ArgumentError(f"mla_prefill: kernel: {v.symbol} computes "
+                            f"{', '.join(f'{k} {have.get(k, chr(45))}' for k in wrong)}; the call has "
+                            f"{', '.join(f'{k} {val}' for k, val in wrong.items())}")
 
 
 def check_traits_supported(call: Call, device: int, named=None) -> None:

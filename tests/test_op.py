@@ -129,14 +129,18 @@ COMPILE_SCRIPT = textwrap.dedent("""
 
     # A CPU kernel (the float64 reference), registered in this process only, so the op runs here.
     @op._op.register_kernel("cpu")
-    def _cpu(q, k, v, k_rope, cu_q, cu_k, causal, scale, check, max_q, max_k, kernel, qd, kd, vd):
+    def _cpu(q, k, v, k_rope, cu_q, cu_k, causal, scale, check, max_q, max_k, kernel, qd, kd, vd, left, right, chunk,
+             softcap, sink):
         o, l = reference(q, k, v, k_rope=k_rope, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, causal=causal,
-                         softmax_scale=scale, q_descale=qd, k_descale=kd, v_descale=vd)
+                         softmax_scale=scale, q_descale=qd, k_descale=kd, v_descale=vd, window_size=(left, right),
+                         chunk_size=chunk, softcap=softcap, attn_sink=sink)
         return o.to(torch.bfloat16), l.float()
 
     @op._op_out.register_kernel("cpu")
-    def _cpu_out(q, k, v, k_rope, cu_q, cu_k, causal, scale, check, max_q, max_k, kernel, qd, kd, vd, out, lse):
-        o, l = _cpu(q, k, v, k_rope, cu_q, cu_k, causal, scale, check, max_q, max_k, kernel, qd, kd, vd)
+    def _cpu_out(q, k, v, k_rope, cu_q, cu_k, causal, scale, check, max_q, max_k, kernel, qd, kd, vd, left, right,
+                 chunk, softcap, sink, out, lse):
+        o, l = _cpu(q, k, v, k_rope, cu_q, cu_k, causal, scale, check, max_q, max_k, kernel, qd, kd, vd, left, right,
+                    chunk, softcap, sink)
         out.copy_(o)
         lse.copy_(l)
 
@@ -159,6 +163,13 @@ COMPILE_SCRIPT = textwrap.dedent("""
         mlagen.mla_prefill(q, k, v, k_rope=kr, causal=False, softmax_scale=0.1, out=out, lse=lse)
         return out.float() * 3, lse
 
+    sink = torch.tensor([0.5, -1.0])
+
+    def layer_traits(q, k, v, kr):   # MLA.md section 1b's traits go through the op as well
+        out, lse = mlagen.mla_prefill(q, k, v, k_rope=kr, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, causal=False,
+                                      window_size=(3, 0), softcap=5.0, attn_sink=sink)
+        return out.float(), lse
+
     def eager(fn):
         # Eager calls skip the op (they would reach the real, CUDA-only implementation); this
         # one goes through the op too, so it reaches the CPU kernel above.
@@ -169,7 +180,7 @@ COMPILE_SCRIPT = textwrap.dedent("""
         finally:
             op._tracing = traced
 
-    for fn in (layer, layer_out):
+    for fn in (layer, layer_out, layer_traits):
         explain = torch._dynamo.explain(fn)(q, k, v, kr)
         assert explain.graph_break_count == 0 and explain.graph_count == 1, explain
         torch._dynamo.reset()
@@ -180,8 +191,11 @@ COMPILE_SCRIPT = textwrap.dedent("""
     with torch._subclasses.fake_tensor.FakeTensorMode() as mode:
         assert op._tracing(mode.from_tensor(q))
 
-    args = (q, k, v, kr, cu_q, cu_k, True, None, None, 5, 6, None, None, None, None)
+    args = (q, k, v, kr, cu_q, cu_k, True, None, None, 5, 6, None, None, None, None, -1, -1, None, 0.0, None)
     for name, result in torch.library.opcheck(op._op, args).items():
+        assert result == "SUCCESS", (name, result)
+    traits = args[:15] + (4, 0, None, 3.0, sink)
+    for name, result in torch.library.opcheck(op._op, traits).items():
         assert result == "SUCCESS", (name, result)
     out, lse = torch.empty(9, 2, 128, dtype=torch.bfloat16), torch.empty(9, 2)
     for name, result in torch.library.opcheck(op._op_out, args + (out, lse)).items():

@@ -155,6 +155,8 @@ def test_family_check_shape_keeps_the_traits():
     check = mla_prefill.FAMILY.check_shape(shape)
     assert (check.mask, check.window, check.geometry, check.sink, check.heads) == ("window", (100, 0),
                                                                                     "n192r64v256", True, 16)
+    assert [x.id for x in mla_prefill.FAMILY.check_shapes("causal/h64/q8192/k8192/n192r64v256")] == ["D8"]
+    assert [x.id for x in mla_prefill.FAMILY.check_shapes("window/h16/q16384/k16384")] == ["D11"]
     described = mla_prefill.FAMILY.check_shapes("chunked+softcap/h16/q4096/k4096/n192r64v256")[0]
     assert (described.mask, described.geometry, described.score) == ("chunked", "n192r64v256", "softcap")
 

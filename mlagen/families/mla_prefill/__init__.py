@@ -59,8 +59,8 @@ class MlaPrefillFamily(kit.ShapesOf, Family):
     def check_shapes(self, problem: str) -> list[Shape]:
         """The named shapes of the class, else one sequence of the class's lengths and heads (a
         record tuned on a described shape, such as 1 x 8192 with 64 heads)."""
-        # A record's class is of the section 1 traits (the key names no geometry or window yet).
-        same = [s for s in super().check_shapes(problem) if s.geometry == DEFAULT_GEOMETRY and s.mask != "window"]
+        # The key names the geometry, mask and score traits, so a named shape of the class has them too.
+        same = super().check_shapes(problem)
         if same:
             return same
         key = ProblemKey.parse(problem)

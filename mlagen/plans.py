@@ -51,6 +51,13 @@ def scalar_sig(x) -> tuple:
     raise NoPlan
 
 
+def values_sig(values, tensor_type) -> tuple:
+    """:func:`tensor_sig` of each tensor of ``values`` (a call's arguments, in their order) and
+    :func:`scalar_sig` of each other value (None included), so a new argument joins the signature
+    by itself; NoPlan as those raise it."""
+    return tuple([tensor_sig(x, tensor_type) if type(x) is tensor_type else scalar_sig(x) for x in values])
+
+
 class LaunchPlan:
     """One kernel launch with a parameter struct packed once: ``launch(stream, values)`` writes the
     ``variable`` fields (in that order) and launches. Each thread writes its own copy of the buffer

@@ -35,6 +35,9 @@ def test_schemas_say_what_is_optional_and_what_is_written():
     assert functional.endswith("-> (Tensor, Tensor)")
     out = str(torch.ops.mlagen.mla_prefill_out.default._schema)
     assert re.search(r"Tensor\(a\d+!\) out, Tensor\(a\d+!\) lse\) -> \(\)$", out), out
+    # Both are DenseArgs in order: the out op is the functional op's arguments, then out and lse.
+    assert out == functional.split(") ->")[0].replace("mla_prefill(", "mla_prefill_out(") + \
+        ", Tensor(a15!) out, Tensor(a16!) lse) -> ()", out
     assert mlagen.mla_prefill is op.mla_prefill
 
 

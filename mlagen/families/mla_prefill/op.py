@@ -6,17 +6,18 @@ Two custom ops (``torch.library.custom_op``) with fake (meta) implementations:
 * ``mlagen::mla_prefill(q, k, v, k_rope?, cu_seqlens_q?, cu_seqlens_k?, causal, softmax_scale?,
   check_seqlens?, max_seqlen_q?, max_seqlen_k?, kernel?, q_descale?, k_descale?, v_descale?) -> (out, lse)``:
   allocates its outputs;
-* ``mlagen::mla_prefill_out(..., Tensor(a12!) out, Tensor(a13!) lse) -> ()``: writes preallocated
+* ``mlagen::mla_prefill_out(..., Tensor(a15!) out, Tensor(a16!) lse) -> ()``: writes preallocated
   outputs (declared mutated, so functionalization in torch.compile orders it correctly).
 
-:func:`mla_prefill` is the public Python entry point over both: it checks the non-tensor
-arguments (errors are ValueError / TypeError naming the argument) and picks the op. Importing
-this module imports torch and registers the ops.
+Both schemas are the fields of :class:`~.call.DenseArgs` in order (:data:`SCHEMA_TYPES` gives
+each its type), and their implementations turn their plain arguments back into one DenseArgs.
+
+:func:`mla_prefill` is the public Python entry point over both: it makes the call's DenseArgs,
+checks the non-tensor arguments (errors are ValueError / TypeError naming the argument) and
+picks the op. Importing this module imports torch and registers the ops.
 """
 
 from __future__ import annotations
-
-from typing import Optional
 
 import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode as _current_dispatch_mode
@@ -24,49 +25,68 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode as _current_
 from ... import layouts
 from ...errors import ArgumentTypeError
 from . import entry
-from .call import check_arguments, check_descales, check_scalars
+from .call import DenseArgs, check_arguments, check_descales, check_scalars
 from .problem import D_V
 
 Tensor = torch.Tensor
 
+# The op schema type of each DenseArgs field: the ops take plain tensors and scalars (torch ops
+# take nothing else), in DenseArgs order; their implementations make one DenseArgs of them, the
+# one seam. ``out`` and ``lse`` are mlagen::mla_prefill_out's mutated outputs and are not
+# arguments of mlagen::mla_prefill. A new DenseArgs field adds its type here.
+SCHEMA_TYPES = {
+    "q": "Tensor", "k": "Tensor", "v": "Tensor", "k_rope": "Tensor?", "cu_seqlens_q": "Tensor?",
+    "cu_seqlens_k": "Tensor?", "causal": "bool", "softmax_scale": "float?", "check_seqlens": "bool?",
+    "max_seqlen_q": "SymInt?", "max_seqlen_k": "SymInt?", "kernel": "str?", "q_descale": "Tensor?",
+    "k_descale": "Tensor?", "v_descale": "Tensor?", "out": "Tensor", "lse": "Tensor",
+}
+OUTPUTS = ("out", "lse")
+_OUT_AT = DenseArgs._fields.index("out")
+assert DenseArgs._fields[_OUT_AT:_OUT_AT + 2] == OUTPUTS, "out and lse are adjacent DenseArgs fields"
+_TENSOR_ARGS = tuple(name for name in DenseArgs._fields if SCHEMA_TYPES[name].startswith("Tensor"))
 
-@torch.library.custom_op("mlagen::mla_prefill", mutates_args=())
-def _op(q: Tensor, k: Tensor, v: Tensor, k_rope: Optional[Tensor], cu_seqlens_q: Optional[Tensor],
-        cu_seqlens_k: Optional[Tensor], causal: bool, softmax_scale: Optional[float], check_seqlens: Optional[bool],
-        max_seqlen_q: Optional[int], max_seqlen_k: Optional[int], kernel: Optional[str], q_descale: Optional[Tensor],
-        k_descale: Optional[Tensor], v_descale: Optional[Tensor]) -> tuple[Tensor, Tensor]:
-    return entry.run(q, k, v, k_rope=k_rope, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, causal=causal,
-                     softmax_scale=softmax_scale, check_seqlens=check_seqlens, max_seqlen_q=max_seqlen_q,
-                     max_seqlen_k=max_seqlen_k, kernel=kernel, q_descale=q_descale, k_descale=k_descale,
-                     v_descale=v_descale)
+
+def _schema(fields, mutated=()) -> str:
+    """``(Tensor q, ..., Tensor(a15!) out, ...)``: the argument list torch.library would infer."""
+    return "(" + ", ".join(f"{SCHEMA_TYPES[name]}(a{i}!) {name}" if name in mutated else f"{SCHEMA_TYPES[name]} {name}"
+                           for i, name in enumerate(fields)) + ")"
+
+
+def op_inputs(args: DenseArgs) -> tuple:
+    """The arguments of ``mlagen::mla_prefill``: the fields but out and lse."""
+    return args[:_OUT_AT] + args[_OUT_AT + 2:]
+
+
+def _of_inputs(inputs: tuple, out=None, lse=None) -> DenseArgs:
+    return DenseArgs._make(inputs[:_OUT_AT] + (out, lse) + inputs[_OUT_AT:])
+
+
+@torch.library.custom_op("mlagen::mla_prefill", mutates_args=(),
+                         schema=_schema(tuple(f for f in DenseArgs._fields if f not in OUTPUTS)) + " -> (Tensor, Tensor)")
+def _op(*inputs) -> tuple[Tensor, Tensor]:
+    return entry.run(_of_inputs(inputs))
 
 
 @_op.register_fake
-def _op_fake(q, k, v, k_rope, cu_seqlens_q, cu_seqlens_k, causal, softmax_scale, check_seqlens, max_seqlen_q,
-             max_seqlen_k, kernel, q_descale, k_descale, v_descale):
-    total_q, _, heads, _, _ = check_arguments(torch, q, k, v, k_rope, cu_seqlens_q, cu_seqlens_k,
-                                              max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
-    check_descales(torch, q, q_descale, k_descale, v_descale)
-    return (q.new_empty((total_q, heads, D_V), dtype=torch.bfloat16),
-            q.new_empty((total_q, heads), dtype=torch.float32))
+def _op_fake(*inputs):
+    args = _of_inputs(inputs)
+    total_q, _, heads, _, _ = check_arguments(torch, args)
+    check_descales(torch, args)
+    return (args.q.new_empty((total_q, heads, D_V), dtype=torch.bfloat16),
+            args.q.new_empty((total_q, heads), dtype=torch.float32))
 
 
-@torch.library.custom_op("mlagen::mla_prefill_out", mutates_args=("out", "lse"))
-def _op_out(q: Tensor, k: Tensor, v: Tensor, k_rope: Optional[Tensor], cu_seqlens_q: Optional[Tensor],
-            cu_seqlens_k: Optional[Tensor], causal: bool, softmax_scale: Optional[float],
-            check_seqlens: Optional[bool], max_seqlen_q: Optional[int], max_seqlen_k: Optional[int],
-            kernel: Optional[str], q_descale: Optional[Tensor], k_descale: Optional[Tensor],
-            v_descale: Optional[Tensor], out: Tensor, lse: Tensor) -> None:
-    entry.run(q, k, v, k_rope=k_rope, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, causal=causal,
-              softmax_scale=softmax_scale, out=out, lse=lse, check_seqlens=check_seqlens, max_seqlen_q=max_seqlen_q,
-              max_seqlen_k=max_seqlen_k, kernel=kernel, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
+@torch.library.custom_op("mlagen::mla_prefill_out", mutates_args=OUTPUTS,
+                         schema=_schema(DenseArgs._fields, OUTPUTS) + " -> ()")
+def _op_out(*values) -> None:
+    entry.run(DenseArgs._make(values))
 
 
 @_op_out.register_fake
-def _op_out_fake(q, k, v, k_rope, cu_seqlens_q, cu_seqlens_k, causal, softmax_scale, check_seqlens, max_seqlen_q,
-                 max_seqlen_k, kernel, q_descale, k_descale, v_descale, out, lse):
-    check_arguments(torch, q, k, v, k_rope, cu_seqlens_q, cu_seqlens_k, out, lse, max_seqlen_q, max_seqlen_k)
-    check_descales(torch, q, q_descale, k_descale, v_descale)
+def _op_out_fake(*values):
+    args = DenseArgs._make(values)
+    check_arguments(torch, args)
+    check_descales(torch, args)
 
 
 def _tracing(q) -> bool:
@@ -146,18 +166,20 @@ def mla_prefill(q, k, v, *, k_rope=None, cu_seqlens_q=None, cu_seqlens_k=None, c
                                      lse=lse, check_seqlens=check_seqlens, max_seqlen_q=max_seqlen_q,
                                      max_seqlen_k=max_seqlen_k, kernel=kernel, q_descale=q_descale,
                                      k_descale=k_descale, v_descale=v_descale)
+    args = DenseArgs(q, k, v, k_rope=k_rope, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, causal=causal,
+                     softmax_scale=softmax_scale, check_seqlens=check_seqlens, max_seqlen_q=max_seqlen_q,
+                     max_seqlen_k=max_seqlen_k, kernel=kernel, q_descale=q_descale, k_descale=k_descale,
+                     v_descale=v_descale, out=out, lse=lse)
     if kernel is None and type(q) is torch.Tensor and not _tracing(q):
         # A call with a launch plan first (its signature is one whose arguments passed every check).
-        hit, sig = entry.planned(q, k, v, k_rope, cu_seqlens_q, cu_seqlens_k, causal, softmax_scale, out, lse,
-                                 check_seqlens, max_seqlen_q, max_seqlen_k, q_descale, k_descale, v_descale)
+        hit, sig = entry.planned(args)
         if hit is not None:
             return hit
     else:
         sig = None
-    check_scalars(causal, softmax_scale, max_seqlen_q, max_seqlen_k)
-    for name, t in (("q", q), ("k", k), ("v", v), ("k_rope", k_rope), ("cu_seqlens_q", cu_seqlens_q),
-                    ("cu_seqlens_k", cu_seqlens_k), ("out", out), ("lse", lse), ("q_descale", q_descale),
-                    ("k_descale", k_descale), ("v_descale", v_descale)):
+    check_scalars(args)
+    for name in _TENSOR_ARGS:
+        t = getattr(args, name)
         if t is not None and not isinstance(t, torch.Tensor):
             raise ArgumentTypeError(f"mla_prefill: {name}: expected a torch.Tensor, got {type(t).__name__}")
     if check_seqlens is not None and not isinstance(check_seqlens, bool):
@@ -168,33 +190,22 @@ def mla_prefill(q, k, v, *, k_rope=None, cu_seqlens_q=None, cu_seqlens_k=None, c
         if not isinstance(kernel, Variant):
             raise ArgumentTypeError(f"mla_prefill: kernel: expected a spec name or a Variant, got "
                                     f"{type(kernel).__name__}")
-        return entry.run(q, k, v, k_rope=k_rope, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
-                         causal=causal, softmax_scale=softmax_scale, out=out, lse=lse, check_seqlens=check_seqlens,
-                         max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, kernel=kernel,
-                         q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
+        return entry.run(args)
     if not _tracing(q):
         # Eager: the same implementation the ops run, without the dispatcher's cost per call.
         if kernel is None:   # its plan was looked for above
-            return entry.run_full(q, k, v, k_rope=k_rope, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
-                                  causal=causal, softmax_scale=softmax_scale, out=out, lse=lse,
-                                  check_seqlens=check_seqlens, max_seqlen_q=max_seqlen_q,
-                                  max_seqlen_k=max_seqlen_k, q_descale=q_descale, k_descale=k_descale,
-                                  v_descale=v_descale, sig=sig)
-        return entry.run(q, k, v, k_rope=k_rope, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
-                         causal=causal, softmax_scale=softmax_scale, out=out, lse=lse, check_seqlens=check_seqlens,
-                         max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, kernel=kernel,
-                         q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
-    scale = None if softmax_scale is None else float(softmax_scale)
-    args = (q, k, v, k_rope, cu_seqlens_q, cu_seqlens_k, causal, scale, check_seqlens, max_seqlen_q, max_seqlen_k,
-            kernel, q_descale, k_descale, v_descale)
+            return entry.run_full(args, sig)
+        return entry.run(args)
+    if softmax_scale is not None:
+        args = args._replace(softmax_scale=float(softmax_scale))
     if out is None and lse is None:
-        return torch.ops.mlagen.mla_prefill(*args)
+        return torch.ops.mlagen.mla_prefill(*op_inputs(args))
     if out is None or lse is None:  # one given: the op writes both, so allocate the other
-        total_q, _, heads, _, _ = check_arguments(torch, q, k, v, k_rope, cu_seqlens_q, cu_seqlens_k, out, lse,
-                                                  max_seqlen_q, max_seqlen_k)
+        total_q, _, heads, _, _ = check_arguments(torch, args)
         if out is None:
             out = q.new_empty((total_q, heads, D_V), dtype=torch.bfloat16)
         if lse is None:
             lse = q.new_empty((total_q, heads), dtype=torch.float32)
-    torch.ops.mlagen.mla_prefill_out(*args, out, lse)
+        args = args._replace(out=out, lse=lse)
+    torch.ops.mlagen.mla_prefill_out(*args)
     return out, lse

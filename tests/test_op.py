@@ -41,6 +41,20 @@ def test_schemas_say_what_is_optional_and_what_is_written():
     assert mlagen.mla_prefill is op.mla_prefill
 
 
+def test_the_public_call_hands_each_argument_to_its_field(monkeypatch):
+    """mla_prefill builds its DenseArgs positionally (the hot path): each argument lands in the
+    field of its name. The plan lookup sees the DenseArgs before any check, so any values do."""
+    from mlagen.families.mla_prefill import entry
+    from mlagen.families.mla_prefill.call import DenseArgs
+
+    seen = []
+    monkeypatch.setattr(entry, "planned", lambda args: (seen.append(args) or ("hit", None)))
+    given = {name: object() for name in DenseArgs._fields if name not in ("q", "kernel")}
+    assert mlagen.mla_prefill(torch.zeros(2, 1, 192), **given) == "hit"
+    assert len(seen) == 1 and seen[0].kernel is None
+    assert all(getattr(seen[0], name) is value for name, value in given.items()), seen[0]
+
+
 def fake_inputs(tq=10, tk=12, h=4, rope="shared", batch=None):
     q = torch.empty(tq, h, 192, dtype=BF16, device="cuda")
     k = torch.empty(tk, h, 128 if rope else 192, dtype=BF16, device="cuda")

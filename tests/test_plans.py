@@ -107,7 +107,7 @@ def test_a_signature_of_values_tells_tensors_scalars_and_none_apart():
     t = torch.Tensor
     x = torch.zeros(8, 4, 64)
     sig = plans.values_sig((x, None, True, 0.5), t)
-    assert sig == (plans.tensor_sig(x, t), plans.scalar_sig(None), plans.scalar_sig(True), plans.scalar_sig(0.5))
+    assert sig == (plans.tensor_sig(x, t), None, plans.scalar_sig(True), plans.scalar_sig(0.5))
     assert plans.values_sig((torch.zeros(8, 4, 64), None, True, 0.5), t) == sig    # other data, same layout
     variants = [(None, None, True, 0.5), (x, x, True, 0.5), (x, None, 1, 0.5), (x, None, True, None),
                 (x, 0.0, True, 0.5), (x.half(), None, True, 0.5)]

@@ -367,7 +367,8 @@ def prepare(args: DenseArgs) -> Call:
     if k_rope is None:
         k_rope = k[:, :, D_NOPE:]
         k = k[:, :, :D_NOPE]
-    q, k, k_rope, v = (kit.aligned_or_copy(t) for t in (q, k, k_rope, args.v))
+    aligned = kit.aligned_or_copy
+    q, k, k_rope, v = aligned(q), aligned(k), aligned(k_rope), aligned(args.v)
     call = Call(q, k, k_rope, v, out, lse, cu_q, cu_k, total_q, total_k, heads, batch, scale, rope, args, dtype)
     # TMA's rules are kit.aligned's: q, k, k_rope and v now meet them, and out was checked above (its
     # strides by check_arguments) or allocated here; so dispatch need not look again.

@@ -43,7 +43,8 @@ SCHEMA_TYPES = {
 OUTPUTS = ("out", "lse")
 _OUT_AT = DenseArgs._fields.index("out")
 assert DenseArgs._fields[_OUT_AT:_OUT_AT + 2] == OUTPUTS, "out and lse are adjacent DenseArgs fields"
-_TENSOR_ARGS = tuple(name for name in DenseArgs._fields if SCHEMA_TYPES[name].startswith("Tensor"))
+# (index, name) of each field that holds a tensor (or None).
+_TENSOR_ARGS = tuple((i, name) for i, name in enumerate(DenseArgs._fields) if SCHEMA_TYPES[name].startswith("Tensor"))
 
 
 def _schema(fields, mutated=()) -> str:
@@ -178,8 +179,8 @@ def mla_prefill(q, k, v, *, k_rope=None, cu_seqlens_q=None, cu_seqlens_k=None, c
     else:
         sig = None
     check_scalars(args)
-    for name in _TENSOR_ARGS:
-        t = getattr(args, name)
+    for i, name in _TENSOR_ARGS:
+        t = args[i]
         if t is not None and not isinstance(t, torch.Tensor):
             raise ArgumentTypeError(f"mla_prefill: {name}: expected a torch.Tensor, got {type(t).__name__}")
     if check_seqlens is not None and not isinstance(check_seqlens, bool):

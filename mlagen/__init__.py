@@ -1,7 +1,8 @@
 """mlagen: generate, tune and ship multi-head latent attention (MLA) prefill kernels.
 
 The tensor API is :func:`mla_prefill` (dense) and :func:`mla_sparse_prefill` /
-:func:`flash_mla_sparse_fwd` (sparse, DeepSeek-V3.2 DSA), with FlashAttention's dense calls
+:func:`flash_mla_sparse_fwd` (sparse, DeepSeek-V3.2 DSA; DeepSeek-V4's two pools in one softmax,
+with :func:`window_indices` building the sliding window's index lists on the device), with FlashAttention's dense calls
 :func:`flash_attn_varlen_func` / :func:`flash_attn_func` (``mlagen.integrations.flash_attn``);
 the command line is ``mlagen`` (see ``mlagen --help``).
 
@@ -18,9 +19,9 @@ import sys
 __version__ = "0.1.0"
 
 __all__ = ["flash_attn_func", "flash_attn_varlen_func", "flash_mla_sparse_fwd", "mla_prefill",
-           "mla_sparse_prefill", "__version__"]
+           "mla_sparse_prefill", "window_indices", "__version__"]
 
-_API = ("mla_prefill", "mla_sparse_prefill", "flash_mla_sparse_fwd")
+_API = ("mla_prefill", "mla_sparse_prefill", "flash_mla_sparse_fwd", "window_indices")
 _FLASH_ATTN = ("flash_attn_func", "flash_attn_varlen_func")
 
 

@@ -9,5 +9,6 @@ from __future__ import annotations
 from .families.mla_prefill.entry import mla_prefill_kernel
 from .families.mla_prefill.op import mla_prefill
 from .families.mla_sparse_prefill.op import flash_mla_sparse_fwd, mla_sparse_prefill
+from .families.mla_sparse_prefill.window import window_indices
 
-__all__ = ["flash_mla_sparse_fwd", "mla_prefill", "mla_prefill_kernel", "mla_sparse_prefill"]
+__all__ = ["flash_mla_sparse_fwd", "mla_prefill", "mla_prefill_kernel", "mla_sparse_prefill", "window_indices"]

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from . import families, shapes
-from .errors import BenchError
+from .errors import BenchError, PeerUnsupported
 from .families.base import Family, Peer, Prepared
 from .measure import MIB, L2Flush, Timing, host_time, median, percentile, time_calls  # noqa: F401  (re-exported)
 from .verify import CHECK_HEADS
@@ -214,7 +214,8 @@ def interleaving(peers: list[str], rounds: int, ours: Iterable[str]) -> list[tup
 
 @dataclass
 class PeerResult:
-    """What one peer did on one shape: a timing, or ``error`` (why it is n/a, or WRONG)."""
+    """What one peer did on one shape: a timing, or ``error`` (why it is n/a, or WRONG);
+    ``unsupported``: the peer has no way to run the shape (no kernel for its geometry or mask)."""
 
     name: str
     timing: Timing | None = None
@@ -224,6 +225,7 @@ class PeerResult:
     ours: bool = False
     lead: bool = False
     host: float | None = None   # CPU seconds per call (measure.host_time)
+    unsupported: bool = False
 
     @property
     def wrong(self) -> bool:
@@ -376,6 +378,10 @@ def _prepare(family, item, shape, inputs, ref, warmup, log) -> tuple[PeerResult,
             torch.cuda.synchronize()
             if outcome.check.ok:
                 outcome.host = host_time(prepared.fn)
+        except PeerUnsupported as exc:
+            outcome.error, outcome.unsupported = str(exc), True
+            log(f"{shape.id} {name}: not supported ({outcome.error})")
+            return outcome, None
         except Exception as exc:  # a peer's failure is a result, not a crash
             outcome.error = _reason(exc, caught)
             log(f"{shape.id} {name}: n/a ({outcome.error})")
@@ -522,7 +528,7 @@ def _peer_cell(result: Result, name: str) -> str:
     if peer.wrong:
         return _short(f"WRONG ({peer.check.problem})", CELL_LIMIT)
     if peer.timing is None:
-        return _short(f"n/a ({peer.error})", CELL_LIMIT)
+        return _short(f"{'not supported' if peer.unsupported else 'n/a'} ({peer.error})", CELL_LIMIT)
     t = peer.timing
     fast, slow = t.spread
     return (f"{result.tflops(name):.1f} [{result.tflops(name, t.p80):.1f}–{result.tflops(name, t.p20):.1f}], "
@@ -639,7 +645,8 @@ def _shape_fields(shape) -> dict:
 def results_to_json(results: list[Result], env: dict[str, str]) -> str:
     """Every measurement (per-call seconds per block included) and the environment, as JSON text."""
     def peer_dict(r: Result, p: PeerResult) -> dict:
-        d = {"note": p.note, "error": p.error, "check": None, "timing": None, "host_s": p.host}
+        d = {"note": p.note, "error": p.error, "check": None, "timing": None, "host_s": p.host,
+             "unsupported": p.unsupported}
         if p.check is not None:
             d["check"] = {"max_abs": p.check.max_abs, "rel_l2": p.check.rel_l2, "lse_max_abs": p.check.lse_max_abs,
                           "problem": p.check.problem}

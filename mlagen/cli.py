@@ -606,7 +606,7 @@ def format_tune_results(results, top: int) -> str:
 
 @cli.command("bench")
 @click.option("--shape", "shape_texts", multiple=True, metavar="SHAPE",
-              help="Shape (repeatable): an id of BENCHMARKS.md (D1..D7 dense, S1..S6 sparse) or a description "
+              help="Shape (repeatable): an id of BENCHMARKS.md (D1..D11 dense, S1..S6 sparse) or a description "
                    "such as b=4,q=4096,h=16,causal or sq=4096,h=128,topk=2048,skv=8192; its family picks the peers.")
 @click.option("--shapes", default=None,
               help="Comma-separated ids (D1,S1), a family's name (its shapes), or all (every family's); "

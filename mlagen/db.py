@@ -13,10 +13,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import hashlib
 import json
 import logging
-import re
 import os
 import sqlite3
 import stat
@@ -30,8 +28,8 @@ from . import knobs, paths
 from .cache import atomic_write
 from .errors import DatabaseError
 from .records import (_KEY_COLUMNS, EXPORT_FORMAT, OUTCOMES, SCHEMA_VERSION, Best, RecordKey, Trial,  # noqa: F401
-                      _best_from_json, _best_from_row, _best_to_json, _check_variant, _read_export, _records,
-                      _trial_from_json, _trial_from_row, _trial_to_json)
+                      _best_from_json, _best_from_row, _best_to_json, _check_variant, _included_headers,
+                      _read_export, _records, _trial_from_json, _trial_from_row, _trial_to_json, source_hash)
 
 log = logging.getLogger("mlagen")
 
@@ -70,43 +68,6 @@ CREATE TABLE IF NOT EXISTS best (
     PRIMARY KEY ({", ".join(_KEY_COLUMNS)})
 );
 """
-
-
-_INCLUDE = re.compile(r'^\s*#\s*include\s*"([^"]+)"', re.MULTILINE)
-
-
-def _included_headers(text: str, seen: set[Path]) -> None:
-    """Every header under include/ that ``text`` includes, transitively (both sides of an #if; a
-    name the template computes, ``sparse_kv_{{ ... }}.cuh``, stands for every header it can name)."""
-    root = paths.include_dir()
-    for name in _INCLUDE.findall(text):
-        if "{{" in name:
-            candidates = sorted(root.glob(re.sub(r"\{\{.*?\}\}", "*", name)))
-        else:
-            candidates = [root / name]
-        for p in candidates:
-            if p.is_file() and p not in seen:
-                seen.add(p)
-                _included_headers(p.read_text(), seen)
-
-
-def source_hash(spec) -> str:
-    """Hash of what a spec's kernels are built from: the spec, its template and the headers the
-    template includes (transitively), so headers of other targets or families do not retire its
-    tuning records."""
-    h = hashlib.sha256()
-    h.update(Path(spec.path).read_bytes())
-    h.update(b"\0")
-    from .spec import template_path
-
-    template = template_path(spec.template, spec.path).read_text()
-    h.update(template.encode())
-    headers: set[Path] = set()
-    _included_headers(template, headers)
-    for p in sorted(headers):
-        h.update(str(p.relative_to(paths.include_dir())).encode())
-        h.update(p.read_bytes())
-    return h.hexdigest()[:16]
 
 
 class TuningDB:

@@ -106,6 +106,11 @@ class BenchError(MlagenError):
     run a shape the way BENCHMARKS.md requires (the message says which and why)."""
 
 
+class PeerUnsupported(BenchError):
+    """A bench peer has no way to run a shape at all (no kernel for its head geometry or mask):
+    reported as "not supported (why)", the other peers still timed."""
+
+
 class ShapeError(BenchError, ValueError):
     """A shape description, shape id or workload file is malformed; the message names the bad
     item and what is allowed. A ValueError too: it is an argument error."""

@@ -39,6 +39,9 @@ RECORD_SHAPES = Knob("MLAGEN_RECORD_SHAPES", None,
 HEAD_GROUP = Knob("MLAGEN_HEAD_GROUP", None,
                   "sm90 dense kernels: heads per group of the tile order (1: head after head); default: 8 on "
                   "causal problems without a long prefix (dynamic or static scheduler), else 1 (mla_prefill/tma.py).")
+SEQ_ORDER = Knob("MLAGEN_SEQ_ORDER", "lpt",
+                 "sm90 dense kernels on a batch of 2 to 32 sequences: the order their query tiles are handed out in: "
+                 "lpt (the longest key range first) or batch (mla_prefill/tma.py: lpt_order).")
 STAGING_MB = Knob("MLAGEN_STAGING_MB", "512",
                   "FP8 caches computed in bf16: the most memory (MiB) a call may take to stage its rows into a bf16 "
                   "workspace (worst case min(pool rows, sq x topk) x 1152 B plus the compaction's tables); a call "
@@ -56,7 +59,7 @@ PEERS_DIR = Knob("MLAGEN_PEERS_DIR", None, "Benchmark peers' builds (fa3/); defa
                  "else <repo>/shared/peers.")
 
 ALL = (OUT_DIR, CACHE_DIR, TUNING_DB, NO_TUNED, NO_SHIPPED, FAMILY, COMPILE_WORKERS, LOG, NVRTC_LIBRARY, CHECK_SEQLENS,
-       RECORD_SHAPES, HEAD_GROUP, STAGING_MB, PLANS, HIP_CLANG, HIP_COMPILER, PEERS_DIR)
+       RECORD_SHAPES, HEAD_GROUP, SEQ_ORDER, STAGING_MB, PLANS, HIP_CLANG, HIP_COMPILER, PEERS_DIR)
 
 
 def _flag(knob: Knob) -> bool:
@@ -165,6 +168,13 @@ def head_group() -> int | None:
     return value
 
 
+def seq_order() -> str:
+    raw = SEQ_ORDER.raw()
+    if raw not in ("lpt", "batch"):
+        raise ValueError(f"{SEQ_ORDER.name}={raw!r}: expected lpt or batch")
+    return raw
+
+
 def compile_workers() -> int:
     raw = COMPILE_WORKERS.raw()
     if raw is None:
@@ -225,7 +235,7 @@ def peers_dir() -> Path | None:
 # The typed reader of each knob that has one: what `mlagen info` runs to say a value is invalid.
 READERS = {OUT_DIR: out_dir, CACHE_DIR: cache_dir, TUNING_DB: tuning_db, NO_TUNED: no_tuned, NO_SHIPPED: no_shipped,
            COMPILE_WORKERS: compile_workers, LOG: log_level, NVRTC_LIBRARY: nvrtc_library,
-           CHECK_SEQLENS: check_seqlens, RECORD_SHAPES: record_shapes, HEAD_GROUP: head_group,
+           CHECK_SEQLENS: check_seqlens, RECORD_SHAPES: record_shapes, HEAD_GROUP: head_group, SEQ_ORDER: seq_order,
            STAGING_MB: staging_bytes, PLANS: plans, HIP_CLANG: hip_clang, HIP_COMPILER: hip_compiler,
            PEERS_DIR: peers_dir, FAMILY: forced_family}
 

@@ -7,7 +7,9 @@ holds a Python wrapper (``fa3/fa3_peer.py``) and, once built on the GPU machine,
 library it loads. The library's path follows the wrapper's own rule: an environment variable
 naming the file, else one naming its build folder, else ``<folder>/build/<library>``. The family
 packages declare their external peers as :class:`ExternalBuild` values; ``mlagen bench`` asks
-them whether they are there (:meth:`ExternalBuild.status`) before it asks for a peer.
+them whether they are there (:meth:`ExternalBuild.status`) before it asks for a peer. A peer that
+one of this repository's tools builds (``tools/fa3_extra``) is a :class:`ProjectBuild`: a torch op
+library in ``<repo>/out/<tool>``.
 
 Importing this module imports neither torch nor the wrappers.
 """
@@ -84,3 +86,48 @@ class ExternalBuild:
             sys.modules[self.wrapper] = module
         module.load()
         return module
+
+
+@dataclass(frozen=True)
+class ProjectBuild:
+    """A peer library built by one of this repository's tools (``tools/<tool>/build.py``) into
+    ``<repo>/out/<tool>``: a torch op library, loaded with ``torch.ops.load_library``.
+
+    The file is ``$<so_env>``, else ``$<build_env>/<library>``, else ``<repo>/out/<tool>/<library>``;
+    ``namespace`` is its ``torch.ops`` namespace; ``what`` its name in messages."""
+
+    tool: str
+    library: str
+    namespace: str
+    so_env: str
+    build_env: str
+    what: str
+
+    def library_path(self) -> Path:
+        if os.environ.get(self.so_env):
+            return Path(os.environ[self.so_env])
+        repo = Path(__file__).resolve().parent.parent
+        return Path(os.environ.get(self.build_env) or repo / "out" / self.tool) / self.library
+
+    def why_not(self) -> str | None:
+        """None if the library is there, else why not and how to build it."""
+        so = self.library_path()
+        if so.exists():
+            return None
+        return (f"{self.what} is not built ({so} not found); build it on the GPU machine with: "
+                f"python tools/{self.tool}/build.py")
+
+    def load(self):
+        """The op namespace (``torch.ops.<namespace>``), the library loaded once per process.
+
+        Raises:
+            BenchError: saying why the library is missing."""
+        import torch
+
+        why = self.why_not()
+        if why is not None:
+            raise BenchError(why)
+        path = str(self.library_path())
+        if path not in getattr(torch.ops, "loaded_libraries", ()):
+            torch.ops.load_library(path)
+        return getattr(torch.ops, self.namespace)

@@ -53,11 +53,13 @@ def scalar_sig(x) -> tuple:
 
 def values_sig(values, tensor_type) -> tuple:
     """:func:`tensor_sig` of each tensor of ``values`` (a call's arguments, in their order),
-    :func:`scalar_sig` of each other value and None for None, so a new argument joins the
+    :func:`scalar_sig` of each other value (of each element of a tuple or list, such as
+    ``window_size``) and None for None, so a new argument joins the
     signature by itself; NoPlan as those raise it. (tensor_sig's tuple is written out here: this
     runs on every eager call, and a function call per tensor costs a tenth of it.)"""
     return tuple([None if x is None else (x.dtype, x.shape, x.stride(), x.is_cuda, x.get_device(), x.data_ptr() & 15)
-                  if type(x) is tensor_type else scalar_sig(x) for x in values])
+                  if type(x) is tensor_type else (type(x), tuple(map(scalar_sig, x))) if type(x) in (tuple, list)
+                  else scalar_sig(x) for x in values])
 
 
 class LaunchPlan:

@@ -7,12 +7,15 @@ so that a malformed export is refused with the record and field it names before 
 
 from __future__ import annotations
 
+import hashlib
 import json
+import re
 import stat
 import time
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
+from . import paths
 from .errors import DatabaseError
 
 SCHEMA_VERSION = 2  # 2: the "nvrtc" column became "compiler" ("nvrtc 13.0", "clang 22.1.8", "hiprtc 6.4")
@@ -192,15 +195,22 @@ def _check_key(d, i, what):
 
 def _check_variant(key: RecordKey, values: dict, where: str, specs: dict, symbol: str | None = None) -> None:
     """A record's variant must name tunables (and specialisations) of its packaged spec, each with
-    one of its values, of the same type (a bool is not an int)."""
+    one of its values, of the same type (a bool is not an int).
+
+    A record of the spec's current source (``source_hash``: dispatch may use it) must name every
+    tunable and its ``symbol`` must be the kernel that variant and its problem name: a partial
+    variant would run the spec's defaults for the rest, labelled as the user's record. A record
+    of another source is never used by dispatch; its variant is checked by name and value only,
+    and its symbol where the variant is complete."""
     from . import spec as spec_mod
 
     if key.spec not in specs:
         known = {p.stem: p for p in spec_mod.available()}
         if key.spec not in known:
             raise DatabaseError(f"{where}.spec: {key.spec!r} is not a known spec; known: {', '.join(sorted(known))}")
-        specs[key.spec] = spec_mod.load(known[key.spec])
-    spec = specs[key.spec]
+        loaded = spec_mod.load(known[key.spec])
+        specs[key.spec] = (loaded, source_hash(loaded))
+    spec, current_hash = specs[key.spec]
     if key.family != spec.family:
         raise DatabaseError(f"{where}.family: {key.family!r}, but {spec.name} is of family {spec.family!r}")
     from . import families
@@ -222,12 +232,60 @@ def _check_variant(key: RecordKey, values: dict, where: str, specs: dict, symbol
                                 f"{', '.join(t.name for t in spec.tunables)}")
         if not any(value == a and type(value) is type(a) for a in allowed[name]):
             raise DatabaseError(f"{where}.variant.{name}: {value!r} is not one of {list(allowed[name])}")
-    if symbol is not None and all(t.name in values for t in spec.tunables):
+    missing = [t for t in spec.tunables if t.name not in values]
+    current = key.source_hash == current_hash
+    if missing and current:
+        first = missing[0]
+        also = f" (also missing: {', '.join(t.name for t in missing[1:])})" if missing[1:] else ""
+        raise DatabaseError(f"{where}.variant.{first.name}: missing; a record of {spec.name}'s current source "
+                            f"({current_hash}) names every tunable{also}; {first.name} is one of {list(first.values)}")
+    if symbol is not None and not missing:
         from . import variant as variant_mod
+        from .errors import SpecError
 
-        expected = variant_mod.make(spec, {**values, **family.problem_specialization(key.problem)}).symbol
+        try:
+            expected = variant_mod.make(spec, {**values, **family.problem_specialization(key.problem)}).symbol
+        except SpecError as exc:
+            raise DatabaseError(f"{where}.variant: {exc.message}") from None
         if symbol != expected:
             raise DatabaseError(f"{where}.symbol: {symbol!r} is not the kernel its variant names ({expected})")
+
+
+_INCLUDE = re.compile(r'^\s*#\s*include\s*"([^"]+)"', re.MULTILINE)
+
+
+def _included_headers(text: str, seen: set[Path]) -> None:
+    """Every header under include/ that ``text`` includes, transitively (both sides of an #if; a
+    name the template computes, ``sparse_kv_{{ ... }}.cuh``, stands for every header it can name)."""
+    root = paths.include_dir()
+    for name in _INCLUDE.findall(text):
+        if "{{" in name:
+            candidates = sorted(root.glob(re.sub(r"\{\{.*?\}\}", "*", name)))
+        else:
+            candidates = [root / name]
+        for p in candidates:
+            if p.is_file() and p not in seen:
+                seen.add(p)
+                _included_headers(p.read_text(), seen)
+
+
+def source_hash(spec) -> str:
+    """Hash of what a spec's kernels are built from: the spec, its template and the headers the
+    template includes (transitively), so headers of other targets or families do not retire its
+    tuning records."""
+    h = hashlib.sha256()
+    h.update(Path(spec.path).read_bytes())
+    h.update(b"\0")
+    from .spec import template_path
+
+    template = template_path(spec.template, spec.path).read_text()
+    h.update(template.encode())
+    headers: set[Path] = set()
+    _included_headers(template, headers)
+    for p in sorted(headers):
+        h.update(str(p.relative_to(paths.include_dir())).encode())
+        h.update(p.read_bytes())
+    return h.hexdigest()[:16]
 
 
 def _best_from_json(d, i) -> Best:

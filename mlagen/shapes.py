@@ -20,6 +20,7 @@ Importing this module imports neither torch nor a GPU library.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -173,8 +174,8 @@ def parse_workload(doc, source: str = "<workload>", family=None) -> list[Workloa
         if extra:
             raise ShapeError(f"{where}: unknown key {sorted(extra)[0]!r}; allowed: shape, weight")
         weight = entry.get("weight", 1)
-        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not weight > 0:
-            raise ShapeError(f"{where}.weight: expected a positive number, got {weight!r}")
+        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not 0 < weight < math.inf:
+            raise ShapeError(f"{where}.weight: expected a positive number (finite), got {weight!r}")
         try:
             shape = parse_shape(str(entry["shape"]), fam)
         except ShapeError as exc:

@@ -163,15 +163,28 @@ def sample_space(spec: KernelSpec, count: int, fixed: Mapping[str, Any] | None =
 
 def parse_assignments(spec: KernelSpec, items: list[str]) -> dict[str, Any]:
     """``["block_n=64", "stages=3"]`` from the command line into a mapping (values checked by make).
-    A kernel symbol of ``spec`` (as tune tables and records print it) stands for all its tunables."""
+    A kernel symbol of ``spec`` (as tune tables and records print it) stands for all its tunables;
+    a later ``name=value`` overrides one of them (``<symbol>,stages=3``). A name given twice
+    otherwise (``block_n=64,block_n=128``, a symbol after a name, two symbols) is refused: which
+    value was meant is not for mlagen to guess."""
     out: dict[str, Any] = {}
+    given: dict[str, tuple[str, bool]] = {}  # name -> (the item that set it, whether a symbol)
+
+    def put(key: str, value: Any, item: str, by_symbol: bool = False) -> None:
+        if key in given and (by_symbol or not given[key][1]):
+            raise SpecError(spec.path, f"tune.{key}", f"given twice ({given[key][0]!r} and {item!r}); give each "
+                            "name once (a name=value after a kernel symbol overrides it)")
+        given[key] = (item, by_symbol)
+        out[key] = value
+
     for item in items:
         for part in item.split(","):
             part = part.strip()
             if not part:
                 continue
             if "=" not in part and part.startswith(spec.name + "_"):
-                out.update(from_symbol(spec, part).tunables)
+                for key, value in from_symbol(spec, part).tunables.items():
+                    put(key, value, part, by_symbol=True)
                 continue
             if "=" not in part:
                 raise SpecError(spec.path, "tune", f"{part!r}: expected name=value or a kernel symbol of {spec.name}")
@@ -184,7 +197,7 @@ def parse_assignments(spec: KernelSpec, items: list[str]) -> dict[str, Any]:
             where = f"specialize.{key}"
             if allowed is None and key in {t.name for t in spec.tunables}:
                 allowed, where = spec.tunable(key).values, f"tune.{key}"
-            out[key] = _coerce(spec, key, where, allowed, value) if allowed is not None else value
+            put(key, _coerce(spec, key, where, allowed, value) if allowed is not None else value, part)
     return out
 
 

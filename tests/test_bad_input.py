@@ -86,7 +86,7 @@ SPEC_CASES = [
     ("resource-too-long", _resource("threads", "+".join(["warps"] * 800)), "resources.threads", "at most"),
     ("resource-too-deep", _resource("threads", "(" * 300 + "1" + ")" * 300), "resources.threads", "not a valid"),
     ("derived-redefines", _set(["derived", "d_nope"], "1"), "derived.d_nope", "name already defined"),
-    ("unknown-mask", _set(["specialize", "mask"], ["causal", "sliding"]), "specialize", "mask only"),
+    ("unknown-mask", _set(["specialize", "mask"], ["causal", "sliding"]), "specialize", "specialises on mask (values from"),
     ("unknown-top-key", _set(["bogus"], 1), "bogus", "unknown key"),
     ("default-breaks-constraint", _constraint("block_m == 64"), "tune", "the default variant breaks constraint 0"),
 ]

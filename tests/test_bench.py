@@ -63,7 +63,7 @@ def test_unknown_shape_names_every_family_and_the_sparse_ids():
 
 def test_each_family_declares_its_peers_in_column_order():
     assert list(DENSE.peers()) == ["fa3", "cudnn", "fa2", "mlagen", "mlagen-check"]
-    assert list(SPARSE.peers()) == ["flashmla", "naive", "mlagen"]
+    assert list(SPARSE.peers()) == ["flashmla", "naive", "mlagen", "flashmla-concat", "mlagen-onepool"]
     assert [n for n, p in DENSE.peers().items() if p.ours] == ["mlagen", "mlagen-check"]
     assert [n for n, p in SPARSE.peers().items() if p.lead] == ["flashmla"]
     assert SPARSE.tolerance == 1e-2 and DENSE.tolerance == 2e-2
@@ -79,7 +79,8 @@ def test_parse_peers():
     assert bench.parse_peers("fa3,flashmla,mlagen") == ["fa3", "flashmla", "mlagen"]   # any family's
     with pytest.raises(BenchError, match="'flashinfer'"):
         bench.parse_peers("mlagen,flashinfer", [DENSE])
-    with pytest.raises(BenchError, match=r"'fa3'; choose from flashmla, naive, mlagen, mlagen:<spec\|symbol> \(mla_sparse_prefill\)"):
+    with pytest.raises(BenchError, match=r"'fa3'; choose from flashmla, naive, mlagen, flashmla-concat, mlagen-onepool, mlagen:<spec\|symbol>, "
+                                          r"mlagen-onepool:<spec\|symbol> \(mla_sparse_prefill\)"):
         bench.parse_peers("fa3", [SPARSE])
     with pytest.raises(BenchError, match="'naive:x'"):
         bench.parse_peers("naive:x", [SPARSE])    # naive takes no argument
@@ -96,9 +97,10 @@ def _fake_build(root, folder, wrapper, library, built: bool):
 
 
 @pytest.fixture
-def no_wrapper_env(monkeypatch):
-    for var in ("FA3_PEER_SO", "FA3_PEER_BUILD", "FLASHMLA_PEER_SO", "FLASHMLA_PEER_BUILD"):
+def no_wrapper_env(monkeypatch, tmp_path):
+    for var in ("FA3_PEER_SO", "FA3_PEER_BUILD", "FLASHMLA_PEER_SO", "FLASHMLA_PEER_BUILD", "FA3_EXTRA_SO"):
         monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("FA3_EXTRA_BUILD", str(tmp_path / "no-fa3-extra"))   # not <repo>/out/fa3_extra, if built
 
 
 def test_fa3_is_a_default_peer_only_when_built(tmp_path, monkeypatch, no_wrapper_env):
@@ -149,7 +151,7 @@ def test_flashmla_is_found_like_fa3(tmp_path, monkeypatch, no_wrapper_env):
 def test_format_peer_list_says_why_a_peer_cannot_run(tmp_path, monkeypatch, no_wrapper_env):
     monkeypatch.setenv("MLAGEN_PEERS_DIR", str(tmp_path))
     text = bench.format_peer_list()
-    assert "mla_sparse_prefill (shapes S1, S2, S3, S4, S5, S6):" in text
+    assert "mla_sparse_prefill (shapes S1, S2, S3, S4, S5, S6, V1, V2, V3, V4, V5, M1, M2, M3, M4, M5, M6, M7, M8):" in text
     line = next(x for x in text.splitlines() if x.strip().startswith("flashmla"))
     assert "[default, first column]" in line and "unavailable: " in line and "not found" in line
     assert any(x.strip().startswith("mlagen[:<spec|symbol>]") and "[ours, default]" in x for x in text.splitlines())
@@ -598,10 +600,10 @@ def test_mlagen_peer_takes_a_kernel_symbol_and_refuses_the_wrong_mask():
 
 
 @pytest.mark.parametrize("sid, symbol, group", [
-    ("D2", "mla_prefill_sm90_causal_c2_n128_s2_qsmem_opingpong_ov1_rsoverlapped_pwearly_schdynamic_eptma_lw2_rp24"
-           "_rc240_sq128_sk128_sv128_cl1_dghalf", 8),
-    ("D7", "mla_prefill_sm90_causal_c2_n128_s2_qsmem_opingpong_ov1_rsoverlapped_pwearly_schpersistent_epdirect_lw1"
-           "_rp56_rc224_sq128_sk128_sv128_cl1_dghalf", 1),
+    ("D2", "mla_prefill_sm90_causal_n128r64v128_plain_c2_n128_s2_qsmem_opingpong_ov1_rsoverlapped_pwearly"
+           "_schdynamic_eptma_lw2_rp24_rc240_sq128_sk128_sv128_cl1_dghalf", 8),
+    ("D7", "mla_prefill_sm90_causal_n128r64v128_plain_c2_n128_s2_qsmem_opingpong_ov1_rsoverlapped_pwearly"
+           "_schpersistent_epdirect_lw1_rp56_rc224_sq128_sk128_sv128_cl1_dghalf", 1),
 ])
 def test_mlagen_peer_names_the_tile_order(monkeypatch, sid, symbol, group):
     """The bench's note for our kernel says which head group the launcher picks (a launch-time
@@ -619,3 +621,4 @@ def test_mlagen_peer_names_the_tile_order(monkeypatch, sid, symbol, group):
     inputs = {"q": None, "k": None, "v": None, "k_rope": None, "cu_seqlens_q": None, "cu_seqlens_k": None}
     note = peers.mlagen_peer(DENSE.shapes()[sid], inputs).note
     assert note.endswith(f"{symbol} (shipped:h100.json); tiles in groups of {group} heads"), note
+

@@ -31,7 +31,7 @@ def test_the_gpu_tools_say_so_in_one_line_without_a_gpu(tool, argv, monkeypatch,
     assert "\n" not in err and err.startswith(f"mlagen.families.{tool}: ") and "needs a CUDA GPU, and torch sees none" in err
 
 
-@pytest.mark.parametrize("formats, bad", [("fp8_v32,fp8_b16", "fp8_b16"), ("bf16", "bf16")])
+@pytest.mark.parametrize("formats, bad", [("fp8_v32,fp8_b16", "fp8_b16"), ("bf16", "bf16"), ("fp8_v4", "fp8_v4")])
 def test_bench_fp8_formats_are_checked_before_the_gpu(formats, bad, capsys):
     from mlagen.families.mla_sparse_prefill import tools as bench_sparse
 

@@ -108,11 +108,13 @@ def test_mla_prefill_select_memo_follows_the_dispatcher(monkeypatch):
     monkeypatch.setattr(dispatch.Dispatcher, "select", fake_select)
     monkeypatch.delenv("MLAGEN_FAMILY", raising=False)
     entry._selected.clear()
+    from mlagen.families.mla_prefill.traits import Traits
 
     def call(heads=16, total=4096):
         q = types.SimpleNamespace(device=types.SimpleNamespace(index=0), dtype="torch.bfloat16")
         c = types.SimpleNamespace(q=q, dtype="bf16", heads=heads, total_q=total, total_k=total, batch=1, causal=True,
-                                  mask="causal", key=f"causal/h{heads}/q{total}", tma_compatible=lambda: None)
+                                  mask="causal", key=f"causal/h{heads}/q{total}", tma_compatible=lambda: None,
+                                  traits=Traits())
         return c
 
     first = entry.select(call())[1]

@@ -231,6 +231,23 @@ def test_causal_is_bottom_right_aligned():
     assert lse[0, 0].item() == pytest.approx(torch.logsumexp(s, 0).item(), rel=1e-12)
 
 
+def test_sm90_lpt_order(monkeypatch):
+    """The sm90 launcher asks for the longest-first sequence order on batches of 2 to 32 sequences
+    (one per lane of the kernel's search), not on one sequence or past 32; MLAGEN_SEQ_ORDER=batch
+    turns it off, and another value is refused naming the knob."""
+    import types
+
+    from mlagen.families.mla_prefill.tma import lpt_order
+
+    monkeypatch.delenv("MLAGEN_SEQ_ORDER", raising=False)
+    assert [lpt_order(types.SimpleNamespace(batch=b)) for b in (1, 2, 16, 32, 33)] == [0, 1, 1, 1, 0]
+    monkeypatch.setenv("MLAGEN_SEQ_ORDER", "batch")
+    assert lpt_order(types.SimpleNamespace(batch=16)) == 0
+    monkeypatch.setenv("MLAGEN_SEQ_ORDER", "longest")
+    with pytest.raises(ValueError, match="MLAGEN_SEQ_ORDER='longest'"):
+        lpt_order(types.SimpleNamespace(batch=16))
+
+
 def test_sm90_head_group(monkeypatch):
     """Heads per group of the sm90 tile order: 8 (at most the head count) on causal problems
     without a long prefix on the dynamic or static scheduler, else 1; MLAGEN_HEAD_GROUP overrides."""
@@ -253,3 +270,50 @@ def test_sm90_head_group(monkeypatch):
     assert head_group(call(128, 8192, 8192, causal=False), "persistent") == 3
     monkeypatch.setenv("MLAGEN_HEAD_GROUP", "300")
     assert head_group(call(128, 8192, 8192), "dynamic") == 128
+
+
+# --- section 1b: other head geometries and windows -------------------------------------------
+
+
+def naive_1b(q, k, v, seqs, scale, causal, window):
+    """The naive loop of any geometry and a window (left, right), -1 unbounded (MLA.md 1b)."""
+    tq, h, _ = q.shape
+    out = torch.zeros(tq, h, v.shape[-1], dtype=torch.float64)
+    lse = torch.full((tq, h), math.inf, dtype=torch.float64)
+    for q0, lq, k0, lk in seqs:
+        for i in range(lq):
+            p = i + lk - lq
+            seen = [j for j in range(lk) if (window is not None or not causal or j <= p) and (
+                window is None or ((window[0] < 0 or j >= p - window[0]) and (window[1] < 0 or j <= p + window[1])))]
+            for head in range(h) if seen else ():
+                s = torch.stack([(q[q0 + i, head].double() * k[k0 + j, head].double()).sum() * scale for j in seen])
+                lse[q0 + i, head] = torch.logsumexp(s, 0)
+                out[q0 + i, head] = (torch.softmax(s, 0)[:, None] * v[[k0 + j for j in seen], head].double()).sum(0)
+    return out, lse
+
+
+@pytest.mark.parametrize("text", [
+    "q=[5,1,0,40],k=[9,1,3,40],h=2,d=192/64/256,window=6/1",   # ragged, a prefix, an empty sequence
+    "q=[30],k=[30],h=3,d=128/0/128,window=-1/3",               # d_rope 0, unbounded left
+    "q=[12,7],k=[4,7],h=2,window=2/-1",                        # Lq > Lk: rows before the keys
+    "q=[9,33],k=[20,33],h=2,d=192/64/256,causal",              # another geometry, causal with a prefix
+])
+def test_reference_of_other_geometries_and_windows(text):
+    """The family's reference (and its chunks of rows, at a tiny budget) against the naive loop."""
+    from mlagen import families
+
+    fam = families.get("mla_prefill")
+    shape = dense_problem.parse_shape(text)
+    x = fam.make_inputs(shape, "cpu", seed=1)
+    d_nope, d_rope, d_v = shape.dims
+    assert x["q"].shape[-1] == d_nope + d_rope and x["v"].shape[-1] == d_v and x["k"].shape[-1] == d_nope
+    assert (x["k_rope"] is None) == (d_rope == 0)
+    full_k = x["k"] if d_rope == 0 else torch.cat([x["k"], x["k_rope"].expand(-1, shape.heads, -1)], dim=-1)
+    ref_out, ref_lse = naive_1b(x["q"], full_k, x["v"], shape.sequence_lengths(), 1 / math.sqrt(d_nope + d_rope),
+                                shape.causal, None if shape.mask != "window" else shape.window)
+    for budget in (2 << 30, 40000):   # one chunk, and chunks of a few rows
+        out, lse = dense_reference.reference_heads(shape, x, None, budget_bytes=budget)
+        torch.testing.assert_close(out.double(), ref_out, rtol=1e-5, atol=1e-5)
+        assert torch.equal(torch.isinf(lse), torch.isinf(ref_lse)) and (lse[torch.isinf(lse)] > 0).all()
+        fin = torch.isfinite(ref_lse)
+        torch.testing.assert_close(lse.double()[fin], ref_lse[fin], rtol=1e-5, atol=1e-5)

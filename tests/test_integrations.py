@@ -43,9 +43,10 @@ class FakeKernel:
         q, out, lse = args.q, args.out, args.lse
         assert q.dim() == 3 and q.stride(-1) == 1
         self.calls.append(args._asdict())
+        traits = {n: getattr(args, n) for n in ("window_size", "chunk_size", "softcap", "attn_sink")}
         ref_out, ref_lse = reference(q, args.k, args.v, k_rope=args.k_rope, cu_seqlens_q=args.cu_seqlens_q,
                                      cu_seqlens_k=args.cu_seqlens_k, causal=args.causal,
-                                     softmax_scale=args.softmax_scale, dtype=torch.float32)
+                                     softmax_scale=args.softmax_scale, dtype=torch.float32, **traits)
         if out is None:
             out = torch.empty(ref_out.shape, dtype=torch.bfloat16)
         if lse is None:
@@ -285,20 +286,35 @@ def test_flash_attn_func_returns_flash_attentions_layouts(kernel):
     torch.testing.assert_close(lse.double(), ref_lse.reshape(3, 2, 4).transpose(0, 1), atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize("window,causal,want", [((-1, -1), False, False), ((-1, -1), True, True),
-                                                ((-1, 0), False, True), ((6, -1), False, False),
-                                                ((100, 100), True, True), ((-1, 3), True, True)])
-def test_flash_attn_window_sizes_that_mean_full_or_causal(kernel, window, causal, want):
+@pytest.mark.parametrize("window,causal,want,passed", [
+    ((-1, -1), False, False, (-1, -1)), ((-1, -1), True, True, (-1, -1)), ((-1, 0), False, True, (-1, -1)),
+    ((6, -1), False, False, (-1, -1)), ((100, 100), True, True, (-1, -1)), ((-1, 3), True, True, (-1, -1)),
+    ((2, 0), False, False, (2, 0)), ((2, 5), True, False, (2, 0)), ((3, 1), False, False, (3, 1))])
+def test_flash_attn_window_sizes_follow_flash_attentions_rules(kernel, window, causal, want, passed):
     import mlagen
 
     q, k, v, cu_q, cu_k, mq, mk = _varlen_inputs()
     mlagen.flash_attn_varlen_func(q, k, v, cu_q, cu_k, mq, mk, causal=causal, window_size=window)
-    assert kernel.calls[-1]["causal"] is want
+    assert kernel.calls[-1]["causal"] is want and kernel.calls[-1]["window_size"] == passed
+
+
+def test_flash_attn_passes_softcap_and_windows_through(kernel):
+    import mlagen
+
+    q, k, v, cu_q, cu_k, mq, mk = _varlen_inputs()
+    out = mlagen.flash_attn_varlen_func(q, k, v, cu_q, cu_k, mq, mk, window_size=(1, 0), softcap=5.0)
+    call = kernel.calls[-1]
+    assert call["softcap"] == 5.0 and call["window_size"] == (1, 0)
+    plain = mlagen.flash_attn_varlen_func(q, k, v, cu_q, cu_k, mq, mk, causal=True)
+    assert not torch.equal(out, plain)   # the window and the cap changed the result
+    with pytest.raises(ValueError, match="flash_attn_varlen_func: window_size:"):
+        mlagen.flash_attn_varlen_func(q, k, v, cu_q, cu_k, mq, mk, window_size=(-2, 0))
+    with pytest.raises(ValueError, match="flash_attn_varlen_func: softcap:"):
+        mlagen.flash_attn_varlen_func(q, k, v, cu_q, cu_k, mq, mk, softcap=-1.0)
 
 
 @pytest.mark.parametrize("change,arg", [
-    (dict(dropout_p=0.1), "dropout_p"), (dict(softcap=30.0), "softcap"),
-    (dict(alibi_slopes=torch.zeros(2)), "alibi_slopes"), (dict(window_size=(2, 0)), "window_size"),
+    (dict(dropout_p=0.1), "dropout_p"), (dict(alibi_slopes=torch.zeros(2)), "alibi_slopes"),
     (dict(block_table=torch.zeros(2, 1, dtype=torch.int32)), "block_table"),
     (dict(seqused_k=torch.zeros(2, dtype=torch.int32)), "seqused_k"),
     (dict(return_softmax_lse=True, return_attn_probs=True), "return_attn_probs"),

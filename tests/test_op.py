@@ -30,14 +30,15 @@ def test_schemas_say_what_is_optional_and_what_is_written():
     assert functional.startswith("mlagen::mla_prefill(Tensor q, Tensor k, Tensor v, Tensor? k_rope, "
                                  "Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, bool causal, float? softmax_scale, "
                                  "bool? check_seqlens, SymInt? max_seqlen_q, SymInt? max_seqlen_k, str? kernel, "
-                                 "Tensor? q_descale, Tensor? k_descale, Tensor? v_descale)"), \
+                                 "Tensor? q_descale, Tensor? k_descale, Tensor? v_descale, SymInt window_left, "
+                                 "SymInt window_right, SymInt? chunk_size, float softcap, Tensor? attn_sink)"), \
         functional
     assert functional.endswith("-> (Tensor, Tensor)")
     out = str(torch.ops.mlagen.mla_prefill_out.default._schema)
     assert re.search(r"Tensor\(a\d+!\) out, Tensor\(a\d+!\) lse\) -> \(\)$", out), out
     # Both are DenseArgs in order: the out op is the functional op's arguments, then out and lse.
     assert out == functional.split(") ->")[0].replace("mla_prefill(", "mla_prefill_out(") + \
-        ", Tensor(a15!) out, Tensor(a16!) lse) -> ()", out
+        ", Tensor(a20!) out, Tensor(a21!) lse) -> ()", out
     assert mlagen.mla_prefill is op.mla_prefill
 
 
@@ -49,6 +50,7 @@ def test_the_public_call_hands_each_argument_to_its_field(monkeypatch):
 
     seen = []
     monkeypatch.setattr(entry, "planned", lambda args: (seen.append(args) or ("hit", None)))
+    monkeypatch.setattr(entry, "plain_traits", lambda args: True)   # sentinels for the traits too
     given = {name: object() for name in DenseArgs._fields if name not in ("q", "kernel")}
     assert mlagen.mla_prefill(torch.zeros(2, 1, 192), **given) == "hit"
     assert len(seen) == 1 and seen[0].kernel is None
@@ -145,14 +147,18 @@ COMPILE_SCRIPT = textwrap.dedent("""
 
     # A CPU kernel (the float64 reference), registered in this process only, so the op runs here.
     @op._op.register_kernel("cpu")
-    def _cpu(q, k, v, k_rope, cu_q, cu_k, causal, scale, check, max_q, max_k, kernel, qd, kd, vd):
+    def _cpu(q, k, v, k_rope, cu_q, cu_k, causal, scale, check, max_q, max_k, kernel, qd, kd, vd, wl, wr, chunk,
+             cap, sink):
         o, l = reference(q, k, v, k_rope=k_rope, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, causal=causal,
-                         softmax_scale=scale, q_descale=qd, k_descale=kd, v_descale=vd)
+                         softmax_scale=scale, q_descale=qd, k_descale=kd, v_descale=vd, window_size=(wl, wr),
+                         chunk_size=chunk, softcap=cap, attn_sink=sink)
         return o.to(torch.bfloat16), l.float()
 
     @op._op_out.register_kernel("cpu")
-    def _cpu_out(q, k, v, k_rope, cu_q, cu_k, causal, scale, check, max_q, max_k, kernel, qd, kd, vd, out, lse):
-        o, l = _cpu(q, k, v, k_rope, cu_q, cu_k, causal, scale, check, max_q, max_k, kernel, qd, kd, vd)
+    def _cpu_out(q, k, v, k_rope, cu_q, cu_k, causal, scale, check, max_q, max_k, kernel, qd, kd, vd, wl, wr, chunk,
+                 cap, sink, out, lse):
+        o, l = _cpu(q, k, v, k_rope, cu_q, cu_k, causal, scale, check, max_q, max_k, kernel, qd, kd, vd, wl, wr,
+                    chunk, cap, sink)
         out.copy_(o)
         lse.copy_(l)
 
@@ -196,7 +202,7 @@ COMPILE_SCRIPT = textwrap.dedent("""
     with torch._subclasses.fake_tensor.FakeTensorMode() as mode:
         assert op._tracing(mode.from_tensor(q))
 
-    args = (q, k, v, kr, cu_q, cu_k, True, None, None, 5, 6, None, None, None, None)
+    args = (q, k, v, kr, cu_q, cu_k, True, None, None, 5, 6, None, None, None, None, -1, -1, None, 0.0, None)
     for name, result in torch.library.opcheck(op._op, args).items():
         assert result == "SUCCESS", (name, result)
     out, lse = torch.empty(9, 2, 128, dtype=torch.bfloat16), torch.empty(9, 2)

@@ -36,9 +36,10 @@ def _values(ps, seed: int) -> dict:
 
 
 @pytest.mark.parametrize("ps, variable", [
-    (params_for("bf16"), ("q", "kv", "indices", "topk_length", "attn_sink", "out", "max_logits", "lse")),
+    (params_for("bf16"), ("q", "kv", "indices", "topk_length", "attn_sink", "out", "max_logits", "lse", "extra_kv",
+                          "extra_indices", "extra_topk_length")),
     (TMA_PARAMS, ("tma_q", "tma_k", "tma_k_rope", "tma_v", "tma_o", "tile_counter", "out", "lse", "cu_seqlens_q",
-                  "cu_seqlens_k")),
+                  "cu_seqlens_k", "attn_sink")),
 ])
 def test_a_plan_writes_what_a_full_pack_writes(ps, variable):
     kernel = RecordingKernel()
@@ -54,7 +55,8 @@ def test_each_thread_writes_its_own_buffer():
     ps = params_for("bf16")
     kernel = RecordingKernel()
     plan = plans.LaunchPlan(kernel, (1, 1, 1), (32, 1, 1), 0, ps, _values(ps, 1),
-                            ("q", "kv", "indices", "topk_length", "attn_sink", "out", "max_logits", "lse"))
+                            ("q", "kv", "indices", "topk_length", "attn_sink", "out", "max_logits", "lse", "extra_kv",
+                             "extra_indices", "extra_topk_length"))
     buffers = []
     for _ in range(2):
         t = threading.Thread(target=lambda: buffers.append(plan._buffer()))
@@ -65,7 +67,8 @@ def test_each_thread_writes_its_own_buffer():
 
 def test_only_pointers_and_maps_vary_and_every_pointer_does():
     ps = params_for("bf16")
-    every = ("q", "kv", "indices", "topk_length", "attn_sink", "out", "max_logits", "lse")
+    every = ("q", "kv", "indices", "topk_length", "attn_sink", "out", "max_logits", "lse", "extra_kv",
+             "extra_indices", "extra_topk_length")
     with pytest.raises(ValueError, match="only pointers and tensor maps"):
         plans.LaunchPlan(RecordingKernel(), (1, 1, 1), (32, 1, 1), 0, ps, _values(ps, 1), every + ("topk",))
     with pytest.raises(ValueError, match=r"pointer fields \['out'\] must be written per call"):
@@ -81,7 +84,7 @@ def test_the_families_write_every_pointer_per_call():
 
     pairs = [(ABIS["simt"], dense_entry._SIMT_VARIABLE), (ABIS["tma"], dense_entry._TMA_VARIABLE),
              (ABIS["tma_fp8"], dense_entry._FP8_VARIABLE), (VT_PARAMS, dense_entry._VT_VARIABLE),
-             (params_for("fp8_v32"), _POINTERS), (params_tma_for("bf16"), _POINTERS + ("kv_map",))]
+             (params_for("fp8_v32"), _POINTERS), (params_tma_for("bf16"), _POINTERS + ("kv_map", "extra_kv_map"))]
     for ps, variable in pairs:
         plans.LaunchPlan(RecordingKernel(), (1, 1, 1), (32, 1, 1), 0, ps, _values(ps, 1), variable)
 
@@ -112,7 +115,9 @@ def test_a_signature_of_values_tells_tensors_scalars_and_none_apart():
     variants = [(None, None, True, 0.5), (x, x, True, 0.5), (x, None, 1, 0.5), (x, None, True, None),
                 (x, 0.0, True, 0.5), (x.half(), None, True, 0.5)]
     assert len({plans.values_sig(v, t) for v in variants} | {sig}) == len(variants) + 1
-    for bad in (torch.nn.Parameter(x), [1], object()):   # the full path says what is wrong with them
+    assert plans.values_sig(((-1, -1),), t) == ((tuple, (plans.scalar_sig(-1),) * 2),)   # a window_size pair
+    assert plans.values_sig(((-1, -1),), t) != plans.values_sig(((-1, 0),), t)
+    for bad in (torch.nn.Parameter(x), [x], object()):   # the full path says what is wrong with them
         with pytest.raises(plans.NoPlan):
             plans.values_sig((x, bad), t)
 

@@ -113,3 +113,75 @@ def test_a_huge_shape_is_refused_at_once(shape):
     """Issue 42 point 13: no MemoryError after seconds of allocation."""
     result = _run(["tune", "--shape", shape])
     assert result.exit_code == 1 and "is too large" in result.output, result.output
+
+
+@pytest.mark.parametrize("args, match", [
+    (["variants", "mla_prefill_sm80", "--limit", "1", "--variant", "block_n=64,block_n=32"],
+     "tune.block_n: given twice ('block_n=64' and 'block_n=32')"),
+    (["variants", "mla_prefill_sm80", "--limit", "1", "--variant", "block_n=64", "--variant", "block_n=64"],
+     "tune.block_n: given twice"),
+    (["build", "mla_prefill_sm80", "--variant", "block_n=64,stages=2,block_n=128"], "tune.block_n: given twice"),
+    (["tune", "mla_prefill_sm80", "--shape", "D1", "--fixed", "block_n=64,block_n=32"], "tune.block_n: given twice"),
+])
+def test_a_variant_key_given_twice_is_refused(args, match):
+    """Point 15: --variant / --fixed with a repeated name is one line naming it, before any work."""
+    result = _run(args)
+    assert result.exit_code == 1 and match in result.output, result.output
+    assert len(result.output.strip().splitlines()) == 1, result.output
+
+
+BAD_SHAPES = [
+    ("q=[1,2,,3],h=16", "q=[1,2,,3]: item 2 is empty"),
+    ("q=0x10,h=16", "q=0x10: expected a non-negative integer"),
+    ("q=1e3,h=16", "q=1e3: expected a non-negative integer"),
+    ("q=+5,h=16", "q=+5: expected a non-negative integer"),
+    ("q=\u0663,h=16", "'\u0663' is not a decimal integer"),
+    ("q=10^26,h=16", "q=10^26: expected a non-negative integer"),
+    ("b=+2,q=16,h=16", "b=+2: expected a positive decimal integer"),
+    ("q=16,h=10^6", "h=10^6: expected a positive integer, a head count from 1 to 128"),
+    ("q=16,h=1000000", "h=1000000: expected a positive integer, a head count from 1 to 128"),
+    ("q=16,h=129", "h=129: expected a positive integer, a head count from 1 to 128"),
+    ("q=16,h=0", "h=0: expected a positive integer, a head count from 1 to 128"),
+    ("sq=1,sq=2,h=128,topk=64,skv=128", "sq is given twice"),
+    ("sq=1,h=128,topk=64,skv=128,kv=fp8_v32,kv=bf16", "kv is given twice"),
+    ("sq=1,h=128,topk=64,skv=128,sink=7", "sink must be 0 (off) or 1 (on), got '7'"),
+    ("sq=1,h=128,topk=64,skv=128,sink=", "sink must be a decimal integer, got ''"),
+    ("sq=+5,h=128,topk=64,skv=128", "sq must be a decimal integer, got '+5'"),
+    ("sq=1_000,h=128,topk=64,skv=128", "sq must be a decimal integer, got '1_000'"),
+    ("sq=\u0663,h=128,topk=64,skv=128", "sq must be a decimal integer"),
+    ("sq=1,h=1000000,topk=64,skv=128", "h must be a head count from 1 to 128, got 1000000"),
+    ("sq=1,h=0,topk=64,skv=128", "h must be a head count from 1 to 128, got 0"),
+]
+
+
+@pytest.mark.parametrize("shape, match", BAD_SHAPES, ids=[s for s, _ in BAD_SHAPES])
+def test_a_bad_shape_is_one_line_naming_the_key(shape, match):
+    """Point 15: the shape grammar (tune --shape, bench --shape, workloads) refuses each, one line."""
+    from mlagen import shapes
+    from mlagen.errors import ShapeError
+
+    with pytest.raises(ShapeError) as info:
+        shapes.parse_shape(shape)
+    assert match in str(info.value) and "\n" not in str(info.value), str(info.value)
+    result = _run(["tune", "--shape", shape])
+    assert result.exit_code == 1 and match in result.output, result.output
+
+
+@pytest.mark.parametrize("shape", ["q=[1,2,3],h=1", "q=16,h=128", "b=2,q=16,k=[16,32],h=64,none",
+                                   "sq=1,h=1,topk=64,skv=128,sink=0", "sq=1,h=128,topk=64,skv=128,sink=1"])
+def test_the_edges_of_the_shape_grammar_still_read(shape):
+    from mlagen import shapes
+
+    assert shapes.parse_shape(shape) is not None
+
+
+@pytest.mark.parametrize("weight", [".inf", ".nan", "1.0e+400"])
+def test_a_workload_weight_must_be_finite(tmp_path, weight):
+    """Point 15: `weight: .inf` would give one shape the whole budget and the rest none."""
+    from mlagen import shapes
+    from mlagen.errors import ShapeError
+
+    path = tmp_path / "w.yaml"
+    path.write_text(f"shapes: [{{shape: D1, weight: {weight}}}, {{shape: D3, weight: 1}}]\n")
+    with pytest.raises(ShapeError, match=r"shapes\[0\]\.weight: expected a positive number \(finite\)"):
+        shapes.load_workload(path)

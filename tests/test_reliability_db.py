@@ -233,3 +233,74 @@ def test_ls_escapes_control_characters(tmp_path):
     result = CliRunner().invoke(cli, ["db", "--db", str(path), "ls"])
     assert result.exit_code == 0
     assert "evil\\x00\\u202ename" in result.output and "\x00" not in result.output
+
+
+def _without(*names):
+    def fn(doc):
+        doc["best"][0]["variant"] = {k: v for k, v in doc["best"][0]["variant"].items() if k not in names}
+        return doc
+    return fn
+
+
+def _as_trial(doc):
+    """The shipped record as a trial of the current source instead of a winner."""
+    record = doc["best"].pop()
+    doc["trials"] = [{k: v for k, v in record.items() if k != "updated"} | {"outcome": "ok", "created": 1.0}]
+    return doc
+
+
+def test_a_record_of_the_current_source_names_every_tunable(tmp_path):
+    """Point 4: a partial variant of the current source would run the spec's defaults for the rest,
+    labelled 'user', ahead of the shipped exact record; it is refused naming the key and its values."""
+    record = _shipped_doc()["best"][0]
+    first, *rest = list(record["variant"])
+    with pytest.raises(DatabaseError) as info:
+        db.TuningDB(tmp_path / "t.sqlite").import_(_without(first)(_shipped_doc()))
+    message = str(info.value)
+    assert f"best[0].variant.{first}: missing; a record of {record['spec']}'s current source" in message, message
+    assert "is one of [" in message and "\n" not in message
+    with pytest.raises(DatabaseError, match=rf"best\[0\]\.variant\.{rest[0]}: missing.*also missing: "):
+        db.TuningDB(tmp_path / "t.sqlite").import_(_without(*rest)(_shipped_doc()))
+    with pytest.raises(DatabaseError, match=rf"trials\[0\]\.variant\.{first}: missing"):
+        db.TuningDB(tmp_path / "t.sqlite").import_(_as_trial(_without(first)(_shipped_doc())))
+    assert not (tmp_path / "t.sqlite").exists()  # nothing written
+
+
+def test_a_partial_record_never_beats_the_shipped_exact_record(tmp_path, monkeypatch):
+    """Point 4 end to end: after `db import` of a partial variant, dispatch's first candidate for the
+    record's key is still the shipped exact record (the import is refused with one line)."""
+    import json
+
+    shipped = db.shipped_records()[0]
+    path = tmp_path / "partial.json"
+    path.write_text(json.dumps(_without(next(iter(shipped.variant)))(_shipped_doc())))
+    result = CliRunner().invoke(cli, ["db", "--db", str(tmp_path / "t.sqlite"), "import", str(path)])
+    assert result.exit_code == 1 and "missing; a record of" in result.output, result.output
+    assert len(result.output.strip().splitlines()) == 1, result.output
+    first = db.candidates(shipped.key, distance, db.TuningDB(tmp_path / "t.sqlite"))[0]
+    assert first.origin.startswith("shipped") and first.symbol == shipped.symbol
+
+
+def test_the_symbol_of_a_current_record_is_always_checked(tmp_path):
+    """Point 4: the symbol is the kernel of the (complete) variant, for winners and trials alike."""
+    other = "mla_prefill_sm80_causal_m64_n32_w4_s2_swpad_qr0"
+    with pytest.raises(DatabaseError, match=r"trials\[0\]\.symbol: .* is not the kernel"):
+        db.TuningDB(tmp_path / "t.sqlite").import_(_as_trial(_set("symbol", other)(_shipped_doc())))
+    doc = _without("stages")(_shipped_doc())
+    doc["best"][0]["symbol"] = "mla_prefill_sm80_not_a_kernel"
+    with pytest.raises(DatabaseError, match=r"best\[0\]\.variant\.stages: missing"):
+        db.TuningDB(tmp_path / "t.sqlite").import_(doc)
+
+
+def test_a_record_of_another_source_keeps_todays_rule(tmp_path):
+    """Records of an older source (dispatch never uses them) are checked by name and value, a
+    partial variant allowed; an unknown tunable or value is still refused."""
+    doc = _without("stages")(_shipped_doc())
+    doc["best"][0]["source_hash"] = "0123456789abcdef"
+    tdb = db.TuningDB(tmp_path / "t.sqlite")
+    assert tdb.import_(doc).added
+    current = db.shipped_records()[0].key
+    assert all(b.origin.startswith("shipped") for b in db.candidates(current, distance, tdb))
+    doc["best"][0]["variant"]["bogus"] = 1
+    with pytest.raises(DatabaseError, match=r"best\[0\]\.variant\.bogus: not a tunable"):
+        db.TuningDB(tmp_path / "u.sqlite").import_(doc)

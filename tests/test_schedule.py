@@ -115,11 +115,13 @@ def test_swizzle_must_be_a_tma_swizzle():
 
 
 def test_swizzle_width_must_divide_the_rows():
-    # The family fixes d_rope = 64 (128-byte rows), which every TMA swizzle divides; a 48-column
+    # The geometries have d_rope 64 or 0 (128-byte rows), which every TMA swizzle divides; a 48-column
     # rope (96-byte rows) shows the check.
+    from mlagen import expr
+
     v = variant.make(S90, {"swizzle_k": 64})
-    problem = tuple((k, 48 if k == "d_rope" else val) for k, val in S90.problem)
-    v = dataclasses.replace(v, spec=dataclasses.replace(S90, problem=problem))
+    derived = tuple((k, expr.parse("48") if k == "d_rope" else e) for k, e in S90.derived)
+    v = dataclasses.replace(v, spec=dataclasses.replace(S90, derived=derived))
     assert v.env()["d_rope"] == 48
     assert "swizzle.k 64 B does not divide the 96 B rows of that operand" in reasons(v)
 

@@ -16,7 +16,7 @@ D4_LENGTHS = (3586, 1705, 3232, 3774, 1850, 293, 1188, 4082, 2222, 2118, 1786, 3
 
 def test_shape_table_matches_benchmarks_md():
     s = dense.SHAPES
-    assert list(s) == ["D1", "D2", "D3", "D4", "D5", "D6", "D7"]
+    assert list(s) == ["D1", "D2", "D3", "D4", "D5", "D6", "D7", "D8", "D9", "D10", "D11"]
     expect = {  # id: (batch, q_lens, k_lens, heads, causal)
         "D1": (1, (8192,), (8192,), 128, True),
         "D2": (4, (4096,) * 4, (4096,) * 4, 16, True),
@@ -30,6 +30,68 @@ def test_shape_table_matches_benchmarks_md():
         shape = s[sid]
         assert (shape.id, shape.batch, shape.q_lens, shape.k_lens, shape.heads, shape.causal) == \
             (sid, batch, q_lens, k_lens, heads, causal)
+        assert shape.dims == (128, 64, 128) and shape.window == (-1, -1) and shape.mask == ("causal" if causal else "none")
+
+
+# BENCHMARKS.md "Dense, other geometries and masks": D10's cached prefixes, drawn as D4's lengths are.
+D10_PREFIXES = (14859, 7335, 13442, 15609, 7914, 1687, 5266, 9400, 8985, 7658, 16068, 13865, 14620, 5993, 8832, 6890)
+
+
+def test_section_1b_shapes_match_benchmarks_md():
+    s = dense.SHAPES
+    expect = {  # id: (q_lens, k_lens, heads, (d_nope, d_rope, d_v), mask, window)
+        "D8": ((8192,), (8192,), 64, (192, 64, 256), "causal", (-1, -1)),
+        "D9": ((2048,) * 8, (2048,) * 8, 8, (192, 64, 256), "causal", (-1, -1)),
+        "D10": ((1024,) * 16, tuple(p + 1024 for p in D10_PREFIXES), 16, (128, 64, 128), "causal", (-1, -1)),
+        "D11": ((16384,), (16384,), 16, (128, 64, 128), "window", (4095, 0)),
+    }
+    for sid, (q_lens, k_lens, heads, dims, mask, window) in expect.items():
+        shape = s[sid]
+        assert (shape.q_lens, shape.k_lens, shape.heads, shape.dims, shape.mask, shape.window) == \
+            (q_lens, k_lens, heads, dims, mask, window), sid
+    assert s["D8"].geometry == s["D9"].geometry == "n192r64v256" and not s["D11"].causal
+
+
+def test_d10_prefixes_are_seed0_uniform_draws():
+    rng = random.Random(0)
+    assert D10_PREFIXES == tuple(rng.randint(1024, 16384) for _ in range(16))
+    assert D10_PREFIXES == dense.ragged_lengths(16, 1024, 16384, seed=0)
+    d10 = dense.SHAPES["D10"]
+    assert all(1024 <= lk - lq <= 16384 for lq, lk in zip(d10.q_lens, d10.k_lens))
+    assert d10.packed and not d10.uniform
+    assert (min(D10_PREFIXES), max(D10_PREFIXES)) == (1687, 16068)
+
+
+def test_section_1b_flops():
+    """2 · H · (d_qk + d_v) · visible pairs (BENCHMARKS.md "FLOPs"), with each shape's own widths."""
+    s = dense.SHAPES
+    assert s["D8"].flops() == 2 * 64 * (256 + 256) * 8192 * 8193 // 2
+    assert s["D9"].flops() == 8 * 2 * 8 * 512 * 2048 * 2049 // 2
+    assert s["D10"].flops() == sum(2 * 16 * 320 * (1024 * p + 1024 * 1025 // 2) for p in D10_PREFIXES)
+    # window (4095, 0): row i sees min(i + 1, 4096) keys
+    assert s["D11"].flops() == 2 * 16 * 320 * (4096 * 4097 // 2 + (16384 - 4096) * 4096)
+    from mlagen import families
+
+    fam = families.get("mla_prefill")
+    assert [fam.flops(s[i]) for i in ("D8", "D9", "D10", "D11")] == [s[i].flops() for i in ("D8", "D9", "D10", "D11")]
+
+
+def brute_window_pairs(lq, lk, left, right):
+    return sum(1 for i in range(lq) for j in range(lk)
+               if (left < 0 or j >= i + lk - lq - left) and (right < 0 or j <= i + lk - lq + right))
+
+
+def test_window_pairs_against_brute_force():
+    rng = random.Random(3)
+    cases = [(lq, lk, left, right) for lq in (0, 1, 5, 17) for lk in (0, 1, 4, 17) for left in (-1, 0, 3, 30)
+             for right in (-1, 0, 2, 40)]
+    cases += [(rng.randint(0, 90), rng.randint(0, 90), rng.randint(-1, 100), rng.randint(-1, 100)) for _ in range(300)]
+    for lq, lk, left, right in cases:
+        got = dense.band_pairs(lq, lk, "window", (left, right))
+        assert got == brute_window_pairs(lq, lk, left, right), (lq, lk, left, right)
+        assert dense.band_pairs(lq, lk, "window", (-1, -1)) == dense.visible_pairs(lq, lk, False)
+        if lk >= lq:
+            assert dense.band_pairs(lq, lk, "window", (-1, 0)) == dense.visible_pairs(lq, lk, True)
 
 
 def test_d4_lengths_are_seed0_uniform_draws():
@@ -71,13 +133,13 @@ def test_parse_shapes():
     assert [s.id for s in dense.parse_shapes("D1,D3")] == ["D1", "D3"]
     assert [s.id for s in dense.parse_shapes(" d2 , D2,D5")] == ["D2", "D5"]
     assert [s.id for s in dense.parse_shapes(["D4"])] == ["D4"]
-    assert len(dense.parse_shapes("all")) == 7
+    assert len(dense.parse_shapes("all")) == 11
 
 
 def test_parse_shapes_names_the_bad_ids():
     with pytest.raises(BenchError) as info:
-        dense.parse_shapes("D1,D9,S1")
-    assert "'D9'" in str(info.value) and "'S1'" in str(info.value) and "D1, D2" in str(info.value)
+        dense.parse_shapes("D1,D12,S1")
+    assert "'D12'" in str(info.value) and "'S1'" in str(info.value) and "D1, D2" in str(info.value)
     assert isinstance(info.value, MlagenError)
     with pytest.raises(BenchError, match="no shape"):
         dense.parse_shapes(" , ")
@@ -110,11 +172,28 @@ def test_parse_description_ragged():
     assert dense.parse_shape("q=[5,7],k=100,h=2").k_lens == (100, 100)
 
 
-@pytest.mark.parametrize("shape", ["D1", "D4", "D5", "b=3,q=100,k=300,h=4,none", "q=[1,2,3],k=[4,5,6],h=8"])
+@pytest.mark.parametrize("shape", ["D1", "D4", "D5", "b=3,q=100,k=300,h=4,none", "q=[1,2,3],k=[4,5,6],h=8",
+                                   "D8", "D9", "D10", "D11", "q=[3,9],h=2,d=128/0/128,window=7/5"])
 def test_description_round_trips(shape):
     s = dense.parse_shape(shape)
     again = dense.parse_shape(s.describe_text())
     assert (again.q_lens, again.k_lens, again.heads, again.causal) == (s.q_lens, s.k_lens, s.heads, s.causal)
+    assert (again.geometry, again.window) == (s.geometry, s.window)
+
+
+def test_parse_geometry_and_window():
+    s = dense.parse_shape("q=8192,h=64,d=192/64/256")
+    assert (s.dims, s.mask, s.id) == ((192, 64, 256), "causal", "b=1,q=8192,h=64,d=192/64/256,causal")
+    assert s.flops() == dense.SHAPES["D8"].flops()
+    w = dense.parse_shape("q=16384,h=16,window=4095/0")
+    assert (w.window, w.causal, w.mask) == ((4095, 0), False, "window") and w.flops() == dense.SHAPES["D11"].flops()
+    assert "window 4095/0" in w.description and "d 192/64/256" in s.description
+    # FlashAttention's rules: causal with a window is the window (left, 0); (-1, 0) is causal
+    assert dense.parse_shape("q=64,h=2,window=5/3,causal").window == (5, 0)
+    assert dense.parse_shape("q=64,h=2,window=-1/0").mask == "causal"
+    assert dense.parse_shape("q=64,h=2,window=-1/-1").mask == "none"
+    with pytest.raises(ShapeError, match="geometry 'n1r2v3'"):
+        dense.Shape("G", (4,), (4,), 1, True, geometry="n1r2v3")
 
 
 @pytest.mark.parametrize("text, fragment", [
@@ -132,7 +211,11 @@ def test_description_round_trips(shape):
     ("q=[1,2],k=[1,2,3],h=4", "disagree on the number of sequences"),
     ("b=3,q=[1,2],h=4", "the batch (3) and the q/k lists disagree"),
     ("q=4096,,h=16", "cannot read ',h=16'"),
-    ("D9", "unknown shape id 'D9'"),
+    ("D12", "unknown shape id 'D12'"),
+    ("q=64,h=2,d=192/64", "d=192/64: expected d_nope/d_rope/d_v, one of 128/64/128, 192/64/256"),
+    ("q=64,h=2,d=64/64/64", "d=64/64/64: expected d_nope/d_rope/d_v"),
+    ("q=64,h=2,window=-2/0", "window=-2/0: each side is >= 0, or -1 for unbounded"),
+    ("q=64,h=2,window=4", "window=4: expected <left>/<right>"),
     ("", "empty shape"),
 ])
 def test_parse_description_errors_name_the_item(text, fragment):
@@ -233,9 +316,9 @@ def test_a_given_family_reads_the_text(tmp_path):
     with pytest.raises(ShapeError, match=r"family: 'dense'; allowed: mla_prefill, mla_sparse_prefill"):
         shapes.parse_shape("D1", "dense")
     assert [s.id for s in shapes.parse_shapes("D1,d3", "mla_prefill")] == ["D1", "D3"]
-    assert len(shapes.parse_shapes("all", "mla_sparse_prefill")) == 6
-    with pytest.raises(ShapeError, match="unknown shape id 'D9'"):
-        shapes.parse_shapes("D1,D9", "mla_prefill")
+    assert len(shapes.parse_shapes("all", "mla_sparse_prefill")) == 19   # S1-S6, V1-V5, M1-M8
+    with pytest.raises(ShapeError, match="unknown shape id 'D12'"):
+        shapes.parse_shapes("D1,D12", "mla_prefill")
     with pytest.raises(ShapeError, match="name the family"):
         shapes.parse_shapes("all")
 

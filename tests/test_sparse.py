@@ -22,7 +22,7 @@ def test_spec_loads_with_its_family():
     s = spec.load("mla_sparse_prefill_sm90")
     assert (s.family, s.abi, s.targets) == ("mla_sparse_prefill", "gather", ("sm_90a",))
     assert dict(s.specialize) == {"d_qk": (576, 512), "paged": (False, True),
-                                  "kv_format": ("bf16", "fp8_v32", "fp8_b64", "fp8_b32", "fp8_b0")}
+                                  "kv_format": ("bf16", "fp8_v32", "fp8_b64", "fp8_b32", "fp8_b0", "fp8_v4")}
     assert set(s.schedule) == {"roles", "gather", "consumer_split"}
 
 
@@ -137,12 +137,13 @@ def test_h16_fp8_variants_compile_without_spills(kv_format):
         assert b.resources.spill_stores == 0, b.log
 
 
-def test_gather_tma_abi_adds_one_aligned_tensor_map():
+def test_gather_tma_abi_adds_an_aligned_tensor_map_per_pool():
     plain, tma = sp_params.params_for("bf16"), sp_params.params_tma_for("bf16")
-    assert tma.fields[:-1] == plain.fields and tma.fields[-1].name == "kv_map"
-    (_, offset), = [(f, o) for f, o in tma.layout if f.name == "kv_map"]
-    assert offset % 64 == 0 and tma.alignment == 64 and tma.size == offset + 128
+    assert tma.fields[:-2] == plain.fields and [f.name for f in tma.fields[-2:]] == ["kv_map", "extra_kv_map"]
+    (offset, extra), = [(o, e) for (f, o), (g, e) in zip(tma.layout, tma.layout[1:]) if f.name == "kv_map"]
+    assert offset % 64 == 0 and extra == offset + 128 and tma.alignment == 64 and tma.size == extra + 128
     assert "mlagen::TensorMap kv_map;" in tma.c_declaration()
+    assert "mlagen::TensorMap extra_kv_map;" in tma.c_declaration()
 
 
 @pytest.mark.parametrize("values, ok", [

@@ -174,7 +174,7 @@ def _has_gpu() -> bool:
 
 
 @pytest.mark.parametrize("args, fragment", [
-    (("--shape", "D1"), "not a shape id (S1, S2, S3, S4, S5, S6)"),
+    (("--shape", "D1"), "not a shape id (S1, S2, S3, S4, S5, S6, V1, V2, V3, V4, V5, M1, M2, M3, M4, M5, M6, M7, M8)"),
     (("--shape", "sq=4096,h=128,topk=4096,skv=2048"), "topk <= skv"),
     (("--shape", "S1", "--fixed", "producer_regs=99"), "producer_regs"),
     (("--shape", "S1", "--fixed", "mask=causal"), "mask"),

@@ -48,9 +48,9 @@ def test_sm80_symbols(values, symbol):
 
 def test_sm90_default_symbol_is_readable():
     sym = variant.default(S90).symbol
-    assert sym.startswith("mla_prefill_sm90_causal_c2_n128_s2_")
+    assert sym.startswith("mla_prefill_sm90_causal_n128r64v128_plain_c2_n128_s2_")
     # Every tunable appears once, as its abbreviation followed by its value, in spec order.
-    parts = sym[len("mla_prefill_sm90_causal_"):].split("_")
+    parts = sym[len("mla_prefill_sm90_causal_n128r64v128_plain_"):].split("_")
     assert parts == [t.abbr + variant._fmt(t.default) for t in S90.tunables]
 
 
@@ -291,3 +291,15 @@ def test_parse_assignments_takes_a_kernel_symbol():
     assert variant.make(S90, {**fixed, "mask": "none"}) == v
     with pytest.raises(SpecError, match="names no variant of mla_prefill_sm90"):
         variant.parse_assignments(S90, [v.symbol.replace("_n112_", "_n113_")])
+
+
+def test_parse_assignments_refuses_a_name_given_twice():
+    """Issue 42 point 15: only a name=value after a kernel symbol may override one of its tunables."""
+    v = variant.make(S90, {"block_n": 112})
+    assert variant.parse_assignments(S90, [v.symbol, "block_n=128"])["block_n"] == 128
+    for items in (["block_n=64,block_n=128"], ["block_n=64", "block_n=64"], ["block_n=64", v.symbol],
+                  [v.symbol, "block_n=128,block_n=96"]):
+        with pytest.raises(SpecError, match="tune.block_n: given twice"):
+            variant.parse_assignments(S90, items)
+    with pytest.raises(SpecError, match="given twice"):
+        variant.parse_assignments(S90, [v.symbol, v.symbol])

@@ -1,6 +1,6 @@
 """What every family's call path shares: argument checks with one-line errors that name the
 argument, the 16-byte alignment rule of cp.async / TMA reads, the device a call launches on, and
-the result of comparing an output with the reference.
+the result of comparing an output with the reference, and how a shape description's numbers are read.
 
 Families import this; it imports no family and no torch (the tensor checks take torch as an
 argument, as the families' call modules already hold it).
@@ -8,9 +8,23 @@ argument, as the families' call modules already hold it).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from ..errors import ArgumentError, ArgumentTypeError
+
+#: Query heads per call: MLA.md requires every head count from 1 to 128 (H/TP heads of 128-head models).
+MAX_HEADS = 128
+
+_DECIMAL = re.compile(r"[0-9]+")
+
+
+def decimal(text: str) -> int | None:
+    """``text`` (stripped) as a plain decimal integer of ASCII digits, else None. ``int()`` also
+    reads ``+5``, ``1_000`` and other scripts' digits (``\u0663``), which a shape description
+    never means; ``0x10`` and ``1e3`` are no integers to either."""
+    text = text.strip()
+    return int(text) if _DECIMAL.fullmatch(text) else None
 
 
 def fail(op: str, arg: str, message: str, kind=ArgumentError):

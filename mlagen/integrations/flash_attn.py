@@ -19,9 +19,9 @@ arguments vLLM's ``vllm_flash_attn`` wrapper adds (``return_softmax_lse``, ``out
   ``return_attn_probs=True`` (FlashAttention 2) ``(out, softmax_lse, None)``: FlashAttention
   returns the attention probabilities only with dropout, which mlagen does not do.
 
-An argument mlagen cannot honour (dropout_p > 0, alibi_slopes, softcap > 0, a window other than
-the full or causal one, a paged ``block_table``, fewer key heads than query heads) raises a
-ValueError naming it. Imports torch.
+``window_size`` (local attention) and ``softcap`` pass through to mlagen (MLA.md section 1b), with
+FlashAttention's rules. An argument mlagen cannot honour (dropout_p > 0, alibi_slopes, a paged
+``block_table``, fewer key heads than query heads) raises a ValueError naming it. Imports torch.
 """
 
 from __future__ import annotations
@@ -37,18 +37,18 @@ def _fail(fn: str, arg: str, message: str):
     raise ValueError(f"{fn}: {arg}: {message}")
 
 
-def _causal(fn: str, causal, window_size, softcap, alibi_slopes, dropout_p, max_seqlen_k) -> bool:
-    """The mask mlagen runs for FlashAttention's mask arguments, or a ValueError naming the one
-    it cannot honour. FlashAttention's rules: a window side of -1, or of at least the longest key
-    sequence, is unbounded; causal is the window (-1, 0) and sets the right side to 0."""
+def _mask(fn: str, causal, window_size, softcap, alibi_slopes, dropout_p, max_seqlen_k) -> tuple:
+    """(causal, window_size, softcap) for mlagen, from FlashAttention's mask arguments, or an error
+    naming the one it cannot honour. FlashAttention's rules: a window side of -1, or of at least the
+    longest key sequence, is unbounded; causal is the window (-1, 0) and sets the right side to 0."""
     if not isinstance(causal, bool):
         raise TypeError(f"{fn}: causal: expected a bool, got {causal!r}")
     if dropout_p:
         _fail(fn, "dropout_p", f"mlagen does not do dropout (inference only); got {dropout_p!r}, pass 0.0")
     if alibi_slopes is not None:
         _fail(fn, "alibi_slopes", "ALiBi is not supported by mlagen's kernels")
-    if softcap:
-        _fail(fn, "softcap", f"score soft-capping is not supported yet; got {softcap!r}, pass 0.0")
+    if isinstance(softcap, bool) or not isinstance(softcap, (int, float)) or not softcap >= 0:
+        _fail(fn, "softcap", f"expected a number >= 0 (0.0: none), got {softcap!r}")
     if window_size is None:
         window_size = (-1, -1)
     try:
@@ -57,14 +57,15 @@ def _causal(fn: str, causal, window_size, softcap, alibi_slopes, dropout_p, max_
         raise TypeError(f"{fn}: window_size: expected a pair of ints (left, right), got {window_size!r}") from None
     if max_seqlen_k is not None:
         left, right = (-1 if w >= max_seqlen_k else w for w in (left, right))
+    if left < -1 or right < -1:
+        _fail(fn, "window_size", f"each side is >= 0, or -1 for unbounded; got {tuple(window_size)!r}")
     if causal:   # FlashAttention's causal is the window (left, 0) whatever right was given
         right = 0
     if left < 0 and right < 0:
-        return False
+        return False, (-1, -1), float(softcap)
     if left < 0 and right == 0:
-        return True
-    _fail(fn, "window_size", f"only the full (-1, -1) and causal (-1, 0) windows are supported yet; got "
-                             f"{tuple(window_size)!r}")
+        return True, (-1, -1), float(softcap)
+    return False, (left, right), float(softcap)
 
 
 def _descale(fn: str, name: str, t, heads: int):
@@ -115,9 +116,10 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
         cu_seqlens_q, cu_seqlens_k: int32 [B + 1] offsets of the sequences.
         max_seqlen_q, max_seqlen_k: host ints bounding the longest sequence.
         dropout_p: must be 0.0. softmax_scale: default 1/sqrt(q.shape[-1]).
-        causal: bottom-right aligned. window_size: (-1, -1) or (-1, 0) (causal); a side at or
-            beyond max_seqlen_k counts as unbounded, as in FlashAttention.
-        softcap: must be 0.0. alibi_slopes, block_table, seqused_k: must be None.
+        causal: bottom-right aligned. window_size: (left, right) local attention, -1 unbounded;
+            a side at or beyond max_seqlen_k counts as unbounded, as in FlashAttention.
+        softcap: c > 0 caps the scores (c * tanh(s / c)); 0.0 none. alibi_slopes, block_table,
+            seqused_k: must be None.
         deterministic: accepted; the forward pass is deterministic anyway.
         return_attn_probs: FlashAttention's: return (out, softmax_lse, None).
         return_softmax_lse: vLLM's: return (out, softmax_lse).
@@ -130,7 +132,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
         out [total_q, H, 128] bf16, with softmax_lse [H, total_q] float32 (natural log) as asked.
     """
     fn = "flash_attn_varlen_func"
-    causal = _causal(fn, causal, window_size, softcap, alibi_slopes, dropout_p, max_seqlen_k)
+    causal, window, softcap = _mask(fn, causal, window_size, softcap, alibi_slopes, dropout_p, max_seqlen_k)
     for name, value in (("block_table", block_table), ("seqused_k", seqused_k)):
         if value is not None:
             _fail(fn, name, "paged or partly used key caches are not supported by the dense kernels; pass None")
@@ -139,6 +141,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     scale = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale
     o, lse = mla_prefill(q, k, v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, causal=causal,
                          softmax_scale=scale, out=out, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
+                         window_size=window, softcap=softcap,
                          q_descale=_descale(fn, "q_descale", q_descale, heads),
                          k_descale=_descale(fn, "k_descale", k_descale, heads),
                          v_descale=_descale(fn, "v_descale", v_descale, heads))
@@ -164,11 +167,11 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
         _fail(fn, "q", f"expected a [batch, seqlen, heads, 192] tensor, got "
                        f"{tuple(q.shape) if isinstance(q, torch.Tensor) else type(q).__name__}")
     max_seqlen_k = k.shape[1] if isinstance(k, torch.Tensor) and k.dim() == 4 else None
-    causal = _causal(fn, causal, window_size, softcap, alibi_slopes, dropout_p, max_seqlen_k)
+    causal, window, softcap = _mask(fn, causal, window_size, softcap, alibi_slopes, dropout_p, max_seqlen_k)
     want_lse = _want_lse(fn, return_softmax_lse, return_attn_probs)
     heads = _heads(fn, q, k, v)
     scale = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale
-    o, lse = mla_prefill(q, k, v, causal=causal, softmax_scale=scale,
+    o, lse = mla_prefill(q, k, v, causal=causal, softmax_scale=scale, window_size=window, softcap=softcap,
                          q_descale=_descale(fn, "q_descale", q_descale, heads),
                          k_descale=_descale(fn, "k_descale", k_descale, heads),
                          v_descale=_descale(fn, "v_descale", v_descale, heads))

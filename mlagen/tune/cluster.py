@@ -2,12 +2,15 @@
 
 The search, the trial runner, the final re-timing and the records are the local tuner's
 (:func:`mlagen.tune.loop.tune_class` with a :class:`mlagen.tune.runner.TrialRunner`); only where
-the work runs changes. Compiles (:func:`mlagen.build._compile_one`, the local pool's task) run on
-any worker of the cluster. Measurements run only on workers that declare a GPU
-(``dask worker ... --resources "GPU=1"``), each in a :class:`mlagen.tune.worker.GpuWorker` process
-that the Dask worker keeps between measurements (its timeout and restart after a crash or hang
-as on one host). Before a tune the client asks each GPU worker which GPU it holds, and groups
-them by kind (device name and SM count); every record is keyed by, and measured on, its kind.
+the work runs changes. Compiles (:func:`mlagen.build._compile_one`, the local pool's task) go
+through the local tuner's :class:`mlagen.build.CompileQueue`, each a task on a worker with a
+free compile slot (:class:`PlacedCompiles`: never the thread a GPU worker measures on).
+Measurements run only on workers that declare a GPU (``dask worker ... --resources "GPU=1"``),
+each in a :class:`mlagen.tune.worker.GpuWorker` process that the Dask worker starts as a class
+begins (:func:`warm`) and keeps between measurements (its timeout and restart after a crash or
+hang as on one host). Before a tune the client asks each GPU worker which GPU it holds, and
+groups them by kind (device name and SM count); every record is keyed by, and measured on, its
+kind.
 
 Failures are data here too: a compile task whose worker dies is run again on another by Dask
 (a compile is deterministic); a measurement whose worker dies or does not answer in time is a
@@ -18,13 +21,15 @@ given: Dask is an optional extra (``pip install mlagen[cluster]``).
 
 from __future__ import annotations
 
+import concurrent.futures as cf
+import threading
 import time
 from dataclasses import dataclass, replace
 from typing import Callable
 
 from .. import arch, db, dispatch, resources
 from .. import spec as spec_mod
-from ..build import BuildResult, _compile_one
+from ..build import BuildResult, CompileQueue, _compile_one
 from ..errors import TuningError
 from .config import TuneConfig, TuneResult, family_of
 from .loop import ShapeClass, shape_classes, tune_class
@@ -64,15 +69,30 @@ def probe() -> dict:
             "target": info.target.name if info.target else None}
 
 
+def _process(args: tuple) -> GpuWorker:
+    w = _PROCESSES.get(args)
+    if w is None:
+        release()
+        w = _PROCESSES[args] = GpuWorker(*args, import_main=False)
+    return w
+
+
 def measure(args: tuple, values: dict, iters: int, warmup: int | None, verify) -> dict:
     """One request of :meth:`GpuWorker.run` (runs on a GPU worker): the worker process of
     ``args`` (spec path, shape, seed, warm-up, timeout) is started on first use and kept; one of
     another class is stopped first, so one process holds the GPU."""
-    w = _PROCESSES.get(args)
-    if w is None:
-        release()
-        w = _PROCESSES[args] = GpuWorker(*args)
-    return w.run(values, iters, warmup=warmup, verify=verify)
+    return _process(args).run(values, iters, warmup=warmup, verify=verify)
+
+
+def warm(args: tuple) -> dict:
+    """Start the worker process of ``args`` before its first measurement (runs on a GPU worker):
+    the client sends this as a class begins, so the process starts (torch, a CUDA context, the
+    shape's inputs and reference: seconds) while the first batch compiles, as a local tune's
+    workers do. What it reports; a failure to start is left to the first measurement to report."""
+    w = _process(args)
+    if w.proc is None or not w.proc.is_alive():
+        return w.start()
+    return {}
 
 
 def release() -> None:
@@ -84,13 +104,15 @@ def release() -> None:
 # --- on the client ----------------------------------------------------------------------------
 
 
-def _wait(fut, seconds: float) -> None:
+def _wait(fut, seconds: float) -> bool:
+    """Whether ``fut`` is done, waiting at most ``seconds`` for it."""
     from distributed import wait
 
     try:
         wait(fut, timeout=seconds)
     except TimeoutError:
         pass
+    return fut.done()
 
 
 @dataclass(frozen=True)
@@ -187,7 +209,9 @@ class ClusterGpu:
         wait = self.timeout_s + (0 if self.started else SETUP_S) + 30
         deadline = time.monotonic() + wait
         try:
-            while not fut.done():
+            # Waiting first: the usual measurement is answered within the first wait, with no
+            # question to the scheduler (a round trip per measurement) on the way.
+            while not _wait(fut, POLL_S):
                 if time.monotonic() > deadline:
                     fut.cancel()
                     self.lost = f"dask worker {self.address} did not answer within {wait:.0f} s"
@@ -198,7 +222,6 @@ class ClusterGpu:
                     fut.cancel()
                     self.lost = f"dask worker {self.address} left the cluster"
                     return {"outcome": "crash", "detail": self.lost}
-                _wait(fut, POLL_S)
             payload = fut.result()
         except Exception as exc:   # the worker died (KilledWorker), or the task could not run there
             self.lost = f"dask worker {self.address} lost: {type(exc).__name__}: {exc}"
@@ -215,71 +238,87 @@ class ClusterGpu:
                 pass
 
 
-class ClusterBuild:
-    """Compiles on the cluster's workers: ``build(variants, on_built)`` as
-    :meth:`mlagen.build.CompileQueue.build`, each compile a task on any worker; the resource
-    model prunes on the client first, as the local queue does. Called with variants (the
-    trial runner's guesses at the next batches), it starts their compiles at a lower priority,
-    and a build that asks for one later takes that task; :meth:`cancel` drops the guesses no
-    build took."""
+def compile_slots(client) -> dict[str, int]:
+    """Compiles each worker may run at once: its threads, less one on a GPU worker (the thread
+    its measurements run on: a compile there would hold up the next measurement by a compile's
+    time); every GPU worker's one thread where no worker has another to spare."""
+    workers = client.scheduler_info(n_workers=-1)["workers"]
+    gpu = {a for a, w in workers.items() if w.get("resources", {}).get(GPU_RESOURCE, 0) >= 1}
+    slots = {a: w["nthreads"] - (a in gpu) for a, w in workers.items() if w["nthreads"] - (a in gpu) > 0}
+    return slots or {a: 1 for a in workers}
 
-    def __init__(self, client, target: str):
-        self.client, self.target = client, target
-        self._guessed: dict = {}   # variant -> its compile task, begun as a guess
 
-    def _submit(self, v, priority: int):
-        return self.client.submit(_compile_one, v.spec, dict(v.values), self.target, None, pure=False,
-                                  priority=priority)
+class PlacedCompiles(cf.Executor):
+    """The cluster as the compile pool of a :class:`mlagen.build.CompileQueue` (the local tuner's
+    queue: real builds ahead of guesses, a reserve for them, the results kept, so the runner
+    measures guesses ahead while the GPUs would wait): each compile is a Dask task placed on the
+    worker with the most free compile slots (:func:`compile_slots`), so no compile takes a
+    measuring thread; Dask runs a task again elsewhere if its worker dies (a compile is
+    deterministic). ``jobs`` is the slots' total."""
 
-    def __call__(self, variants) -> None:
-        t = arch.target(self.target)
-        for v in variants:
-            if v not in self._guessed and resources.check(v, t).ok:
-                self._guessed[v] = self._submit(v, -1)
+    def __init__(self, client, slots: dict[str, int]):
+        from distributed.cfexecutor import ClientExecutor
 
-    def cancel(self) -> None:
-        if self._guessed:
-            self.client.cancel(list(self._guessed.values()))
-            self._guessed.clear()
+        self.slots = dict(slots)
+        self.busy = dict.fromkeys(self.slots, 0)
+        self._lock = threading.Lock()
+        self._executor = ClientExecutor(client, pure=False)
 
-    def build(self, variants, on_built: Callable[[BuildResult], None]) -> None:
-        from distributed import as_completed
+    @property
+    def jobs(self) -> int:
+        return sum(self.slots.values())
 
-        t = arch.target(self.target)
-        futures = {}
-        for v in variants:
-            verdict = resources.check(v, t)
-            if not verdict.ok:
-                on_built(BuildResult(v, self.target, verdict.resources, "pruned", verdict.reasons))
-                continue
-            guessed = self._guessed.pop(v, None)
-            futures[guessed or self._submit(v, 0)] = (v, guessed is not None)
-        for fut in as_completed(list(futures)):
-            v, ahead = futures[fut]
-            try:
-                status, reasons, binary, artifact, seconds = fut.result()
-            except Exception as exc:   # lost on every worker it ran on (Dask's allowed failures)
-                status, reasons, binary, artifact, seconds = "compile_error", (f"{type(exc).__name__}: {exc}",), \
-                    None, None, 0.0
-            on_built(BuildResult(v, self.target, resources.estimate(v), status, tuple(reasons), binary, artifact,
-                                 seconds, ahead=ahead))
+    def submit(self, fn, /, *args, **kwargs) -> cf.Future:
+        with self._lock:
+            address = max(self.slots, key=lambda a: self.slots[a] - self.busy[a])
+            self.busy[address] += 1
+        fut = self._executor.submit(fn, *args, workers=[address], allow_other_workers=True, **kwargs)
+        fut.add_done_callback(lambda _f: self._free(address))
+        return fut
+
+    def _free(self, address: str) -> None:
+        with self._lock:
+            self.busy[address] -= 1
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        self._executor.shutdown(wait=wait)
 
 
 def compile_all(client, variants, target: str) -> list[BuildResult]:
-    """Build ``variants`` for ``target`` on the cluster; results in input order."""
+    """Build ``variants`` for ``target`` on the cluster (binaries included); results in input order."""
+    from distributed import as_completed
+
+    t = arch.target(target)
     out: dict = {}
-    ClusterBuild(client, target).build(list(variants), lambda b: out.__setitem__(b.variant, b))
+    futures = {}
+    for v in variants:
+        verdict = resources.check(v, t)
+        if not verdict.ok:
+            out[v] = BuildResult(v, target, verdict.resources, "pruned", verdict.reasons)
+        else:
+            futures[client.submit(_compile_one, v.spec, dict(v.values), target, None, pure=False)] = v
+    for fut in as_completed(list(futures)):
+        v = futures[fut]
+        try:
+            status, reasons, binary, artifact, seconds = fut.result()
+        except Exception as exc:   # lost on every worker it ran on (Dask's allowed failures)
+            status, reasons, binary, artifact, seconds = "compile_error", (f"{type(exc).__name__}: {exc}",), \
+                None, None, 0.0
+        out[v] = BuildResult(v, target, resources.estimate(v), status, tuple(reasons), binary, artifact, seconds)
     return [out[v] for v in variants]
 
 
 def tune(config: TuneConfig, scheduler, device_kind: str | None = None, progress: Callable[[str], None] = print,
          bar=None, probe_fn: Callable = probe, measure_fn: Callable = measure,
-         clock: Callable[[], float] = time.monotonic) -> list[TuneResult]:
+         clock: Callable[[], float] = time.monotonic, compile_fn: Callable = _compile_one,
+         warm_fn: Callable | None = None) -> list[TuneResult]:
     """:func:`mlagen.tune.tune` on a Dask cluster: every shape class on every GPU kind the cluster
     holds (or those ``device_kind`` names), the kinds one after another, all the kind's GPUs
-    measuring together. ``probe_fn`` and ``measure_fn`` run on the GPU workers (the tests pass
-    simulated ones). Results come per kind and class, in that order; each result's ``shape`` is
-    prefixed with its kind."""
+    measuring together. ``probe_fn`` and ``measure_fn`` run on the GPU workers, ``compile_fn`` (as
+    :func:`mlagen.build._compile_one`) on any (the tests and ``tools/profile_cluster_tune.py`` pass
+    simulated ones); ``warm_fn`` (default: :func:`warm` with the default ``measure_fn``, else none)
+    starts a GPU worker's measuring process as a class begins. Results come per kind and class, in
+    that order; each result's ``shape`` is prefixed with its kind."""
     spec = spec_mod.load(config.spec)
     family = family_of(spec)
     classes = shape_classes(config.shapes, family)
@@ -289,6 +328,8 @@ def tune(config: TuneConfig, scheduler, device_kind: str | None = None, progress
         why = family.refuses(spec, c.shape)
         if why:
             raise TuningError(f"{spec.name} cannot tune {c.problem} ({family.describe_shape(c.shape)}): {why}")
+    if warm_fn is None and measure_fn is measure:
+        warm_fn = warm
     own = isinstance(scheduler, str)
     client = client_for(scheduler) if own else scheduler
     try:
@@ -302,34 +343,47 @@ def tune(config: TuneConfig, scheduler, device_kind: str | None = None, progress
                 progress(f"{kind.name}: {spec.name} does not target {target.name}; skipped")
                 continue
             say = _prefixed(progress, kind)
-            say(f"{len(kind.workers)} GPU worker(s): {', '.join(kind.workers)}")
-            build = ClusterBuild(client, target.name)
-            for c in classes:
-                results.append(_tune_class(spec, c, kind, target, config, database, client, build, say, bar,
-                                           None if config.budget_s is None else
-                                           config.budget_s * c.weight / total_weight / len(kinds),
-                                           measure_fn, probe_fn, clock))
+            slots = compile_slots(client)
+            say(f"{len(kind.workers)} GPU worker(s): {', '.join(kind.workers)}; {sum(slots.values())} compile "
+                f"slot(s) on {len(slots)} worker(s)")
+            pool = PlacedCompiles(client, slots)
+            queue = CompileQueue(pool, target.name, pool.jobs, compile_one=compile_fn)
+            try:
+                for c in classes:
+                    results.append(_tune_class(spec, c, kind, target, config, database, client, queue, say, bar,
+                                               None if config.budget_s is None else
+                                               config.budget_s * c.weight / total_weight / len(kinds),
+                                               measure_fn, probe_fn, clock, warm_fn))
+            finally:
+                queue.cancel()
+                queue.close()
+                pool.shutdown(wait=False)   # guesses still compiling are not waited for
         return results
     finally:
         if own:
             client.close()
 
 
-def _tune_class(spec, c: ShapeClass, kind: Kind, target, config: TuneConfig, database, client, build: ClusterBuild,
-                say, bar, budget, measure_fn, probe_fn, clock) -> TuneResult:
+def _tune_class(spec, c: ShapeClass, kind: Kind, target, config: TuneConfig, database, client, queue: CompileQueue,
+                say, bar, budget, measure_fn, probe_fn, clock, warm_fn=None) -> TuneResult:
     # A packaged spec by name: the workers' hosts hold it at paths of their own.
     packaged = str(spec.path) in map(str, spec_mod.available())
     args = (spec.name if packaged else spec.path, c.shape, config.seed, config.warmup, config.timeout_s)
     bound = set(kind.workers)
+    # The measuring processes start now, while the first batch compiles (each first measurement
+    # queues behind its worker's start: one GPU task at a time).
+    warming = [client.submit(warm_fn, args, workers=[a], allow_other_workers=False, resources={GPU_RESOURCE: 1},
+                             pure=False) for a in kind.workers] if warm_fn is not None else []
     workers = [ClusterGpu(client, a, args, config.timeout_s, measure_fn, kind, bound, probe_fn) for a in kind.workers]
     key = dispatch.record_key(spec, c.problem, device=kind.device, sm_count=kind.sm_count, driver=kind.driver,
                               target=target)
-    runner = TrialRunner(workers, build.build, config.iters, prefetch=build, warmup=config.warmup)
+    runner = TrialRunner(workers, queue.build, config.iters, prefetch=queue, warmup=config.warmup)
     try:
         r = tune_class(spec, c, target, config, database, runner, key, say, bar=bar, budget_s=budget, clock=clock)
     finally:
         for w in workers:
             w.stop()
+        del warming   # a start that failed was the first measurement's to report
     for w in workers:
         for why in w.replaced + ([w.lost] if w.lost else []):
             say(f"  {why}: the trial it measured was recorded as failed")

@@ -17,7 +17,10 @@ struct Config {
   static constexpr int kStages = 2;
   static constexpr int kLoadWarps = 2;
   static constexpr int kThreads = 384;
-  static constexpr bool kCausal = true;
+  // The mask (mask.cuh: a band of visible keys per query) and the score traits.
+  static constexpr mlagen::MaskKind kMask = mlagen::MaskKind::kCausal;
+  static constexpr bool kSoftcap = false;  // s <- c tanh(s / c) before the mask
+  static constexpr bool kSink = false;        // a per-head sink in the denominator
   static constexpr bool kPingpong = true;
   static constexpr bool kOverlap = true;
   static constexpr bool kTmaEpilogue = false;
@@ -60,6 +63,11 @@ static_assert(Config::kCluster == 1 || (Config::kCluster == 2 && Config::kSchedu
               "a cluster is two CTAs on a static or persistent schedule");
 static_assert(Config::kBlockN % (8 * Config::kCluster) == 0,
               "each CTA of a cluster loads a whole number of swizzle atoms (8 rows) of every K and V tile");
+static_assert(Config::kCluster == 1 || !mlagen::Band<Config::kMask>::kLower,
+              "a cluster streams one key range for both CTAs; a window's or chunk's lower bound differs between them");
+static_assert(Config::kElemBytes == 2 || (!Config::kSoftcap && !Config::kSink &&
+                                          (Config::kMask == mlagen::MaskKind::kCausal || Config::kMask == mlagen::MaskKind::kNone)),
+              "the FP8 kernel implements the causal and no masks, without softcap or sink");
 static_assert(mlagen::sm90::Layout<Config>::kSmemBytes == 112640,
               "the spec's resource model must match the kernel's shared-memory layout");
 
@@ -72,6 +80,7 @@ struct Params {
   int* tile_counter;
   int num_virtual_tiles;
   int head_group;
+  int lpt_order;
   int rope_shared;
   mlagen::u16* out;
   float* lse;
@@ -85,6 +94,11 @@ struct Params {
   int num_heads;
   int batch;
   float scale_log2;
+  int mask_left;
+  int mask_right;
+  int mask_chunk;
+  float softcap_scale;
+  float* attn_sink;
   float* q_descale;
   float* k_descale;
   float* v_descale;

@@ -45,8 +45,17 @@ struct Params {
   int num_kv;
   int page_size;
   float scale_log2;
+  const mlagen::u16* extra_kv;
+  const int* extra_indices;
+  const int* extra_topk_length;
+  mlagen::i64 extra_idx_row_stride;
+  mlagen::i64 extra_row_stride;
+  mlagen::i64 extra_page_stride;
+  int extra_topk;
+  int extra_num_kv;
+  int extra_page_size;
 };
-static_assert(sizeof(Params) == 160, "Params must be 160 bytes, as the launcher packs it");
+static_assert(sizeof(Params) == 224, "Params must be 224 bytes, as the launcher packs it");
 static_assert(alignof(Params) == 8, "Params must be 8-byte aligned, as the launcher packs it");
 
 }  // namespace

@@ -494,6 +494,31 @@ def test_sm90_head_groups(schedule, monkeypatch):
         for out, lse in outs[1:]:
             assert torch.equal(out, outs[0][0]) and torch.equal(lse, outs[0][1])
 
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
+                    reason="the sm90 kernel needs a Hopper GPU")
+@pytest.mark.parametrize("schedule", [{"scheduler": "dynamic"}, {"scheduler": "persistent", "order": "none"},
+                                      {"scheduler": "static", "cluster": 2}, {"scheduler": "dynamic", "cluster": 1,
+                                                                              "block_n": 80}],
+                         ids=lambda s: "-".join(f"{k}={v}" for k, v in s.items()))
+def test_sm90_seq_order(schedule, monkeypatch):
+    """Sequences taken longest-first (tile_index.cuh: find_sequence_lpt) or in batch order compute
+    the same bits, and match the reference: a ragged batch whose key ranges tie, differ and are
+    empty, query lengths that fill no tile, and 33 sequences (past the 32 the LPT order covers)."""
+    from mlagen import spec, variant
+
+    cases = [([5, 1, 0, 129, 300, 2, 700, 64], [5, 901, 0, 200, 300, 0, 1700, 64]),
+             ([3 + 7 * i for i in range(33)], [3 + 7 * i + (50 * i) % 333 for i in range(33)])]
+    for causal in (True, False):
+        v = variant.make(spec.load("mla_prefill_sm90"), {**schedule, "mask": "causal" if causal else "none"})
+        for lq, lk in cases:
+            q, k, v_, k_rope, cu_q, cu_k = make(lq, lk, 5, seed=27)
+            outs = []
+            for order in ("batch", "lpt"):
+                monkeypatch.setenv("MLAGEN_SEQ_ORDER", order)
+                outs.append(run_and_check(v, q, k, v_, k_rope, cu_q, cu_k, causal))
+            assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
+
+
 def _shipped_variants():
     from mlagen import db, spec, variant
 

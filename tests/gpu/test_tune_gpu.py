@@ -222,3 +222,25 @@ def test_bench_public_call_and_check_peer():
         assert fa3.timing is None and "not" in fa3.error
     else:
         assert fa3.check.ok and fa3.timing is not None, fa3.error
+
+
+def test_the_cluster_runner_warms_its_measuring_process_once(tmp_path):
+    """Issue 39: ``cluster.warm`` starts the process a class measures in (spawned without importing
+    this process's __main__); the class's measurements then use it, not a new one."""
+    from mlagen import spec as spec_mod
+    from mlagen import variant as variant_mod
+    from mlagen.tune import cluster
+
+    spec = spec_mod.load("mla_prefill_sm80")
+    v = variant_mod.make(spec, {**FIXED_SM80, "block_n": 64, "mask": "causal"})
+    args = (spec.name, TINY, 0, 1, 60.0)
+    try:
+        ready = cluster.warm(args)
+        assert ready["device"] and ready["sm_count"] > 0
+        pid = cluster._PROCESSES[args].proc.pid
+        assert cluster.warm(args) == {}   # already running
+        out = cluster.measure(args, dict(v.values), 3, None, None)
+        assert out["outcome"] == "ok", out
+        assert cluster._PROCESSES[args].proc.pid == pid
+    finally:
+        cluster.release()

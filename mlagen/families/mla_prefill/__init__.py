@@ -3,10 +3,11 @@
 
 Modules, in the order a call meets them:
 
-* compile time: :mod:`.problem` (constants, the dense ``Shape``, the BENCHMARKS.md ids D1-D7 and
-  the description grammar, shape classes, FLOPs), :mod:`.params` (the kernel parameter structs
-  and the values a call gives them), :mod:`.schedule` (the Hopper barrier schedule),
-  :mod:`.compile` (spec checks, pruning, render values, which specs a call can take);
+* compile time: :mod:`.problem` (constants, the dense ``Shape``, the BENCHMARKS.md ids D1-D11 and
+  the description grammar, shape classes, FLOPs), :mod:`.traits` (head geometry, mask and score
+  traits), :mod:`.params` (the kernel parameter structs and the values a call gives them),
+  :mod:`.schedule` (the Hopper barrier schedule), :mod:`.compile` (spec checks, pruning, render
+  values, which specs a call can take);
 * run time: :mod:`.call` (the call's arguments as one ``DenseArgs``, checked into a ``Call``;
   what ``MLAGEN_RECORD_SHAPES`` notes), :mod:`.tma` (the sm90 launcher), :mod:`.entry` (launch
   plans, prepare, select, launch), :mod:`.op` (the torch custom ops and the public
@@ -24,12 +25,13 @@ from ..base import Family, register
 from . import compile as _compile
 from . import problem as _problem
 from .compile import accepts
-from .problem import D_V, ProblemKey, Shape, flops
+from .problem import DEFAULT_GEOMETRY, GEOMETRIES, ProblemKey, Shape, shape_flops
 from .reference import REL_TOL
 
 
 class MlaPrefillFamily(kit.ShapesOf, Family):
-    """Dense MLA prefill: q [Tq, H, 192], k/v [Tk, H, 128] (+ k_rope) -> out [Tq, H, 128], lse [Tq, H]."""
+    """Dense MLA prefill: q [Tq, H, 192], k/v [Tk, H, 128] (+ k_rope) -> out [Tq, H, 128], lse [Tq, H];
+    other head geometries, masks and score traits by MLA.md section 1b."""
 
     name = "mla_prefill"
     problem = _problem
@@ -50,19 +52,25 @@ class MlaPrefillFamily(kit.ShapesOf, Family):
         return ProblemKey.parse(a).distance(ProblemKey.parse(b))
 
     def specialization(self, shape) -> dict:
-        return {"mask": "causal" if shape.causal else "none"}
+        return _problem.shape_key(shape).specialization()
 
     def problem_specialization(self, problem: str) -> dict:
-        return {"mask": ProblemKey.parse(problem).mask}
+        return ProblemKey.parse(problem).specialization()
 
     def check_shapes(self, problem: str) -> list[Shape]:
         """The named shapes of the class, else one sequence of the class's lengths and heads (a
         record tuned on a described shape, such as 1 x 8192 with 64 heads)."""
-        same = super().check_shapes(problem)
+        # A record's class is of the section 1 traits (the key names no geometry or window yet).
+        same = [s for s in super().check_shapes(problem) if s.geometry == DEFAULT_GEOMETRY and s.mask != "window"]
         if same:
             return same
         key = ProblemKey.parse(problem)
-        return [self.parse_shape(f"b=1,q={key.q_per_seq},k={key.k_per_seq},h={key.heads},{key.mask}", id=problem)]
+        # A window or chunk a quarter of the queries long stands for the class's sizes.
+        mask = {"window": f"window={max(1, key.q_per_seq // 4)}/0", "chunked": f"chunk={max(1, key.q_per_seq // 4)}"}
+        traits = "".join((f",d={'/'.join(map(str, GEOMETRIES[key.geometry]))}",
+                          ",softcap=30" if "softcap" in key.score else "", ",sink" if "sink" in key.score else ""))
+        return [self.parse_shape(f"b=1,q={key.q_per_seq},k={key.k_per_seq},h={key.heads},"
+                                 f"{mask.get(key.mask, key.mask)}{traits}", id=problem)]
 
     def accepts(self, spec, call) -> bool:
         return accepts(spec, call)
@@ -89,15 +97,17 @@ class MlaPrefillFamily(kit.ShapesOf, Family):
         import torch
 
         tq = sum(shape.q_lens)
-        return (torch.full((tq, shape.heads, D_V), fill, dtype=torch.bfloat16, device=device),
+        return (torch.full((tq, shape.heads, shape.dims[2]), fill, dtype=torch.bfloat16, device=device),
                 torch.full((tq, shape.heads), fill, dtype=torch.float32, device=device))
 
     def check_shape(self, shape) -> Shape:
         """Five sequences of 1, 77, 0, 300 and 129 queries (a cached prefix of 0, 0, 5, 33, 0
-        keys when causal; other key lengths when not), the shape's mask, at most 16 heads."""
-        k_lens = (1, 77, 5, 333, 129) if shape.causal else (3, 50, 5, 333, 200)
-        return Shape(f"check:{getattr(shape, 'id', '')}", (1, 77, 0, 300, 129), k_lens, min(shape.heads, 16),
-                     shape.causal)
+        keys when causal; other key lengths when not), the shape's mask and traits, at most 16 heads."""
+        from dataclasses import replace
+
+        k_lens = (1, 77, 5, 333, 129) if shape.mask != "none" else (3, 50, 5, 333, 200)
+        return replace(shape, id=f"check:{getattr(shape, 'id', '')}", q_lens=(1, 77, 0, 300, 129), k_lens=k_lens,
+                       heads=min(shape.heads, 16))
 
     def call(self, inputs, *, variant=None, kernel=None, outputs=None, check=False):
         """``mla_prefill`` on ``inputs`` (from :meth:`make_inputs`); ``outputs`` = (out, lse) to
@@ -105,9 +115,11 @@ class MlaPrefillFamily(kit.ShapesOf, Family):
         from .op import mla_prefill
 
         out, lse = outputs if outputs is not None else (None, None)
+        traits = {name: inputs[name] for name in ("window_size", "chunk_size", "softcap", "attn_sink")
+                  if name in inputs}
         return mla_prefill(inputs["q"], inputs["k"], inputs["v"], k_rope=inputs.get("k_rope"),
                            cu_seqlens_q=inputs.get("cu_seqlens_q"), cu_seqlens_k=inputs.get("cu_seqlens_k"),
-                           causal=inputs.get("causal", True), out=out, lse=lse, check_seqlens=check,
+                           causal=inputs.get("causal", True), out=out, lse=lse, check_seqlens=check, **traits,
                            kernel=variant if variant is not None else kernel, q_descale=inputs.get("q_descale"),
                            k_descale=inputs.get("k_descale"), v_descale=inputs.get("v_descale"))
 
@@ -130,7 +142,7 @@ class MlaPrefillFamily(kit.ShapesOf, Family):
         return compare_bias(got[0], ref[0], self.compare(got, ref, dtype=dtype))
 
     def flops(self, shape) -> int:
-        return flops(_problem.shape_sequences(shape), shape.heads, shape.causal)
+        return shape_flops(shape)
 
     tolerance = REL_TOL   # bf16 inputs
 

@@ -6,8 +6,8 @@ validated :class:`Call` out.
 implementations (:mod:`.op`; the ops themselves take plain tensors and scalars, and convert at
 that one seam), the launch-plan signature, :func:`prepare`, dispatch and the launchers (through
 ``Call.args``). Adding an argument to the call is one field here (with its default), its op
-schema type (``op.SCHEMA_TYPES``) and its check in :func:`check_scalars` or
-:func:`check_arguments`; the signatures between stay as they are.
+schema type (``op.SCHEMA``) and its check (:func:`check_scalars`, :func:`check_arguments` or
+``traits.check_traits``); the signatures between stay as they are.
 
 Nothing here synchronises with the device unless asked: cu_seqlens on the GPU are checked for
 shape and dtype only, unless ``check_seqlens`` (or ``MLAGEN_CHECK_SEQLENS=1``) asks for their
@@ -27,13 +27,15 @@ from typing import Any, NamedTuple
 from ... import knobs, shapelog
 from ...errors import ArgumentError, ArgumentTypeError
 from .. import kit
-from .problem import D_NOPE, D_QK, D_ROPE, D_V, ProblemKey, problem_key
+from .problem import D_QK, DEFAULT_GEOMETRY, GEOMETRIES, ProblemKey, problem_key
+from .traits import Traits, check_traits, geometry_of
 
 
 class DenseArgs(NamedTuple):
     """The arguments of one ``mla_prefill`` call as the caller gave them (see
     :func:`mlagen.mla_prefill`), nothing checked. The field order is that of the
-    ``mlagen::mla_prefill_out`` schema (the functional op's is the same without out and lse)."""
+    ``mlagen::mla_prefill_out`` schema (the functional op's is the same without out and lse;
+    the ops take window_size as two ints, window_left and window_right)."""
 
     q: Any
     k: Any
@@ -50,6 +52,10 @@ class DenseArgs(NamedTuple):
     q_descale: Any = None  # fp32 [1] or [H] (fp8 inputs only; None: 1.0): real value = stored x descale
     k_descale: Any = None  # applies to k and k_rope
     v_descale: Any = None
+    window_size: Any = (-1, -1)   # the mask and score traits (MLA.md section 1b; traits.check_traits)
+    chunk_size: Any = None
+    softcap: Any = 0.0
+    attn_sink: Any = None
     out: Any = None
     lse: Any = None
 
@@ -76,18 +82,24 @@ class Call:
     rope: str  # "folded" (k holds 192 columns), "shared" ([Tk, 1, 64]) or "per_head" ([Tk, H, 64])
     args: DenseArgs
     dtype: str = "bf16"  # the inputs' element type: "bf16", "fp8_e4m3" (OCP) or "fp8_e4m3fnuz"
+    traits: Traits | None = None  # geometry, mask and score traits (MLA.md section 1b); None: args.causal's
+
+    def __post_init__(self):
+        if self.traits is None:
+            self.traits = Traits(mask="causal" if self.args.causal else "none")
 
     @property
     def causal(self) -> bool:
-        return self.args.causal
+        return self.traits.mask == "causal"
 
     @property
     def mask(self) -> str:
-        return "causal" if self.args.causal else "none"
+        return self.traits.mask
 
     @property
     def key(self) -> ProblemKey:
-        return problem_key(self.heads, self.total_q, self.total_k, self.batch, self.args.causal)
+        t = self.traits
+        return problem_key(self.heads, self.total_q, self.total_k, self.batch, self.causal, t.mask, t.geometry, t.score)
 
     @property
     def empty(self) -> bool:
@@ -158,7 +170,8 @@ def _allowed_dtypes(torch) -> str:
 
 def check_scalars(args: DenseArgs) -> float:
     """Check the non-tensor arguments but ``kernel`` and ``check_seqlens`` (the public call checks
-    those); returns the softmax scale (default 1/sqrt(192))."""
+    those) and the traits (traits.check_traits); returns the softmax scale (default
+    1/sqrt(192); :func:`prepare` sets another geometry's)."""
     causal, softmax_scale = args.causal, args.softmax_scale
     if not isinstance(causal, bool):
         _fail_type("causal", f"expected a bool, got {causal!r}")
@@ -208,11 +221,22 @@ def check_descales(torch, args: DenseArgs) -> str:
     return dtype
 
 
+def _geometry_for_checks(torch, q, k, v, k_rope) -> str:
+    """The geometry the tensors' widths name, else (some width is wrong) the first whose d_qk is q's,
+    or the default: the checks then name the tensor that does not fit it."""
+    try:
+        if all(isinstance(t, torch.Tensor) and t.dim() == 3 for t in (k, v)):
+            return geometry_of(q, k, v, k_rope)
+    except ArgumentError:
+        pass
+    return next((g for g, (n, r, _) in GEOMETRIES.items() if n + r == q.shape[-1]), "n128r64v128")
+
+
 def check_arguments(torch, args: DenseArgs) -> tuple[int, int, int, int, str]:
     """Shapes, dtypes, devices and strides of every tensor argument but the descale factors
-    (:func:`check_descales`); reads no values, so it runs on FakeTensors too. q, k, k_rope and v
-    share one dtype (bf16 or an fp8 e4m3, see INPUT_DTYPES); out is bf16 and lse fp32 either way.
-    Returns (total_q, total_k, heads, batch, rope)."""
+    (:func:`check_descales`) and the sinks (traits.check_traits); reads no values, so it runs on
+    FakeTensors too. q, k, k_rope and v share one dtype (bf16 or an fp8 e4m3, see INPUT_DTYPES);
+    out is bf16 and lse fp32 either way. Returns (total_q, total_k, heads, batch, rope)."""
     q, k, v, k_rope, out, lse = args.q, args.k, args.v, args.k_rope, args.out, args.lse
     cu_seqlens_q, cu_seqlens_k = args.cu_seqlens_q, args.cu_seqlens_k
     max_seqlen_q, max_seqlen_k = args.max_seqlen_q, args.max_seqlen_k
@@ -224,8 +248,10 @@ def check_arguments(torch, args: DenseArgs) -> tuple[int, int, int, int, str]:
     _check_tensor(torch, q, "q", in_dtype, 3)
     device = q.device
     total_q, heads, dq = q.shape
-    if dq != D_QK:
-        _fail("q", f"last dimension must be {D_QK} (nope {D_NOPE} + rope {D_ROPE}), got {dq}")
+    d_nope, d_rope, d_v = GEOMETRIES[_geometry_for_checks(torch, q, k, v, k_rope)]
+    d_qk = d_nope + d_rope
+    if dq != d_qk:
+        _fail("q", f"last dimension must be {d_qk} (nope {d_nope} + rope {d_rope}), got {dq}")
     if heads < 1:
         _fail("q", "needs at least one head")
     for name, t in (("k", k), ("v", v), ("k_rope", k_rope)):
@@ -236,21 +262,21 @@ def check_arguments(torch, args: DenseArgs) -> tuple[int, int, int, int, str]:
     total_k = k.shape[0]
     if k.shape[1] != heads:
         _fail("k", f"has {k.shape[1]} heads, q has {heads}")
-    if tuple(v.shape) != (total_k, heads, D_V):
-        _fail("v", f"expected shape ({total_k}, {heads}, {D_V}), got {tuple(v.shape)}")
+    if tuple(v.shape) != (total_k, heads, d_v):
+        _fail("v", f"expected shape ({total_k}, {heads}, {d_v}), got {tuple(v.shape)}")
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.stride(-1) != 1:
             _fail(name, f"last dimension must be contiguous (stride 1), got stride {t.stride(-1)}")
     if k_rope is None:
-        if k.shape[2] != D_QK:
-            _fail("k", f"without k_rope, k must hold nope and rope ({D_QK} columns), got {k.shape[2]}")
+        if k.shape[2] != d_qk:
+            _fail("k", f"without k_rope, k must hold nope and rope ({d_qk} columns), got {k.shape[2]}")
         rope = "folded"
     else:
-        if k.shape[2] != D_NOPE:
-            _fail("k", f"with k_rope given, k holds the {D_NOPE} nope columns only, got {k.shape[2]}")
+        if k.shape[2] != d_nope:
+            _fail("k", f"with k_rope given, k holds the {d_nope} nope columns only, got {k.shape[2]}")
         _check_tensor(torch, k_rope, "k_rope", in_dtype, 3, device)
-        if k_rope.shape[0] != total_k or k_rope.shape[2] != D_ROPE or k_rope.shape[1] not in (1, heads):
-            _fail("k_rope", f"expected shape ({total_k}, 1, {D_ROPE}) or ({total_k}, {heads}, {D_ROPE}), "
+        if k_rope.shape[0] != total_k or k_rope.shape[2] != d_rope or k_rope.shape[1] not in (1, heads):
+            _fail("k_rope", f"expected shape ({total_k}, 1, {d_rope}) or ({total_k}, {heads}, {d_rope}), "
                             f"got {tuple(k_rope.shape)}")
         if k_rope.stride(-1) != 1:
             _fail("k_rope", f"last dimension must be contiguous (stride 1), got stride {k_rope.stride(-1)}")
@@ -284,8 +310,8 @@ def check_arguments(torch, args: DenseArgs) -> tuple[int, int, int, int, str]:
 
     if out is not None:
         _check_tensor(torch, out, "out", torch.bfloat16, 3, device)
-        if tuple(out.shape) != (total_q, heads, D_V):
-            _fail("out", f"expected shape ({total_q}, {heads}, {D_V}), got {tuple(out.shape)}")
+        if tuple(out.shape) != (total_q, heads, d_v):
+            _fail("out", f"expected shape ({total_q}, {heads}, {d_v}), got {tuple(out.shape)}")
         if out.stride(-1) != 1:
             _fail("out", f"last dimension must be contiguous (stride 1), got stride {out.stride(-1)}")
         if any((out.stride(d) * 2) % 16 for d in range(2) if out.size(d) > 1):
@@ -344,6 +370,13 @@ def prepare(args: DenseArgs) -> Call:
         _fail("q", f"must be a CUDA tensor, got device {q.device}")
     total_q, total_k, heads, batch, rope = check_arguments(torch, args)
     dtype = check_descales(torch, args)
+    k, v, k_rope = args.k, args.v, args.k_rope
+    geometry = geometry_of(q, k, v, k_rope)
+    d_nope, d_rope, d_v = GEOMETRIES[geometry]
+    if args.softmax_scale is None:
+        scale = 1.0 / math.sqrt(d_nope + d_rope)
+    traits = check_traits(torch, q, args.causal, args.window_size, args.chunk_size, args.softcap, args.attn_sink,
+                          geometry, heads, total_k)
     device = q.device
     check = resolve_check(torch, args.check_seqlens)
     cu_q = cu_k = None
@@ -358,18 +391,19 @@ def prepare(args: DenseArgs) -> Call:
         cu_q, cu_k = cu_q.contiguous(), cu_k.contiguous()
     out, lse = args.out, args.lse
     if out is None:
-        out = torch.empty((total_q, heads, D_V), dtype=torch.bfloat16, device=device)
+        out = torch.empty((total_q, heads, d_v), dtype=torch.bfloat16, device=device)
     elif out.data_ptr() % 16:
         _fail("out", "base address and row/head strides must be multiples of 16 bytes")
     if lse is None:
         lse = torch.empty((total_q, heads), dtype=torch.float32, device=device)
-    k, k_rope = args.k, args.k_rope
-    if k_rope is None:
-        k_rope = k[:, :, D_NOPE:]
-        k = k[:, :, :D_NOPE]
-    aligned = kit.aligned_or_copy
-    q, k, k_rope, v = aligned(q), aligned(k), aligned(k_rope), aligned(args.v)
-    call = Call(q, k, k_rope, v, out, lse, cu_q, cu_k, total_q, total_k, heads, batch, scale, rope, args, dtype)
+    if k_rope is None and d_rope:
+        k_rope = k[:, :, d_nope:]
+        k = k[:, :, :d_nope]
+    q, k, v = kit.aligned_or_copy(q), kit.aligned_or_copy(k), kit.aligned_or_copy(v)
+    # Without a rope part the kernels read no k_rope; k stands in for it (a valid tensor map).
+    k_rope = k if not d_rope else kit.aligned_or_copy(k_rope)
+    call = Call(q, k, k_rope, v, out, lse, cu_q, cu_k, total_q, total_k, heads, batch, scale, rope, args, dtype,
+                traits)
     # TMA's rules are kit.aligned's: q, k, k_rope and v now meet them, and out was checked above (its
     # strides by check_arguments) or allocated here; so dispatch need not look again.
     call._tma_verdict = None
@@ -379,12 +413,21 @@ def prepare(args: DenseArgs) -> Call:
 # --- what a call tells MLAGEN_RECORD_SHAPES (see mlagen.shapelog) ------------------------------
 
 def describe_call(call: Call) -> str:
-    """The shape description of a call: its batch, mean query and key length per sequence, heads, mask."""
+    """The shape description of a call: its batch, mean query and key length per sequence, heads,
+    and its traits (geometry, mask, softcap, sink) where they are not the defaults."""
     b = max(call.batch, 1)
     parts = [f"b={call.batch}", f"q={round(call.total_q / b)}"]
     if call.total_k != call.total_q:
         parts.append(f"k={round(call.total_k / b)}")
-    parts += [f"h={call.heads}", call.mask]
+    parts.append(f"h={call.heads}")
+    t = call.traits
+    if t.geometry != DEFAULT_GEOMETRY:
+        parts.append("d=" + "/".join(map(str, t.dims)))
+    parts.append({"window": f"window={t.window[0]}/{t.window[1]}", "chunked": f"chunk={t.chunk}"}.get(t.mask, t.mask))
+    if t.softcap:
+        parts.append(f"softcap={t.softcap:g}")
+    if t.attn_sink is not None:
+        parts.append("sink")
     return ",".join(parts)
 
 

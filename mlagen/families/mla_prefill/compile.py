@@ -9,18 +9,33 @@ from ...errors import SpecError
 from . import schedule
 from .call import FP8_DTYPES, INPUT_DTYPES, Call
 from .params import ABIS, FP8_ABIS, TMA_ABIS, VT_PARAMS
-from .problem import D_NOPE, D_ROPE, D_V, MASKS
+from .problem import DEFAULT_GEOMETRY, GEOMETRIES, MASKS, SCORES, geometry_dims
 
 
 def validate_spec(spec) -> None:
     """The problem parameters, the launcher, the specialisation axes, the Hopper schedule, and
     that the default variant meets the spec's own constraints."""
+    from ... import variant
+
     problem = dict(spec.problem)
-    expected = {"d_nope": D_NOPE, "d_rope": D_ROPE, "d_v": D_V}
-    for key, value in expected.items():
-        if problem.get(key) != value:
-            raise SpecError(spec.path, f"problem.{key}",
-                            f"{problem.get(key)!r}: this family implements {key} = {value!r}")
+    axes = dict(spec.specialize)
+    allowed = {"mask": MASKS, "geometry": tuple(GEOMETRIES), "score": SCORES}
+    for key, values in axes.items():
+        if key not in allowed or not set(values) <= set(allowed[key]):
+            raise SpecError(spec.path, "specialize", f"{key}: this family specialises on mask (values from "
+                            f"{list(MASKS)}), geometry ({list(GEOMETRIES)}) and score ({list(SCORES)})")
+    if "mask" not in axes:
+        raise SpecError(spec.path, "specialize.mask", "required: the masks the kernels implement")
+    # The widths of each geometry: problem data, or derived from the geometry axis.
+    for geometry in axes.get("geometry", (DEFAULT_GEOMETRY,)):
+        if "geometry" not in axes and geometry not in GEOMETRIES:
+            continue
+        env = variant.make(spec, {"geometry": geometry} if "geometry" in axes else {}).env()
+        for key, value in zip(("d_nope", "d_rope", "d_v"), geometry_dims(geometry)):
+            if env.get(key) != value:
+                where = f"problem.{key}" if key in problem else f"derived.{key}"
+                raise SpecError(spec.path, where, f"{env.get(key)!r}: this family implements {key} = {value!r} for "
+                                f"geometry {geometry} (a geometry axis names the others)")
     dtype = problem.get("dtype")
     if dtype not in INPUT_DTYPES:
         raise SpecError(spec.path, "problem.dtype", f"{dtype!r}: the input types are {', '.join(INPUT_DTYPES)}")
@@ -29,9 +44,6 @@ def validate_spec(spec) -> None:
     if (spec.abi in FP8_ABIS) != (dtype in FP8_DTYPES):
         raise SpecError(spec.path, "abi", f"{spec.abi!r} with problem.dtype {dtype!r}: fp8 inputs take the "
                                           f"simt_fp8 or tma_fp8 launcher, bf16 inputs simt or tma")
-    axes = dict(spec.specialize)
-    if set(axes) != {"mask"} or not set(axes["mask"]) <= set(MASKS):
-        raise SpecError(spec.path, "specialize", f"this family specialises on mask only, values from {list(MASKS)}")
     if spec.abi in TMA_ABIS:
         schedule.validate_spec(spec)
     kit.check_default_constraints(spec)
@@ -46,6 +58,8 @@ def check_variant(v, target, res) -> list[str]:
 def render_context(v) -> dict:
     ctx = {"params_decl": ABIS[v.spec.abi].c_declaration(), "smem_bytes": resources.estimate(v).smem_bytes}
     if v.spec.abi in TMA_ABIS:
+        score = v.get("score", "plain")
+        ctx["traits"] = {"mask": v["mask"], "softcap": "softcap" in score, "sink": "sink" in score}
         ctx["schedule"] = schedule.render_schedule(v)
         ctx["elem_bytes"] = schedule.element_bytes(v.spec)
         if ctx["elem_bytes"] == 1:
@@ -59,7 +73,11 @@ def spec_dtype(spec) -> str:
 
 
 def accepts(spec, call: Call) -> bool:
-    """Whether ``spec``'s kernels can take this call's tensors (their dtype, and TMA's alignment)."""
+    """Whether ``spec``'s kernels can take this call's tensors (their dtype, and TMA's alignment)
+    and traits (a spec without a geometry or score axis implements only the default)."""
     if spec_dtype(spec) != call.dtype:
+        return False
+    axes = dict(spec.specialize)
+    if any(value not in axes.get(name, ()) for name, value in call.traits.specialization().items()):
         return False
     return spec.abi not in TMA_ABIS or call.tma_compatible() is None

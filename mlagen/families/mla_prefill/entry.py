@@ -37,12 +37,20 @@ def run(args: DenseArgs):
     import torch
 
     sig = None
-    if args.kernel is None or type(args.kernel) is str:
+    if (args.kernel is None or type(args.kernel) is str) and plain_traits(args):
         sig = signature(torch, args)
         hit = lookup(sig)
         if hit is not None:
             return hit.run(torch, args)
     return run_full(args, sig)
+
+
+def plain_traits(args: DenseArgs) -> bool:
+    """Whether a call leaves every mask and score trait at its default: only such calls get launch
+    plans (DensePlan writes no sink pointer)."""
+    window = args.window_size
+    return (window is None or tuple(window) == (-1, -1)) and args.chunk_size is None and not args.softcap \
+        and args.attn_sink is None
 
 
 def planned(args: DenseArgs):
@@ -107,6 +115,7 @@ def select(call: Call, kernel=None):
     if isinstance(kernel, Variant):
         return _select(call, kernel, device)
     memo = (device, call.dtype, call.heads, call.total_q, call.total_k, call.batch, call.causal,
+            tuple(call.traits.specialization().items()),
             call.tma_compatible() is None, kernel, knobs.FAMILY.raw())
     return _selected.get(memo, lambda: _select(call, kernel, device))
 
@@ -120,7 +129,7 @@ def _select(call: Call, kernel, device: int):
     if not isinstance(kernel, Variant):
         check_dtype_supported(call, device)
     selection = dispatch.dispatcher().select(
-        FAMILY_NAME, str(call.key), {"mask": call.mask}, device,
+        FAMILY_NAME, str(call.key), call.traits.specialization(), device,
         accepts=lambda spec: accepts(spec, call),
         variant=kernel if isinstance(kernel, Variant) else None,
         only=kernel if isinstance(kernel, str) else None,
@@ -155,7 +164,8 @@ def check_dtype_supported(call: Call, device: int) -> None:
 
 
 def mla_prefill_kernel(q, k, v, *, k_rope=None, cu_seqlens_q=None, cu_seqlens_k=None, causal=True, kernel=None,
-                       q_descale=None, k_descale=None, v_descale=None):
+                       q_descale=None, k_descale=None, v_descale=None, window_size=(-1, -1), chunk_size=None,
+                       softcap=0.0, attn_sink=None):
     """The kernel :func:`mlagen.mla_prefill` would run for these arguments, without running it.
 
     Returns the dispatcher's Selection: ``.spec``, ``.variant`` (``.variant.symbol``), ``.origin``
@@ -166,7 +176,8 @@ def mla_prefill_kernel(q, k, v, *, k_rope=None, cu_seqlens_q=None, cu_seqlens_k=
     """
     args = DenseArgs(q, k, v, k_rope=k_rope, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, causal=causal,
                      check_seqlens=False, kernel=kernel, q_descale=q_descale, k_descale=k_descale,
-                     v_descale=v_descale)
+                     v_descale=v_descale, window_size=window_size, chunk_size=chunk_size, softcap=softcap,
+                     attn_sink=attn_sink)
     return select(prepare(args), kernel)[1]
 
 
@@ -177,7 +188,7 @@ _plans = plans.PlanCache()
 # The fields each launcher's plan writes per call, in the order DensePlan.run gives them.
 _SIMT_VARIABLE = ("q", "k", "k_rope", "v", "out", "lse", "cu_seqlens_q", "cu_seqlens_k")
 _TMA_VARIABLE = tuple(field for field, _ in tma.MAP_FIELDS) + ("tile_counter", "out", "lse", "cu_seqlens_q",
-                                                                 "cu_seqlens_k")
+                                                                 "cu_seqlens_k", "attn_sink")
 _FP8_VARIABLE = _TMA_VARIABLE + ("q_descale", "k_descale", "v_descale")
 _VT_VARIABLE = ("v", "vt", "cu_seqlens_k")
 
@@ -273,7 +284,7 @@ class DensePlan:
             maps = tuple(tma.map_at((ptr,) + key, what)
                          for ptr, key, (_, what) in zip(pointers, self.map_tails, tma.MAP_FIELDS))
             counter = tma.tile_counter(self.device, stream) if self.dynamic else 0
-            values = maps + (counter, pointers[4]) + tail
+            values = maps + (counter, pointers[4]) + tail + (0,)   # no sink: calls with one get no plan
             if self.fp8:
                 values += tuple(0 if t is None else t.data_ptr() for t in (args.q_descale, args.k_descale, args.v_descale))
         else:

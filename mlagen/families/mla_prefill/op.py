@@ -4,13 +4,13 @@ calls it without a graph break, and CUDA graphs capture it.
 Two custom ops (``torch.library.custom_op``) with fake (meta) implementations:
 
 * ``mlagen::mla_prefill(q, k, v, k_rope?, cu_seqlens_q?, cu_seqlens_k?, causal, softmax_scale?,
-  check_seqlens?, max_seqlen_q?, max_seqlen_k?, kernel?, q_descale?, k_descale?, v_descale?) -> (out, lse)``:
-  allocates its outputs;
-* ``mlagen::mla_prefill_out(..., Tensor(a15!) out, Tensor(a16!) lse) -> ()``: writes preallocated
+  check_seqlens?, max_seqlen_q?, max_seqlen_k?, kernel?, q_descale?, k_descale?, v_descale?,
+  window_left, window_right, chunk_size?, softcap, attn_sink?) -> (out, lse)``: allocates its outputs;
+* ``mlagen::mla_prefill_out(..., Tensor(a20!) out, Tensor(a21!) lse) -> ()``: writes preallocated
   outputs (declared mutated, so functionalization in torch.compile orders it correctly).
 
-Both schemas are the fields of :class:`~.call.DenseArgs` in order (:data:`SCHEMA_TYPES` gives
-each its type), and their implementations turn their plain arguments back into one DenseArgs.
+Both schemas are the fields of :class:`~.call.DenseArgs` in order (:data:`SCHEMA` gives each its
+op arguments), and their implementations turn their plain arguments back into one DenseArgs.
 
 :func:`mla_prefill` is the public Python entry point over both: it makes the call's DenseArgs,
 checks the non-tensor arguments (errors are ValueError / TypeError naming the argument) and
@@ -26,40 +26,52 @@ from ... import layouts
 from ...errors import ArgumentTypeError
 from . import entry
 from .call import DenseArgs, check_arguments, check_descales, check_scalars
-from .problem import D_V
+from .traits import check_traits
 
 Tensor = torch.Tensor
 
-# The op schema type of each DenseArgs field: the ops take plain tensors and scalars (torch ops
-# take nothing else), in DenseArgs order; their implementations make one DenseArgs of them, the
-# one seam. ``out`` and ``lse`` are mlagen::mla_prefill_out's mutated outputs and are not
-# arguments of mlagen::mla_prefill. A new DenseArgs field adds its type here.
-SCHEMA_TYPES = {
-    "q": "Tensor", "k": "Tensor", "v": "Tensor", "k_rope": "Tensor?", "cu_seqlens_q": "Tensor?",
-    "cu_seqlens_k": "Tensor?", "causal": "bool", "softmax_scale": "float?", "check_seqlens": "bool?",
-    "max_seqlen_q": "SymInt?", "max_seqlen_k": "SymInt?", "kernel": "str?", "q_descale": "Tensor?",
-    "k_descale": "Tensor?", "v_descale": "Tensor?", "out": "Tensor", "lse": "Tensor",
+# The op arguments of each DenseArgs field, "type name": the ops take plain tensors and scalars
+# (torch ops take nothing else), in DenseArgs order, and their implementations make one DenseArgs
+# of them, the one seam. window_size is two ints (checked before the op: traits.check_traits).
+# ``out`` and ``lse`` are mlagen::mla_prefill_out's mutated outputs and are not arguments of
+# mlagen::mla_prefill. A new DenseArgs field adds its op arguments here.
+SCHEMA = {
+    "q": ("Tensor q",), "k": ("Tensor k",), "v": ("Tensor v",), "k_rope": ("Tensor? k_rope",),
+    "cu_seqlens_q": ("Tensor? cu_seqlens_q",), "cu_seqlens_k": ("Tensor? cu_seqlens_k",), "causal": ("bool causal",),
+    "softmax_scale": ("float? softmax_scale",), "check_seqlens": ("bool? check_seqlens",),
+    "max_seqlen_q": ("SymInt? max_seqlen_q",), "max_seqlen_k": ("SymInt? max_seqlen_k",), "kernel": ("str? kernel",),
+    "q_descale": ("Tensor? q_descale",), "k_descale": ("Tensor? k_descale",), "v_descale": ("Tensor? v_descale",),
+    "window_size": ("SymInt window_left", "SymInt window_right"), "chunk_size": ("SymInt? chunk_size",),
+    "softcap": ("float softcap",), "attn_sink": ("Tensor? attn_sink",), "out": ("Tensor out",), "lse": ("Tensor lse",),
 }
 OUTPUTS = ("out", "lse")
 _OUT_AT = DenseArgs._fields.index("out")
-assert DenseArgs._fields[_OUT_AT:_OUT_AT + 2] == OUTPUTS, "out and lse are adjacent DenseArgs fields"
-# (index, name) of each field that holds a tensor (or None).
-_TENSOR_ARGS = tuple((i, name) for i, name in enumerate(DenseArgs._fields) if SCHEMA_TYPES[name].startswith("Tensor"))
+assert DenseArgs._fields[_OUT_AT:] == OUTPUTS, "out and lse are the last DenseArgs fields"
+_WINDOW_AT = DenseArgs._fields.index("window_size")
+# (index, name) of each field the public call checks to be a tensor (or None) before anything
+# else; attn_sink is checked with the traits (traits.check_traits).
+_TENSOR_ARGS = tuple((i, name) for i, name in enumerate(DenseArgs._fields)
+                     if SCHEMA[name][0].startswith("Tensor") and name != "attn_sink")
 
 
 def _schema(fields, mutated=()) -> str:
-    """``(Tensor q, ..., Tensor(a15!) out, ...)``: the argument list torch.library would infer."""
-    return "(" + ", ".join(f"{SCHEMA_TYPES[name]}(a{i}!) {name}" if name in mutated else f"{SCHEMA_TYPES[name]} {name}"
-                           for i, name in enumerate(fields)) + ")"
+    """``(Tensor q, ..., Tensor(a20!) out, ...)``: the argument list torch.library would infer."""
+    parts = [arg for name in fields for arg in SCHEMA[name]]
+    names = [arg.split()[1] for arg in parts]
+    return "(" + ", ".join(arg.replace("Tensor ", f"Tensor(a{i}!) ") if names[i] in mutated else arg
+                           for i, arg in enumerate(parts)) + ")"
 
 
 def op_inputs(args: DenseArgs) -> tuple:
-    """The arguments of ``mlagen::mla_prefill``: the fields but out and lse."""
-    return args[:_OUT_AT] + args[_OUT_AT + 2:]
+    """The arguments of ``mlagen::mla_prefill`` (of mla_prefill_out, but out and lse) for checked
+    traits: the fields but out and lse, window_size as two ints, softcap a float."""
+    left, right = (int(x) for x in tuple(args.window_size))
+    return args[:_WINDOW_AT] + (left, right, args.chunk_size, float(args.softcap)) + args[_WINDOW_AT + 3:_OUT_AT]
 
 
 def _of_inputs(inputs: tuple, out=None, lse=None) -> DenseArgs:
-    return DenseArgs._make(inputs[:_OUT_AT] + (out, lse) + inputs[_OUT_AT:])
+    return DenseArgs._make(inputs[:_WINDOW_AT] + ((inputs[_WINDOW_AT], inputs[_WINDOW_AT + 1]),)
+                           + inputs[_WINDOW_AT + 2:] + (out, lse))
 
 
 @torch.library.custom_op("mlagen::mla_prefill", mutates_args=(),
@@ -68,26 +80,32 @@ def _op(*inputs) -> tuple[Tensor, Tensor]:
     return entry.run(_of_inputs(inputs))
 
 
+def _fake_checks(args: DenseArgs) -> None:
+    check_descales(torch, args)
+    check_traits(torch, args.q, args.causal, args.window_size, args.chunk_size, args.softcap, args.attn_sink,
+                 heads=args.q.shape[1])
+
+
 @_op.register_fake
 def _op_fake(*inputs):
     args = _of_inputs(inputs)
     total_q, _, heads, _, _ = check_arguments(torch, args)
-    check_descales(torch, args)
-    return (args.q.new_empty((total_q, heads, D_V), dtype=torch.bfloat16),
+    _fake_checks(args)
+    return (args.q.new_empty((total_q, heads, args.v.shape[-1]), dtype=torch.bfloat16),
             args.q.new_empty((total_q, heads), dtype=torch.float32))
 
 
 @torch.library.custom_op("mlagen::mla_prefill_out", mutates_args=OUTPUTS,
                          schema=_schema(DenseArgs._fields, OUTPUTS) + " -> ()")
 def _op_out(*values) -> None:
-    entry.run(DenseArgs._make(values))
+    entry.run(_of_inputs(values[:-2], *values[-2:]))
 
 
 @_op_out.register_fake
 def _op_out_fake(*values):
-    args = DenseArgs._make(values)
+    args = _of_inputs(values[:-2], *values[-2:])
     check_arguments(torch, args)
-    check_descales(torch, args)
+    _fake_checks(args)
 
 
 def _tracing(q) -> bool:
@@ -101,8 +119,14 @@ def _tracing(q) -> bool:
 
 def mla_prefill(q, k, v, *, k_rope=None, cu_seqlens_q=None, cu_seqlens_k=None, causal=True, softmax_scale=None,
                 out=None, lse=None, check_seqlens=None, max_seqlen_q=None, max_seqlen_k=None, kernel=None,
-                q_descale=None, k_descale=None, v_descale=None):
-    """Dense MLA prefill attention (unabsorbed, "MHA mode"), as in MLA.md section 1.
+                q_descale=None, k_descale=None, v_descale=None, window_size=(-1, -1), chunk_size=None, softcap=0.0,
+                attn_sink=None):
+    """Dense MLA prefill attention (unabsorbed, "MHA mode"), as in MLA.md sections 1 and 1b.
+
+    The head geometry (d_nope, d_rope, d_v) follows from the tensors' widths: 128 / 64 / 128
+    (DeepSeek-V3, Kimi-K2; the widths below), 192 / 64 / 256 (GLM-5) or 128 / 0 / 128 (no rope
+    part: k has d_nope columns and there is no k_rope). Geometries other than the first, and the
+    window, chunk, softcap and sink traits, run on the sm_90a bf16 kernel.
 
     Args:
         q: [Tq, H, 192] bf16 or fp8 e4m3, nope (128) followed by rope (64). Strided views are
@@ -117,7 +141,7 @@ def mla_prefill(q, k, v, *, k_rope=None, cu_seqlens_q=None, cu_seqlens_k=None, c
         cu_seqlens_q, cu_seqlens_k: optional int32 [B + 1] offsets of a packed (ragged) batch;
             both or neither. Sequence b has queries cu_seqlens_q[b]:cu_seqlens_q[b+1].
         causal: bottom-right aligned: query i of a sequence sees key j iff j <= i + Lk - Lq.
-        softmax_scale: defaults to 1/sqrt(192).
+        softmax_scale: defaults to 1/sqrt(d_nope + d_rope).
         out: optional preallocated [Tq, H, 128] bf16 output (16-byte aligned strides).
         lse: optional preallocated [Tq, H] fp32 output (heads contiguous).
         check_seqlens: read device cu_seqlens back and check that they start at 0, never
@@ -140,10 +164,17 @@ def mla_prefill(q, k, v, *, k_rope=None, cu_seqlens_q=None, cu_seqlens_k=None, c
             applies to k and k_rope alike. None means 1.0. The softmax scale applies to the real
             values: S = softmax_scale * (q_descale * q) (k_descale * k)^T. Accumulation is
             fp32; out is bf16 and lse fp32 as for bf16 inputs.
+        window_size: (left, right), FlashAttention's local attention: query i (at p = i + Lk - Lq)
+            sees keys p - left .. p + right; -1 is unbounded. With ``causal`` right is 0.
+        chunk_size: optional int C: chunked attention, query p sees keys j <= p with
+            j // C == p // C (excludes a window).
+        softcap: c > 0 caps the scores, s <- c * tanh(s / c), before the mask; 0.0 is none.
+        attn_sink: optional float32 [H] on q's device, one sink per head (natural-log units):
+            out = sum_j exp(s_j - m) v_j / (sum_j exp(s_j - m) + exp(sink - m)); lse ignores it.
 
     Returns:
-        (out, lse): out [Tq, H, 128] bf16; lse [Tq, H] fp32, natural log. A row that sees no key
-        gives out = 0 and lse = +inf.
+        (out, lse): out [Tq, H, d_v] bf16; lse [Tq, H] fp32, natural log. A row that sees no key
+        (its mask leaves none) gives out = 0 and lse = +inf.
 
     Raises:
         ValueError (``mlagen.errors.ArgumentError``) or TypeError
@@ -166,12 +197,14 @@ def mla_prefill(q, k, v, *, k_rope=None, cu_seqlens_q=None, cu_seqlens_k=None, c
                                      cu_seqlens_k=cu_seqlens_k, causal=causal, softmax_scale=softmax_scale, out=out,
                                      lse=lse, check_seqlens=check_seqlens, max_seqlen_q=max_seqlen_q,
                                      max_seqlen_k=max_seqlen_k, kernel=kernel, q_descale=q_descale,
-                                     k_descale=k_descale, v_descale=v_descale)
+                                     k_descale=k_descale, v_descale=v_descale, window_size=window_size,
+                                     chunk_size=chunk_size, softcap=softcap, attn_sink=attn_sink)
     # Positional (half the cost of keywords, on every call): DenseArgs' field order, which
     # test_op's test_the_public_call_hands_each_argument_to_its_field holds it to.
     args = DenseArgs(q, k, v, k_rope, cu_seqlens_q, cu_seqlens_k, causal, softmax_scale, check_seqlens, max_seqlen_q,
-                     max_seqlen_k, kernel, q_descale, k_descale, v_descale, out, lse)
-    if kernel is None and type(q) is torch.Tensor and not _tracing(q):
+                     max_seqlen_k, kernel, q_descale, k_descale, v_descale, window_size, chunk_size, softcap,
+                     attn_sink, out, lse)
+    if kernel is None and type(q) is torch.Tensor and not _tracing(q) and entry.plain_traits(args):
         # A call with a launch plan first (its signature is one whose arguments passed every check).
         hit, sig = entry.planned(args)
         if hit is not None:
@@ -185,6 +218,7 @@ def mla_prefill(q, k, v, *, k_rope=None, cu_seqlens_q=None, cu_seqlens_k=None, c
             raise ArgumentTypeError(f"mla_prefill: {name}: expected a torch.Tensor, got {type(t).__name__}")
     if check_seqlens is not None and not isinstance(check_seqlens, bool):
         raise ArgumentTypeError(f"mla_prefill: check_seqlens: expected a bool or None, got {check_seqlens!r}")
+    check_traits(torch, q, causal, window_size, chunk_size, softcap, attn_sink, heads=q.shape[1] if q.dim() == 3 else None)
     if kernel is not None and not isinstance(kernel, str):
         from ...variant import Variant
 
@@ -204,9 +238,8 @@ def mla_prefill(q, k, v, *, k_rope=None, cu_seqlens_q=None, cu_seqlens_k=None, c
     if out is None or lse is None:  # one given: the op writes both, so allocate the other
         total_q, _, heads, _, _ = check_arguments(torch, args)
         if out is None:
-            out = q.new_empty((total_q, heads, D_V), dtype=torch.bfloat16)
+            out = q.new_empty((total_q, heads, v.shape[-1]), dtype=torch.bfloat16)
         if lse is None:
             lse = q.new_empty((total_q, heads), dtype=torch.float32)
-        args = args._replace(out=out, lse=lse)
-    torch.ops.mlagen.mla_prefill_out(*args)
+    torch.ops.mlagen.mla_prefill_out(*op_inputs(args), out, lse)
     return out, lse

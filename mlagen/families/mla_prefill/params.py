@@ -58,8 +58,17 @@ TMA_PARAMS = abi.ParamStruct("Params", (
     abi.Field("tile_counter", "int*"),
     abi.Field("num_virtual_tiles", "int"),
     abi.Field("head_group", "int"),
+    abi.Field("lpt_order", "int"),
     abi.Field("rope_shared", "int"),
-) + _COMMON_FIELDS)
+) + _COMMON_FIELDS + (
+    # The mask's and the score traits' launch values (MLA.md section 1b; mask.cuh): a window's sides
+    # (-1 unbounded), a chunk's size, softcap's scale / c, the per-head sinks (null without).
+    abi.Field("mask_left", "int"),
+    abi.Field("mask_right", "int"),
+    abi.Field("mask_chunk", "int"),
+    abi.Field("softcap_scale", "float"),
+    abi.Field("attn_sink", "float*"),
+))
 
 _DESCALE_FIELDS = (
     abi.Field("q_descale", "float*"),

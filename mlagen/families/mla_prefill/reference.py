@@ -7,7 +7,7 @@ import math
 from typing import Any
 
 from ..kit import Check
-from .problem import D_QK, D_ROPE, D_V, sequence_lengths, shape_sequences
+from .problem import normalize_mask, sequence_lengths, shape_sequences
 
 REL_TOL = 2e-2      # relative L2 error of out allowed against the float32 reference
 LSE_TOL = 2e-2      # absolute error of lse (natural log) allowed
@@ -26,51 +26,93 @@ def dequantize(x, descale, dtype):
     return x * descale.to(device=x.device, dtype=dtype).reshape(1, -1, 1)
 
 
-def reference(q, k, v, *, k_rope=None, cu_seqlens_q=None, cu_seqlens_k=None, causal=True, softmax_scale=None,
-              dtype=None, head_chunk: int = 16, q_descale=None, k_descale=None, v_descale=None):
-    """MLA.md section 1 computed in ``dtype`` (float32 on GPU, float64 on CPU by default).
+def band(positions, len_k: int, mask: str, window=(-1, -1), chunk: int = 0):
+    """Visible keys [lo, hi) of each query position (MLA.md section 1b; mlagen/common/mask.cuh),
+    as a bool [len(positions), len_k] tensor."""
+    import torch
 
-    FP8 inputs are dequantized first (stored value x descale, per tensor or per head; k_descale
-    applies to k and k_rope), so the reference is exact math on the values the kernel is given.
-    Returns (out, lse) in that dtype: out [Tq, H, 128], lse [Tq, H] (natural log; +inf for a row
+    p = positions.unsqueeze(1)
+    j = torch.arange(len_k, device=positions.device).unsqueeze(0)
+    if mask == "none":
+        return torch.ones(p.shape[0], len_k, dtype=torch.bool, device=p.device)
+    if mask == "causal":
+        return j <= p
+    if mask == "chunked":
+        return (j <= p) & (torch.div(j, chunk, rounding_mode="floor") == torch.div(p, chunk, rounding_mode="floor"))
+    left, right = window
+    visible = torch.ones(p.shape[0], len_k, dtype=torch.bool, device=p.device)
+    if left >= 0:
+        visible &= j >= p - left
+    if right >= 0:
+        visible &= j <= p + right
+    return visible
+
+
+def _attend(qh, kh, vh, positions, mask, window, chunk, scale, softcap, sink):
+    """One sequence's heads: qh [h, lq, d_qk] at ``positions``, kh / vh [h, lk, ...]; (out, lse) with
+    out [h, lq, d_v] and lse [h, lq] (+inf where nothing is visible)."""
+    import torch
+
+    s = torch.matmul(qh, kh.transpose(1, 2)) * scale
+    if softcap:
+        s = softcap * torch.tanh(s / softcap)
+    s = s.masked_fill(~band(positions, kh.shape[1], mask, window, chunk), -math.inf)
+    row_lse = torch.logsumexp(s, dim=-1)                         # -inf where nothing visible
+    seen = torch.isfinite(row_lse)
+    p = torch.where(seen.unsqueeze(-1), torch.exp(s - row_lse.unsqueeze(-1)), torch.zeros_like(s))
+    if sink is not None:   # the denominator gains exp(sink): p / (1 + exp(sink - lse))
+        p = p / (1 + torch.exp(sink.reshape(-1, 1) - row_lse.clamp_min(-1e30))).unsqueeze(-1)
+    return torch.matmul(p, vh), torch.where(seen, row_lse, torch.full_like(row_lse, math.inf))
+
+
+def reference(q, k, v, *, k_rope=None, cu_seqlens_q=None, cu_seqlens_k=None, causal=True, softmax_scale=None,
+              dtype=None, head_chunk: int = 16, q_descale=None, k_descale=None, v_descale=None,
+              window_size=(-1, -1), chunk_size=None, softcap=0.0, attn_sink=None, q_positions=None):
+    """MLA.md sections 1 and 1b computed in ``dtype`` (float32 on GPU, float64 on CPU by default).
+
+    Any head geometry (q [Tq, H, d_qk], k [Tk, H, d_qk] or [Tk, H, d_nope] with k_rope [Tk, 1 or H,
+    d_rope], v [Tk, H, d_v]); the masks causal / none / ``window_size`` / ``chunk_size`` (bottom-right
+    aligned, FlashAttention's conventions), ``softcap`` (s <- c tanh(s / c) before the mask) and a
+    per-head ``attn_sink`` [H] (only the denominator changes; lse ignores it). FP8 inputs are
+    dequantized first (stored value x descale, per tensor or per head; k_descale applies to k and
+    k_rope), so the reference is exact math on the values the kernel is given. ``q_positions``
+    (one sequence only): the position of each query row, for a slice of a sequence's rows.
+    Returns (out, lse) in that dtype: out [Tq, H, d_v], lse [Tq, H] (natural log; +inf for a row
     that sees no key, whose output is 0).
     """
     import torch
 
     if dtype is None:
         dtype = torch.float64 if q.device.type == "cpu" else torch.float32
-    total_q, heads, _ = q.shape
-    total_k = k.shape[0]
+    total_q, heads, d_qk = q.shape
+    total_k, d_v = k.shape[0], v.shape[2]
     if q_descale is not None or k_descale is not None or v_descale is not None:
         q, k, v = dequantize(q, q_descale, dtype), dequantize(k, k_descale, dtype), dequantize(v, v_descale, dtype)
         if k_rope is not None:
-            k_rope = dequantize(k_rope.expand(total_k, heads, D_ROPE), k_descale, dtype)
+            k_rope = dequantize(k_rope.expand(total_k, heads, k_rope.shape[2]), k_descale, dtype)
     if k_rope is not None:
-        kr = k_rope.expand(total_k, heads, D_ROPE) if k_rope.shape[1] == 1 else k_rope
-        k = torch.cat([k, kr], dim=-1)
-    scale = 1.0 / math.sqrt(D_QK) if softmax_scale is None else float(softmax_scale)
+        kr = k_rope.expand(total_k, heads, k_rope.shape[2]) if k_rope.shape[1] == 1 else k_rope
+        k = torch.cat([k.to(dtype), kr.to(dtype)], dim=-1)
+    scale = 1.0 / math.sqrt(d_qk) if softmax_scale is None else float(softmax_scale)
+    mask, window, chunk = normalize_mask(causal, tuple(window_size), chunk_size or 0)
+    sink = None if attn_sink is None else attn_sink.to(device=q.device, dtype=dtype)
     cu_q = None if cu_seqlens_q is None else cu_seqlens_q.cpu()
     cu_k = None if cu_seqlens_k is None else cu_seqlens_k.cpu()
-    out = torch.zeros((total_q, heads, D_V), dtype=dtype, device=q.device)
+    out = torch.zeros((total_q, heads, d_v), dtype=dtype, device=q.device)
     lse = torch.full((total_q, heads), math.inf, dtype=dtype, device=q.device)
     for qs, lq, ks, lk in sequence_lengths(cu_q, cu_k, total_q, total_k):
         if lq == 0 or lk == 0:
             continue
-        i = torch.arange(lq, device=q.device).unsqueeze(1)
-        j = torch.arange(lk, device=q.device).unsqueeze(0)
-        visible = (j <= i + (lk - lq)) if causal else torch.ones(lq, lk, dtype=torch.bool, device=q.device)
+        positions = (torch.arange(lq, device=q.device) + (lk - lq)) if q_positions is None else q_positions.to(q.device)
         for h0 in range(0, heads, head_chunk):
             h1 = min(heads, h0 + head_chunk)
-            qh = q[qs:qs + lq, h0:h1].to(dtype).transpose(0, 1)          # [h, lq, 192]
-            kh = k[ks:ks + lk, h0:h1].to(dtype).transpose(0, 1)          # [h, lk, 192]
-            vh = v[ks:ks + lk, h0:h1].to(dtype).transpose(0, 1)          # [h, lk, 128]
-            s = torch.matmul(qh, kh.transpose(1, 2)) * scale
-            s = s.masked_fill(~visible, -math.inf)
-            row_lse = torch.logsumexp(s, dim=-1)                         # -inf where nothing visible
-            seen = torch.isfinite(row_lse)
-            p = torch.where(seen.unsqueeze(-1), torch.exp(s - row_lse.unsqueeze(-1)), torch.zeros_like(s))
-            out[qs:qs + lq, h0:h1] = torch.matmul(p, vh).transpose(0, 1)
-            lse[qs:qs + lq, h0:h1] = torch.where(seen, row_lse, torch.full_like(row_lse, math.inf)).transpose(0, 1)
+            qh = q[qs:qs + lq, h0:h1].to(dtype).transpose(0, 1)          # [h, lq, d_qk]
+            kh = k[ks:ks + lk, h0:h1].to(dtype).transpose(0, 1)          # [h, lk, d_qk]
+            vh = v[ks:ks + lk, h0:h1].to(dtype).transpose(0, 1)          # [h, lk, d_v]
+            o, l = _attend(qh, kh, vh, positions, mask, window, chunk, scale, softcap,
+                           None if sink is None else sink[h0:h1])
+            out[qs:qs + lq, h0:h1] = o.transpose(0, 1)
+            lse[qs:qs + lq, h0:h1] = l.transpose(0, 1)
     return out, lse
 
 
@@ -91,9 +133,10 @@ def quantize(x, dtype: str, per_head: bool):
 def make_inputs(shape, device, seed: int = 0, dtype: str = "bf16") -> dict[str, Any]:
     """Fresh standard-normal operands for ``shape`` (never zeros, never constants).
 
-    Returns a dict with q [Tq, H, 192], k [Tk, H, 128] (nope), k_rope [Tk, 1, 64] (shared by all
-    heads), v [Tk, H, 128], cu_seqlens_q / cu_seqlens_k (int32 [B + 1] on ``device``, or None for
-    a batch of one) and causal. ``dtype`` "fp8_e4m3" or "fp8_e4m3fnuz" quantizes the operands
+    Returns a dict with q [Tq, H, d_qk], k [Tk, H, d_nope], k_rope [Tk, 1, d_rope] (shared by all
+    heads; None when the shape's geometry has no rope part), v [Tk, H, d_v], cu_seqlens_q /
+    cu_seqlens_k (int32 [B + 1] on ``device``, or None for a batch of one) and causal; a shape's
+    other traits add window_size, chunk_size, softcap and attn_sink (fp32 [H], 2 N(0, 1) + 2). ``dtype`` "fp8_e4m3" or "fp8_e4m3fnuz" quantizes the operands
     (q and v with one descale per head, k and k_rope with one for the tensor, as a shared rope
     needs) and adds q_descale, k_descale and v_descale.
     """
@@ -108,8 +151,18 @@ def make_inputs(shape, device, seed: int = 0, dtype: str = "bf16") -> dict[str, 
         return torch.randn(size, generator=gen, device=device, dtype=torch.float32 if fp8 else torch.bfloat16)
 
     tq, tk, h = sum(shape.q_lens), sum(shape.k_lens), shape.heads
-    inputs = {"q": randn(tq, h, D_QK), "k": randn(tk, h, D_QK - D_ROPE), "k_rope": randn(tk, 1, D_ROPE),
-              "v": randn(tk, h, D_V), "cu_seqlens_q": None, "cu_seqlens_k": None, "causal": shape.causal}
+    d_nope, d_rope, d_v = getattr(shape, "dims", (128, 64, 128))
+    inputs = {"q": randn(tq, h, d_nope + d_rope), "k": randn(tk, h, d_nope),
+              "k_rope": randn(tk, 1, d_rope) if d_rope else None,
+              "v": randn(tk, h, d_v), "cu_seqlens_q": None, "cu_seqlens_k": None, "causal": shape.causal}
+    if getattr(shape, "window", (-1, -1)) != (-1, -1):
+        inputs["window_size"] = tuple(shape.window)
+    if getattr(shape, "chunk", 0):
+        inputs["chunk_size"] = shape.chunk
+    if getattr(shape, "softcap", 0):
+        inputs["softcap"] = float(shape.softcap)
+    if getattr(shape, "sink", False):
+        inputs["attn_sink"] = 2 * torch.randn(h, generator=gen, device=device, dtype=torch.float32) + 2
     if fp8:
         inputs["q"], inputs["q_descale"] = quantize(inputs["q"], dtype, per_head=True)
         inputs["v"], inputs["v_descale"] = quantize(inputs["v"], dtype, per_head=True)
@@ -145,12 +198,13 @@ def make_stress_inputs(shape, device, seed: int = 0, dtype: str = "bf16") -> dic
 
 
 def reference_heads(shape, inputs: dict, heads: int | None = 2, budget_bytes: int = 2 << 30):
-    """MLA.md section 1 in float32 for heads [0, heads) (all if None): (out, lse).
+    """MLA.md sections 1 and 1b in float32 for heads [0, heads) (all if None): (out, lse), with
+    the shape's geometry, mask and score traits (the inputs' window_size, chunk_size, softcap,
+    attn_sink).
 
     Runs :func:`reference` on chunks of query rows, so its score matrices stay within about
-    ``budget_bytes``. A causal chunk of rows [r0, r1) gets the keys [0, r1 + Lk - Lq) of its
-    sequence: the reference's own bottom-right offset then lands each row on the keys it sees in
-    the whole sequence.
+    ``budget_bytes``; each chunk gets its rows' positions in the sequence (q_positions) and the keys
+    its band can reach.
     """
     import torch
 
@@ -160,17 +214,24 @@ def reference_heads(shape, inputs: dict, heads: int | None = 2, budget_bytes: in
     for name in ("q_descale", "k_descale", "v_descale"):
         d = inputs.get(name)
         descales[name] = None if d is None else (d if d.numel() == 1 else d[:heads])
+    sink = inputs.get("attn_sink")
+    traits = {"window_size": inputs.get("window_size", (-1, -1)), "chunk_size": inputs.get("chunk_size"),
+              "softcap": inputs.get("softcap", 0.0), "attn_sink": None if sink is None else sink[:heads]}
+    mask = getattr(shape, "mask", "causal" if shape.causal else "none")
     total_q = sum(shape.q_lens)
-    out = torch.zeros((total_q, heads, D_V), dtype=torch.float32, device=q.device)
+    out = torch.zeros((total_q, heads, v.shape[2]), dtype=torch.float32, device=q.device)
     lse = torch.full((total_q, heads), math.inf, dtype=torch.float32, device=q.device)
     for qs, lq, ks, lk in shape_sequences(shape):
         rows = max(1, budget_bytes // (6 * 4 * heads * max(lk, 1)))  # ~6 live fp32 score matrices
         for r0 in range(0, lq, rows):
             r1 = min(lq, r0 + rows)
-            keys = max(0, min(lk, r1 + lk - lq)) if shape.causal else lk
+            # Keys past the last row's band are never visible (causal, chunked, a window's right side).
+            right = -1 if mask == "none" else (traits["window_size"][1] if mask == "window" else 0)
+            keys = lk if right < 0 else max(0, min(lk, r1 + lk - lq + right))
             kr = slice(ks, ks + keys)
-            o, l = reference(q[qs + r0:qs + r1], k[kr], v[kr], k_rope=k_rope[kr], causal=shape.causal,
-                             dtype=torch.float32, **descales)
+            positions = torch.arange(r0, r1, device=q.device) + (lk - lq)
+            o, l = reference(q[qs + r0:qs + r1], k[kr], v[kr], k_rope=None if k_rope is None else k_rope[kr],
+                             causal=shape.causal, dtype=torch.float32, q_positions=positions, **traits, **descales)
             out[qs + r0:qs + r1] = o
             lse[qs + r0:qs + r1] = l
     return out, lse

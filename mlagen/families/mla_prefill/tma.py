@@ -217,6 +217,19 @@ def head_group(call: Call, scheduler: str) -> int:
     return min(CAUSAL_HEAD_GROUP, call.heads)
 
 
+# Sequences per launch that the kernel can hand out longest-first (tile_index.cuh:
+# find_sequence_lpt, one sequence per lane of a warp).
+LPT_MAX_BATCH = 32
+
+
+def lpt_order(call: Call) -> int:
+    """1 if the kernel takes the sequences longest key range first, 0 for batch order. A chunked
+    prefill batch is the case it is for: cached prefixes of 1k to 16k tokens give tiles of 10x
+    different work, and in batch order the queue's last tiles are whichever sequence comes last
+    (docs/notes.md, "Chunked prefill"). ``MLAGEN_SEQ_ORDER=batch`` keeps the batch order."""
+    return int(1 < call.batch <= LPT_MAX_BATCH and knobs.seq_order() == "lpt")
+
+
 @dataclass(frozen=True)
 class _Plan:
     """What a launch of one selected kernel reads on every call, derived once from its variant."""
@@ -245,6 +258,22 @@ def _plan(selection, env: dict) -> _Plan:
                      (selection.resources.threads, 1, 1), selection.resources.smem_bytes)
         selection.plan["tma"] = plan
     return plan
+
+
+LOG2E = 1.4426950408889634
+
+
+def trait_values(call: Call) -> dict:
+    """The mask's and the score traits' launch values (params.py; mask.cuh): a window's sides and a
+    chunk's size, softcap's pre-scale (with softcap the softmax's scale becomes c * log2(e): the
+    kernel computes c * tanh(scale * s / c)), and the sinks' pointer."""
+    t = call.traits
+    values = {"mask_left": t.window[0], "mask_right": t.window[1], "mask_chunk": max(t.chunk, 1),
+              "softcap_scale": call.scale / t.softcap if t.softcap else 0.0,
+              "attn_sink": 0 if t.attn_sink is None else t.attn_sink.data_ptr()}
+    if t.softcap:
+        values["scale_log2"] = t.softcap * LOG2E
+    return values
 
 
 # The tensor maps of the bf16 launcher, in its parameter struct's order (the launch plan's too).
@@ -280,7 +309,9 @@ def launch(selection, call: Call, env: dict, stream: int) -> tuple[tuple, dict]:
     values["tile_counter"] = tile_counter(call.q.device, stream) if s.scheduler == "dynamic" else 0
     values["num_virtual_tiles"] = n_virtual
     values["head_group"] = head_group(call, s.scheduler)
+    values["lpt_order"] = lpt_order(call)
     values["rope_shared"] = int(call.k_rope.size(1) == 1)
+    values.update(trait_values(call))
     if p.fp8:
         values.update(descale_values(call))
     selection.kernel.launch((grid, 1, 1), p.block, p.smem, stream, p.abi.pack(values))

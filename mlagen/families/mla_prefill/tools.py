@@ -76,6 +76,8 @@ def _parse_variant(text: str) -> dict:
         key, sep, value = item.partition("=")
         if not sep:
             raise SystemExit(f"--variant {text!r}: expected NAME=VALUE[,NAME=VALUE...]")
+        if key.strip() in out:
+            raise SystemExit(f"--variant {text!r}: {key.strip()} is given twice; give each name once")
         out[key.strip()] = value.strip()
     return out
 

@@ -47,8 +47,9 @@ class MlaSparsePrefillFamily(kit.ShapesOf, Family):
         if formats is not None and (not isinstance(formats, str) or not set(formats.split(",")) <= set(allowed)):
             raise SpecError(spec.path, "problem.preferred_kv_formats", f"{formats!r}: expected comma-separated "
                             f"names of the spec's kv_format values {allowed}")
-        if "persistent" in problem and not isinstance(problem["persistent"], bool):
-            raise SpecError(spec.path, "problem.persistent", f"{problem['persistent']!r}: expected true or false")
+        for key in ("persistent", "two_pools"):
+            if key in problem and not isinstance(problem[key], bool):
+                raise SpecError(spec.path, f"problem.{key}", f"{problem[key]!r}: expected true or false")
         if "compute" in problem:
             raise SpecError(spec.path, "problem.compute", "the fp8 compute mode was removed (2026-12-01): every "
                             "spec of this family computes in bf16; drop the key")
@@ -97,7 +98,7 @@ class MlaSparsePrefillFamily(kit.ShapesOf, Family):
         # The operand as data for the template: its device loader and row layout.
         kv = {"format": fmt.name, "quantized": fmt.quantized, "row_bytes": fmt.row_bytes, "value_count": fmt.values,
               "scale_block": fmt.scale_block, "scale_offset": fmt.scale_offset, "rope_offset": fmt.rope_offset,
-              "rope": fmt.rope}
+              "rope": fmt.rope, "scale_dtype": fmt.scale_dtype, "page_scales": fmt.page_scales}
         return {"params_decl": ABIS[variant.spec.abi](fmt.name).c_declaration(),
                 "smem_bytes": estimate(variant).smem_bytes, "kv": kv}
 
@@ -132,6 +133,8 @@ class MlaSparsePrefillFamily(kit.ShapesOf, Family):
         formats = dict(spec.specialize).get("kv_format", ())
         if getattr(shape, "kv_format", "bf16") not in formats:
             return f"the shape's kv={shape.kv_format} is not one of the spec's kv_format values {list(formats)}"
+        if getattr(shape, "s_kv", 0) and getattr(shape, "window", 0) and not dict(spec.problem).get("two_pools"):
+            return "the shape has two KV pools; this spec's kernel reads one (problem.two_pools is not set)"
         return None
 
     # --- run time ---------------------------------------------------------------------------
@@ -145,6 +148,10 @@ class MlaSparsePrefillFamily(kit.ShapesOf, Family):
         launch(selection, call, stream)
 
     def make_inputs(self, shape, device, seed: int = 0) -> dict:
+        if getattr(shape, "window", 0):   # DeepSeek-V4: the window's pool and the compressed pool
+            from .v4 import make_inputs as v4_inputs
+
+            return v4_inputs(shape, device, seed)
         from .reference import make_inputs
 
         return make_inputs(shape, device, seed)
@@ -169,7 +176,7 @@ class MlaSparsePrefillFamily(kit.ShapesOf, Family):
         return run(inputs["q"], inputs["kv"], inputs["indices"], softmax_scale=inputs["softmax_scale"],
                    topk_length=inputs.get("topk_length"), attn_sink=inputs.get("attn_sink"), out=out,
                    max_logits=max_logits, lse=lse, kernel=variant if variant is not None else kernel,
-                   kv_format=inputs.get("kv_format", "bf16"))
+                   kv_format=inputs.get("kv_format", "bf16"), **_extra(inputs))
 
     def reference(self, shape, inputs, heads: int | None = None):
         """The reference on the first ``heads`` heads (fp32-dequantized rows for a quantized cache)."""
@@ -179,7 +186,7 @@ class MlaSparsePrefillFamily(kit.ShapesOf, Family):
         sink = inputs.get("attn_sink")
         return reference(inputs["q"][:, :h], inputs["kv"], inputs["indices"], softmax_scale=inputs["softmax_scale"],
                          topk_length=inputs.get("topk_length"), attn_sink=None if sink is None else sink[:h],
-                         kv_format=inputs.get("kv_format", "bf16"))
+                         kv_format=inputs.get("kv_format", "bf16"), **_extra(inputs))
 
     def compare(self, got, ref):
         from .reference import compare
@@ -187,11 +194,18 @@ class MlaSparsePrefillFamily(kit.ShapesOf, Family):
         return compare(got, ref)
 
     def flops(self, shape) -> int:
-        return flops(shape.sq, shape.heads, shape.topk, shape.d_qk)
+        """Both pools' key positions (a V4 shape's window and compressed entries), invalid ones counted."""
+        return flops(shape.sq, shape.heads, getattr(shape, "keys", shape.topk), shape.d_qk)
 
     @property
     def tolerance(self) -> float:
         return REL_TOL
+
+
+def _extra(inputs: dict) -> dict:
+    """The second pool's arguments of a two-pool shape's inputs (none for one pool)."""
+    return {k: inputs[k] for k in ("extra_kv", "extra_indices", "extra_topk_length", "extra_kv_format")
+            if inputs.get(k) is not None}
 
 
 FAMILY = register(MlaSparsePrefillFamily())

@@ -60,15 +60,42 @@ class Call:
     page_size: int    # 0: rows are kv_row_stride apart; else row r is (r // ps, r % ps) of a paged pool
     scale: float
     kv_format: str = "bf16"   # operands.NAMES; strides count elements of kv (bytes when quantized)
+    extra: "Pool | None" = None   # the second pool of one softmax (MLA.md 2b), None without one
 
     @property
     def key(self) -> ProblemKey:
         return problem_key(self)
 
     @property
+    def keys(self) -> int:
+        """Key positions per query over both pools (what the kernel's work scales with)."""
+        return self.topk + (self.extra.topk if self.extra is not None else 0)
+
+    @property
     def empty(self) -> bool:
         """Nothing to launch: no rows, or no row can see a key."""
-        return self.sq == 0 or self.topk == 0 or self.num_kv == 0
+        first = self.topk == 0 or self.num_kv == 0
+        return self.sq == 0 or first and (self.extra is None or self.extra.empty)
+
+
+@dataclass
+class Pool:
+    """The second KV pool of a call (``extra_kv`` / ``extra_indices`` / ``extra_topk_length``):
+    its key positions follow the first pool's in one softmax. Fields as :class:`Call`'s."""
+
+    kv: Any
+    indices: Any      # [Sq, topk] view
+    topk_length: Any  # [Sq] int32 or None
+    topk: int
+    num_kv: int
+    kv_row_stride: int
+    kv_page_stride: int
+    page_size: int
+    kv_format: str = "bf16"
+
+    @property
+    def empty(self) -> bool:
+        return self.topk == 0 or self.num_kv == 0
 
 
 def kv_format_of(kv_format, d_qk: int = 576) -> operands.KvFormat:
@@ -80,28 +107,38 @@ def kv_format_of(kv_format, d_qk: int = 576) -> operands.KvFormat:
     return operands.get(kv_format, d_qk)
 
 
-def kv_layout(kv, fmt: operands.KvFormat, device=None):
+def kv_layout(kv, fmt: operands.KvFormat, device=None, arg: str = "kv"):
     """Check the cache tensor against its format and map it onto rows: returns (kv as the kernel
     reads it, N rows, page_size, row stride, page stride), strides in elements of kv (bytes for a
     quantized cache). page_size 0 means rows are one stride apart (a flat table, or pages back
     to back); otherwise row ``r`` is page ``r // page_size``, offset ``r % page_size``.
 
     bf16: [N, d], [N, 1, d] or [blocks, page, d]. Quantized: uint8 [N, row_bytes],
-    [blocks, page, row_bytes] or [blocks, page, 1, row_bytes] (FlashMLA's decode cache)."""
+    [blocks, page, row_bytes] or [blocks, page, 1, row_bytes] (FlashMLA's decode cache); a format
+    with scales after each page's rows (fp8_v4): uint8 [blocks, page_bytes] or FlashMLA's views
+    [blocks, page, (1,) token_bytes] of it (operands.page_pool), row stride row_bytes."""
     import torch
 
     dtype = torch.uint8 if fmt.quantized else torch.bfloat16
+    if fmt.quantized and isinstance(kv, torch.Tensor) and kv.dtype == torch.float8_e4m3fn:
+        kv = kv.view(torch.uint8)   # the same bytes: FlashMLA's quantize_k_cache returns its cache typed so
     if isinstance(kv, torch.Tensor) and kv.dtype != dtype:
-        _fail("kv", f"dtype must be {dtype} for kv_format {fmt.name!r}, got {kv.dtype}", ArgumentTypeError)
-    _check_tensor(torch, kv, "kv", dtype, (2, 3, 4) if fmt.quantized else (2, 3), device)
+        _fail(arg, f"dtype must be {dtype} for kv_format {fmt.name!r}, got {kv.dtype}", ArgumentTypeError)
+    _check_tensor(torch, kv, arg, dtype, (2, 3, 4) if fmt.quantized else (2, 3), device)
+    if fmt.page_scales:   # scales after each page's rows: always paged (operands.page_pool)
+        try:
+            num_kv, page_size, page_stride = operands.page_pool(kv.shape, kv.stride(), fmt, kv.data_ptr())
+        except ValueError as exc:
+            _fail(arg, str(exc))
+        return kv, num_kv, page_size, fmt.row_bytes, page_stride
     if kv.dim() == 4:
         if kv.shape[2] != 1:
-            _fail("kv", f"a 4-D cache must be [num_blocks, page_size, 1, {fmt.row_elems}], got {tuple(kv.shape)}")
+            _fail(arg, f"a 4-D cache must be [num_blocks, page_size, 1, {fmt.row_elems}], got {tuple(kv.shape)}")
         kv = kv[:, :, 0]
     if kv.shape[-1] != fmt.row_elems:
         if not fmt.quantized:
-            _fail("kv", f"last dimension must match q's d_qk {fmt.d_qk}, got {kv.shape[-1]}")
-        _fail("kv", f"last dimension must be {fmt.row_elems} (kv_format {fmt.name!r} rows are {fmt.row_bytes} bytes ("
+            _fail(arg, f"last dimension must match q's d_qk {fmt.d_qk}, got {kv.shape[-1]}")
+        _fail(arg, f"last dimension must be {fmt.row_elems} (kv_format {fmt.name!r} rows are {fmt.row_bytes} bytes ("
                     f"{fmt.values} e4m3, {fmt.scales} fp32 scales, {fmt.rope} bf16)), got {kv.shape[-1]}")
     if kv.dim() == 2:
         num_kv, page_size, row_stride, page_stride = kv.shape[0], 0, kv.stride(0), 0
@@ -122,8 +159,61 @@ def kv_layout(kv, fmt: operands.KvFormat, device=None):
     return kv, num_kv, page_size, row_stride, page_stride
 
 
+def _index_rows(torch, indices, arg: str, sq: int, device):
+    """indices as [Sq, topk] (from [Sq, topk] or FlashMLA's [Sq, 1, topk])."""
+    _check_tensor(torch, indices, arg, torch.int32, (2, 3), device)
+    if indices.dim() == 3:
+        if indices.shape[1] != 1:
+            _fail(arg, f"expected [Sq, topk] or [Sq, 1, topk], got {tuple(indices.shape)}")
+        indices = indices[:, 0, :]
+    if indices.shape[0] != sq:
+        _fail(arg, f"has {indices.shape[0]} rows, q has {sq} query tokens")
+    return indices
+
+
+def _lengths(torch, topk_length, arg: str, sq: int, device):
+    if topk_length is not None:
+        _check_tensor(torch, topk_length, arg, torch.int32, (1,), device)
+        if topk_length.shape[0] != sq:
+            _fail(arg, f"expected shape ({sq},), got {tuple(topk_length.shape)}")
+    return topk_length
+
+
+def _extra_pool(torch, extra_kv, extra_indices, extra_topk_length, extra_kv_format, kv_format, d_qk, sq, device,
+                num_kv):
+    """The second pool of a call, checked (errors name the extra_* argument), or None."""
+    if extra_kv is None and extra_indices is None:
+        if extra_topk_length is not None:
+            _fail("extra_topk_length", "given without extra_kv / extra_indices")
+        return None
+    if extra_kv is None or extra_indices is None:
+        _fail("extra_kv" if extra_kv is None else "extra_indices", "extra_kv and extra_indices come together (the "
+              "second pool and its index lists)")
+    if extra_kv_format is None:
+        extra_kv_format = kv_format
+    if not isinstance(extra_kv_format, str) or extra_kv_format not in operands.NAMES:
+        _fail("extra_kv_format", f"{extra_kv_format!r} is not one of {list(operands.NAMES)}",
+              ArgumentTypeError if not isinstance(extra_kv_format, str) else ArgumentError)
+    fmt = operands.get(extra_kv_format, d_qk)
+    if fmt.d_qk != d_qk:
+        _fail("extra_kv_format", f"{fmt.name!r} rows hold d_qk {fmt.d_qk}, q has {d_qk}")
+    kv, n, page_size, row_stride, page_stride = kv_layout(extra_kv, fmt, device, "extra_kv")
+    if num_kv + n > MAX_ROWS:
+        _fail("extra_kv", f"the two pools hold {num_kv} + {n} rows; at most 2**31 - 1 together")
+    indices = _index_rows(torch, extra_indices, "extra_indices", sq, device)
+    topk_length = _lengths(torch, extra_topk_length, "extra_topk_length", sq, device)
+    return Pool(kv, indices, topk_length, indices.shape[1], n, row_stride, page_stride, page_size, fmt.name)
+
+
+def as_paged(num_kv: int, row_stride: int) -> tuple[int, int]:
+    """(page_size, page_stride) of a flat pool read by a paged kernel: one page of all its rows."""
+    rows = max(num_kv, 1)
+    return rows, rows * row_stride
+
+
 def prepare(q, kv, indices, *, softmax_scale, topk_length=None, attn_sink=None, d_v=D_V, out=None,
-            max_logits=None, lse=None, kv_format="bf16", compute="bf16") -> Call:
+            max_logits=None, lse=None, kv_format="bf16", compute="bf16", extra_kv=None, extra_indices=None,
+            extra_topk_length=None, extra_kv_format=None) -> Call:
     """Validate the arguments (errors name the argument) and allocate the outputs. Reads no
     device values, so it never synchronises the host and can run inside CUDA graph capture."""
     import torch
@@ -150,19 +240,18 @@ def prepare(q, kv, indices, *, softmax_scale, topk_length=None, attn_sink=None, 
                    f"({fmt.values} latent + {fmt.rope} rope), got {d_qk}")
     kv, num_kv, page_size, row_stride, page_stride = kv_layout(kv, fmt, device)
 
-    _check_tensor(torch, indices, "indices", torch.int32, (2, 3), device)
-    if indices.dim() == 3:
-        if indices.shape[1] != 1:
-            _fail("indices", f"expected [Sq, topk] or [Sq, 1, topk], got {tuple(indices.shape)}")
-        indices = indices[:, 0, :]
-    if indices.shape[0] != sq:
-        _fail("indices", f"has {indices.shape[0]} rows, q has {sq} query tokens")
+    indices = _index_rows(torch, indices, "indices", sq, device)
     topk = indices.shape[1]
-
-    if topk_length is not None:
-        _check_tensor(torch, topk_length, "topk_length", torch.int32, (1,), device)
-        if topk_length.shape[0] != sq:
-            _fail("topk_length", f"expected shape ({sq},), got {tuple(topk_length.shape)}")
+    topk_length = _lengths(torch, topk_length, "topk_length", sq, device)
+    num_kv = min(num_kv, MAX_ROWS)
+    extra = _extra_pool(torch, extra_kv, extra_indices, extra_topk_length, extra_kv_format, fmt.name, d_qk, sq,
+                        device, num_kv)
+    if extra is not None and (page_size > 0) != (extra.page_size > 0):
+        # One kernel reads both: a flat pool in the paged kernel is one page of all its rows.
+        if page_size == 0:
+            page_size, page_stride = as_paged(num_kv, row_stride)
+        else:
+            extra.page_size, extra.kv_page_stride = as_paged(extra.num_kv, extra.kv_row_stride)
     if attn_sink is not None:
         _check_tensor(torch, attn_sink, "attn_sink", torch.float32, (1,), device)
         if attn_sink.shape[0] != heads:
@@ -199,7 +288,7 @@ def prepare(q, kv, indices, *, softmax_scale, topk_length=None, attn_sink=None, 
 
     q = kit.aligned_or_copy(q)
     return Call(q, kv, indices, topk_length, attn_sink, out, max_logits, lse, sq, heads, topk, d_qk,
-                min(num_kv, MAX_ROWS), row_stride, page_stride, page_size, scale, fmt.name)
+                num_kv, row_stride, page_stride, page_size, scale, fmt.name, extra)
 
 
 def fill_empty(call: Call) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ...errors import SpecError
 from .params import ABIS
-from .problem import NAME
+from .problem import NAME, is_paged
 
 SCHEDULE_KEYS = ("roles", "gather", "consumer_split")
 
@@ -20,15 +20,25 @@ def family_specs():
 def specialization(call) -> dict:
     """The compile-time values a call (or Shape) needs: d_qk, whether kv is a pool of strided
     pages, and the KV format."""
-    return {"d_qk": call.d_qk, "paged": getattr(call, "page_size", 0) > 0,
-            "kv_format": getattr(call, "kv_format", "bf16")}
+    return {"d_qk": call.d_qk, "paged": is_paged(call), "kv_format": getattr(call, "kv_format", "bf16")}
 
 
 def accepts(spec, call) -> bool:
-    """Whether ``spec`` can serve ``call`` (a Call or a Shape): its ABI, and its specialisation
-    axes hold the call's values."""
+    """Whether ``spec`` can serve ``call`` (a Call or a Shape): its ABI, its specialisation axes
+    hold the call's values, and a call with a second pool needs a two-pool kernel."""
     axes = dict(spec.specialize)
-    return spec.abi in ABIS and all(v in axes.get(k, ()) for k, v in specialization(call).items())
+    return (spec.abi in ABIS and all(v in axes.get(k, ()) for k, v in specialization(call).items())
+            and (getattr(call, "extra", None) is None or two_pools(spec)))
+
+
+def two_pools(spec) -> bool:
+    """Whether the spec's kernel reads a second KV pool (``problem.two_pools``, MLA.md 2b)."""
+    return bool(dict(spec.problem).get("two_pools", False))
+
+
+def two_pool_targets() -> list[str]:
+    """The targets of the family's specs whose kernels read two pools."""
+    return sorted({t for s in family_specs() if two_pools(s) for t in s.targets})
 
 
 def preferred(spec, call) -> bool:

@@ -24,20 +24,23 @@ _kv_maps_lock = threading.Lock()
 _NO_MAP = bytes(128)
 
 
-def _kv_map_key(call: Call) -> tuple:
-    """(address, chunks, rows of a page, pages, row bytes, page bytes) of the KV tensor map."""
-    row_bytes, chunks = 2 * call.kv_row_stride, call.d_qk // 64
-    if call.page_size > 0:
-        rows, pages, page_bytes = call.page_size, -(-call.num_kv // call.page_size), 2 * call.kv_page_stride
+def _kv_map_key(call: Call, pool=None) -> tuple:
+    """(address, chunks, rows of a page, pages, row bytes, page bytes) of the KV tensor map of
+    the call's first pool, or of ``pool`` (its extra Pool)."""
+    src = call if pool is None else pool
+    row_bytes, chunks = 2 * src.kv_row_stride, call.d_qk // 64
+    if src.page_size > 0:
+        rows, pages, page_bytes = src.page_size, -(-src.num_kv // src.page_size), 2 * src.kv_page_stride
     else:
-        rows, pages, page_bytes = max(call.num_kv, 1), 1, max(call.num_kv, 1) * row_bytes
-    return (call.kv.data_ptr(), chunks, rows, pages, row_bytes, page_bytes)
+        rows, pages, page_bytes = max(src.num_kv, 1), 1, max(src.num_kv, 1) * row_bytes
+    return (src.kv.data_ptr(), chunks, rows, max(pages, 1), row_bytes, page_bytes)
 
 
-def kv_tensor_map(call: Call) -> bytes:
-    """TMA descriptor of a call's bf16 KV rows as a 4-D tensor (64 values, d_qk / 64 chunks, rows
-    of a page, pages; a flat table is one page of N rows), 128-byte swizzled, box one row."""
-    return _kv_map(_kv_map_key(call))
+def kv_tensor_map(call: Call, pool=None) -> bytes:
+    """TMA descriptor of a call's bf16 KV rows (of ``pool``, its extra Pool, when given) as a 4-D
+    tensor (64 values, d_qk / 64 chunks, rows of a page, pages; a flat table is one page of N
+    rows), 128-byte swizzled, box one row."""
+    return _kv_map(_kv_map_key(call, pool))
 
 
 def _kv_map(key: tuple) -> bytes:
@@ -61,8 +64,12 @@ def pack(call: Call, abi_name: str = "gather"):
 
 
 def _pack_values(call: Call, abi_name: str) -> dict:
+    x = call.extra
+    # An empty first pool beside a second: its base is the second's (a valid address; no row of
+    # it is read).
+    kv = call.kv.data_ptr() if call.num_kv > 0 or x is None or x.empty else x.kv.data_ptr()
     values = {
-        "q": call.q.data_ptr(), "kv": call.kv.data_ptr(), "indices": call.indices.data_ptr(),
+        "q": call.q.data_ptr(), "kv": kv, "indices": call.indices.data_ptr(),
         "topk_length": call.topk_length.data_ptr() if call.topk_length is not None else 0,
         "attn_sink": call.attn_sink.data_ptr() if call.attn_sink is not None else 0,
         "out": call.out.data_ptr(), "max_logits": call.max_logits.data_ptr(), "lse": call.lse.data_ptr(),
@@ -74,9 +81,20 @@ def _pack_values(call: Call, abi_name: str) -> dict:
         "sq": call.sq, "heads": call.heads, "topk": call.topk, "num_kv": call.num_kv,
         "page_size": call.page_size, "scale_log2": call.scale * math.log2(math.e),
     }
+    if x is None or x.empty:
+        # No second pool: extra_topk 0, nothing of it is read.
+        values.update(extra_kv=kv, extra_indices=0, extra_topk_length=0, extra_idx_row_stride=0,
+                      extra_row_stride=0, extra_page_stride=0, extra_topk=0, extra_num_kv=0, extra_page_size=1)
+    else:
+        values.update(extra_kv=x.kv.data_ptr(), extra_indices=x.indices.data_ptr(),
+                      extra_topk_length=x.topk_length.data_ptr() if x.topk_length is not None else 0,
+                      extra_idx_row_stride=x.indices.stride(0), extra_row_stride=x.kv_row_stride,
+                      extra_page_stride=x.kv_page_stride, extra_topk=x.topk, extra_num_kv=x.num_kv,
+                      extra_page_size=max(x.page_size, 1))
     if abi_name == "gather_tma":
         # A quantized cache is bulk-copied row by row (no tensor map; the field is zeros).
-        values["kv_map"] = kv_tensor_map(call) if call.kv_format == "bf16" else _NO_MAP
+        values["kv_map"] = kv_tensor_map(call) if call.kv_format == "bf16" and call.num_kv > 0 else _NO_MAP
+        values["extra_kv_map"] = kv_tensor_map(call, x) if x is not None and not x.empty else _NO_MAP
     return values
 
 
@@ -100,7 +118,8 @@ def launch(selection, call: Call, stream: int) -> None:
 
 
 def run(q, kv, indices, *, softmax_scale, topk_length=None, attn_sink=None, d_v=D_V, out=None, max_logits=None,
-        lse=None, kernel=None, kv_format="bf16", compute="bf16"):
+        lse=None, kernel=None, kv_format="bf16", compute="bf16", extra_kv=None, extra_indices=None,
+        extra_topk_length=None, extra_kv_format=None):
     """The eager path of one call (what the torch ops run): check, select, launch on the current
     stream; returns (out, max_logits, lse). See :func:`mlagen.mla_sparse_prefill`."""
     import torch
@@ -108,17 +127,28 @@ def run(q, kv, indices, *, softmax_scale, topk_length=None, attn_sink=None, d_v=
     from ...runtime import current_stream
 
     sig = None
-    if kernel is None or type(kernel) is str:
+    extra = (extra_kv, extra_indices, extra_topk_length)
+    # A two-pool call of bf16 pools keeps a plan too (FP8 pools are staged: the full path).
+    plannable = extra_kv is None or (kv_format == "bf16" and extra_kv_format in (None, "bf16"))
+    if (kernel is None or type(kernel) is str) and plannable:
         sig = _signature(torch, q, kv, indices, softmax_scale, topk_length, attn_sink, d_v, out, max_logits, lse,
-                         kernel, kv_format, compute)
+                         kernel, kv_format, compute, extra, extra_kv_format)
         plan = _plans.get(sig) if sig is not None else None
         if plan is not None:
-            return plan.run(torch, q, kv, indices, topk_length, attn_sink, out, max_logits, lse)
+            return plan.run(torch, q, kv, indices, topk_length, attn_sink, out, max_logits, lse, *extra)
     call = prepare(q, kv, indices, softmax_scale=softmax_scale, topk_length=topk_length, attn_sink=attn_sink,
-                   d_v=d_v, out=out, max_logits=max_logits, lse=lse, kv_format=kv_format, compute=compute)
+                   d_v=d_v, out=out, max_logits=max_logits, lse=lse, kv_format=kv_format, compute=compute,
+                   extra_kv=extra_kv, extra_indices=extra_indices, extra_topk_length=extra_topk_length,
+                   extra_kv_format=extra_kv_format)
     if call.empty:
         if call.sq:
             fill_empty(call)
+        return call.out, call.max_logits, call.lse
+    if call.extra is not None:
+        two_bf16 = call.kv_format == "bf16" and call.extra.kv_format == "bf16"
+        device, selection = _run_two(torch, call, kernel)
+        if sig is not None and sig[-1] == device and two_bf16:
+            _keep_plan(sig, selection, call, q, kv, indices, extra_kv, extra_indices)
         return call.out, call.max_logits, call.lse
     if staging.applies(call, kernel):   # an FP8 cache in bf16: dequantized first (staging.py says why)
         ws, ws_indices = kit.on_device(torch, call.q.device.index, staging.stage, call)
@@ -127,20 +157,82 @@ def run(q, kv, indices, *, softmax_scale, topk_length=None, attn_sink=None, d_v=
     device, selection = select(call, kernel)
     kit.on_device(torch, device, launch, selection, call, current_stream(torch, device))
     if sig is not None and sig[-1] == device:
-        try:
-            plan = _Plan.of(selection, call, q, kv, indices)
-        except Exception:   # the call ran; without a plan the next one takes the full path again
-            plan = None
-        if plan is not None:
-            _plans.put(sig, plan)
+        _keep_plan(sig, selection, call, q, kv, indices)
     return call.out, call.max_logits, call.lse
+
+
+def _keep_plan(sig, selection, call: Call, q, kv, indices, extra_kv=None, extra_indices=None) -> None:
+    try:
+        plan = _Plan.of(selection, call, q, kv, indices, extra_kv, extra_indices)
+    except Exception:   # the call ran; without a plan the next one takes the full path again
+        plan = None
+    if plan is not None:
+        _plans.put(sig, plan)
+
+
+def _run_two(torch, call: Call, kernel):
+    """A call with a second pool: FP8 pools are staged into bf16 first (each on its own, as a
+    one-pool call stages; the in-kernel FP8 operand reads one pool), then one bf16 launch reads
+    both. Returns (device, selection)."""
+    from ...runtime import current_stream
+
+    _check_two_pool_kernel(kernel)
+    device = kit.device_of(torch, call.q)
+    x = call.extra
+    for pool, view, arg in ((call, call, "kv"), (x, staging.pool_view(call, x), "extra_kv")):
+        if pool.kv_format == "bf16":
+            continue
+        if pool.topk == 0 or pool.num_kv == 0:   # nothing of it is read
+            pool.kv_format, pool.num_kv, pool.page_size, pool.kv_page_stride = "bf16", 0, 0, 0
+            continue
+        staging.check_workspace(view, arg)
+        pool.kv, pool.indices = kit.on_device(torch, device, staging.stage, view)
+        _as_bf16(call, pool)
+    if (call.page_size > 0) != (x.page_size > 0):   # staged rows are flat; the other pool may be paged
+        from .call import as_paged
+
+        for pool in (call, x):
+            if pool.page_size == 0:
+                pool.page_size, pool.kv_page_stride = as_paged(pool.num_kv, pool.kv_row_stride)
+    device, selection = select(call, kernel)
+    kit.on_device(torch, device, launch, selection, call, current_stream(torch, device))
+    return device, selection
+
+
+def _check_two_pool_kernel(kernel) -> None:
+    """A kernel named for a two-pool call must read two pools: one line naming extra_kv if not."""
+    if kernel is None:
+        return
+    from ... import spec as spec_mod
+    from .compile import two_pool_targets, two_pools
+
+    try:
+        spec = kernel.spec if hasattr(kernel, "spec") else spec_mod.load(kernel) if isinstance(kernel, str) else None
+    except Exception:   # not a spec name (a kernel symbol, or a typo): dispatch says what it is
+        return
+    if spec is not None and not two_pools(spec):
+        named = [s.name for s in family_specs_two_pools()]
+        _fail("extra_kv", f"kernel {spec.name!r} reads one KV pool; the two-pool kernels are {named} (targets "
+                          f"{', '.join(two_pool_targets())})")
+
+
+def family_specs_two_pools():
+    from .compile import family_specs, two_pools
+
+    return [s for s in family_specs() if two_pools(s)]
+
+
+def _as_bf16(call: Call, pool) -> None:
+    """A staged pool: flat bf16 rows of d_qk values (its indices already point into them)."""
+    pool.kv_format, pool.page_size, pool.kv_page_stride = "bf16", 0, 0
+    pool.num_kv, pool.kv_row_stride = pool.kv.shape[0], call.d_qk
 
 
 _plans = plans.PlanCache()
 
 
 def _signature(torch, q, kv, indices, softmax_scale, topk_length, attn_sink, d_v, out, max_logits, lse, kernel,
-               kv_format, compute):
+               kv_format, compute, extra=(None, None, None), extra_kv_format=None):
     """The launch-plan signature of a call (mlagen/plans.py), or None when it takes the full path
     (plans off, or an argument a signature cannot hold). The current device comes last."""
     from ... import dispatch
@@ -156,43 +248,56 @@ def _signature(torch, q, kv, indices, softmax_scale, topk_length, attn_sink, d_v
                 plans.tensor_sig(topk_length, t), plans.tensor_sig(attn_sink, t), plans.tensor_sig(out, t),
                 plans.tensor_sig(max_logits, t), plans.tensor_sig(lse, t), plans.scalar_sig(softmax_scale),
                 plans.scalar_sig(d_v), plans.scalar_sig(kernel), plans.scalar_sig(kv_format),
-                plans.scalar_sig(compute), state, dispatch.dispatcher().generation, torch.cuda.current_device())
+                plans.scalar_sig(compute), *(plans.tensor_sig(x, t) for x in extra), plans.scalar_sig(extra_kv_format),
+                state, dispatch.dispatcher().generation, torch.cuda.current_device())
     except plans.NoPlan:
         return None
 
 
 # The fields of the parameter struct that change from call to call with one signature.
-_POINTERS = ("q", "kv", "indices", "topk_length", "attn_sink", "out", "max_logits", "lse")
+_POINTERS = ("q", "kv", "indices", "topk_length", "attn_sink", "out", "max_logits", "lse", "extra_kv",
+             "extra_indices", "extra_topk_length")
 
 
 class _Plan:
     """A sparse call's launch plan: the outputs' shapes and what ``pack`` would write, less the
-    pointers (and the KV tensor map's address, for the TMA gather)."""
+    pointers (and the KV tensor maps' addresses, for the TMA gather). ``two``: the call's second
+    pool is read; ``first_empty``: its first pool has no rows (the kernel's base is then the
+    second's, as :func:`_pack_values` writes it)."""
 
-    def __init__(self, launch_plan, device, out_shape, stat_shape, kv_map_key):
+    def __init__(self, launch_plan, device, out_shape, stat_shape, maps, kv_map_key, extra_map_key, two, first_empty):
         self.launch_plan, self.device = launch_plan, device
-        self.out_shape, self.stat_shape, self.kv_map_key = out_shape, stat_shape, kv_map_key
+        self.out_shape, self.stat_shape, self.maps, self.kv_map_key = out_shape, stat_shape, maps, kv_map_key
+        self.extra_map_key, self.two, self.first_empty = extra_map_key, two, first_empty
 
     @classmethod
-    def of(cls, selection, call: Call, q, kv, indices):
+    def of(cls, selection, call: Call, q, kv, indices, extra_kv=None, extra_indices=None):
         """The plan of a call that ran, or None where the full path copied an argument (then a
         repeated call must copy again) or the kernel has no plan-able launcher."""
         if (call.q.data_ptr(), call.kv.data_ptr(), call.indices.data_ptr()) != (q.data_ptr(), kv.data_ptr(),
                                                                                  indices.data_ptr()):
             return None
+        x = call.extra
+        if x is not None and (x.kv.data_ptr(), x.indices.data_ptr()) != (extra_kv.data_ptr(), extra_indices.data_ptr()):
+            return None
+        two = x is not None and not x.empty
         abi_name = selection.spec.abi
         values = _pack_values(call, abi_name)
         variable = _POINTERS
-        kv_map_key = None
-        if abi_name == "gather_tma" and call.kv_format == "bf16":
-            variable = _POINTERS + ("kv_map",)
-            kv_map_key = _kv_map_key(call)[1:]
+        kv_map_key = extra_map_key = None
+        maps = abi_name == "gather_tma" and call.kv_format == "bf16"
+        if maps:
+            variable = _POINTERS + ("kv_map", "extra_kv_map")
+            kv_map_key = _kv_map_key(call)[1:] if call.num_kv > 0 else None
+            extra_map_key = _kv_map_key(call, x)[1:] if two else None
         res = selection.resources
         launch_plan = plans.LaunchPlan(selection.kernel, grid(selection, call), (res.threads, 1, 1), res.smem_bytes,
                                        ABIS[abi_name](call.kv_format), values, variable)
-        return cls(launch_plan, call.q.device, tuple(call.out.shape), tuple(call.lse.shape), kv_map_key)
+        return cls(launch_plan, call.q.device, tuple(call.out.shape), tuple(call.lse.shape), maps, kv_map_key,
+                   extra_map_key, two, two and call.num_kv == 0)
 
-    def run(self, torch, q, kv, indices, topk_length, attn_sink, out, max_logits, lse):
+    def run(self, torch, q, kv, indices, topk_length, attn_sink, out, max_logits, lse, extra_kv=None,
+            extra_indices=None, extra_topk_length=None):
         from ...runtime import current_stream
 
         if out is None:
@@ -201,12 +306,20 @@ class _Plan:
             max_logits = torch.empty(self.stat_shape, dtype=torch.float32, device=self.device)
         if lse is None:
             lse = torch.empty(self.stat_shape, dtype=torch.float32, device=self.device)
-        values = [q.data_ptr(), kv.data_ptr(), indices.data_ptr(),
+        base = extra_kv.data_ptr() if self.first_empty else kv.data_ptr()
+        if self.two:
+            second = (extra_kv.data_ptr(), extra_indices.data_ptr(),
+                      0 if extra_topk_length is None else extra_topk_length.data_ptr())
+        else:
+            second = (base, 0, 0)   # no second pool: _pack_values's values
+        values = [q.data_ptr(), base, indices.data_ptr(),
                   0 if topk_length is None else topk_length.data_ptr(),
                   0 if attn_sink is None else attn_sink.data_ptr(),
-                  out.data_ptr(), max_logits.data_ptr(), lse.data_ptr()]
-        if self.kv_map_key is not None:
-            values.append(_kv_map((values[1],) + self.kv_map_key))
+                  out.data_ptr(), max_logits.data_ptr(), lse.data_ptr(), *second]
+        if self.maps:
+            values.append(_kv_map((kv.data_ptr(),) + self.kv_map_key) if self.kv_map_key is not None else _NO_MAP)
+            values.append(_kv_map((extra_kv.data_ptr(),) + self.extra_map_key) if self.extra_map_key is not None
+                          else _NO_MAP)
         self.launch_plan.launch(current_stream(torch, self.device.index), values)
         return out, max_logits, lse
 
@@ -251,6 +364,12 @@ def _select(call: Call, kernel, device: int):
             only=kernel if isinstance(kernel, str) else None,
         )
     except NoDeviceError as exc:
+        if call.extra is not None:
+            from .compile import two_pool_targets
+
+            raise NoDeviceError(f"mla_sparse_prefill: extra_kv: no kernel reading two KV pools for this device and "
+                                f"these inputs ({exc}); two-pool kernels target: "
+                                f"{', '.join(two_pool_targets()) or 'none'}") from None
         if call.kv_format == "bf16":
             raise
         targets = ", ".join(kv_format_targets(call.kv_format)) or "none"

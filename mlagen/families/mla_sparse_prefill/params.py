@@ -39,18 +39,30 @@ def _params(kv_pointer: str) -> abi.ParamStruct:
         abi.Field("num_kv", "int"),
         abi.Field("page_size", "int"),
         abi.Field("scale_log2", "float"),
+        # The second pool of one softmax (MLA.md 2b; mlagen/cuda/sparse_pools.cuh): its key
+        # positions follow pool 1's. Without one, extra_topk is 0 and nothing of it is read.
+        abi.Field("extra_kv", kv_pointer),
+        abi.Field("extra_indices", "const int*"),
+        abi.Field("extra_topk_length", "const int*"),
+        abi.Field("extra_idx_row_stride", "i64"),
+        abi.Field("extra_row_stride", "i64"),
+        abi.Field("extra_page_stride", "i64"),
+        abi.Field("extra_topk", "int"),
+        abi.Field("extra_num_kv", "int"),
+        abi.Field("extra_page_size", "int"),
     ))
 
 
 def params_tma_for(kv_format: str = "bf16") -> abi.ParamStruct:
-    """The parameter struct of the ``gather_tma`` ABI: ``gather``'s plus a TMA descriptor of the
-    KV rows (kv_tensor_map) for kernels that gather one row per TMA box."""
+    """The parameter struct of the ``gather_tma`` ABI: ``gather``'s plus TMA descriptors of the
+    KV rows of both pools (kv_tensor_map) for kernels that gather one row per TMA box."""
     return _params_tma(operands.get(kv_format).c_pointer)
 
 
 @functools.lru_cache(maxsize=None)
 def _params_tma(kv_pointer: str) -> abi.ParamStruct:
-    return abi.ParamStruct("Params", _params(kv_pointer).fields + (abi.Field("kv_map", "tensormap"),))
+    return abi.ParamStruct("Params", _params(kv_pointer).fields + (abi.Field("kv_map", "tensormap"),
+                                                             abi.Field("extra_kv_map", "tensormap")))
 
 
 PARAMS = params_for("bf16")

@@ -45,13 +45,31 @@ def flashmla_padding(heads: int, topk: int) -> tuple[int, int]:
     return fit[0], -(-topk // FLASHMLA_TOPK) * FLASHMLA_TOPK
 
 
-def flashmla_peer(shape, inputs: dict, arg: str | None = None, *, sparse_fwd=None) -> Prepared:
+def _one_pool(inputs: dict) -> tuple[dict, str]:
+    """A two-pool shape's inputs as one pool (v4.server_concat, built once, before timing), with
+    the report's note; other inputs as they are."""
+    if "extra_kv" not in inputs:
+        return inputs, ""
+    from .v4 import one_pool_inputs
+
+    return one_pool_inputs(inputs), ("on one pool: the window's raw rows and the compressed rows concatenated once, "
+                                     "before timing (flashmla-concat times the concatenation too)")
+
+
+def flashmla_peer(shape, inputs: dict, arg: str | None = None, *, sparse_fwd=None, concat: bool = False) -> Prepared:
     """FlashMLA's ``flash_mla_sparse_fwd`` on the same inputs, padded where its kernel needs it
-    (before timing: the padded copies are made once, as a serving stack keeps them).
-    ``sparse_fwd`` stands in for the built library (tests)."""
+    (before timing: the padded copies are made once, as a serving stack keeps them). A two-pool
+    (DeepSeek-V4) shape runs on the concatenated pool: built once before timing, or with
+    ``concat`` (the ``flashmla-concat`` peer) by every timed call, as a server without a
+    two-pool kernel builds it per layer and step. ``sparse_fwd`` stands in for the built library
+    (tests)."""
     import torch
 
     fwd = sparse_fwd if sparse_fwd is not None else FLASHMLA.load().sparse_fwd
+    two = inputs
+    if concat and "extra_kv" not in inputs:
+        raise BenchError("flashmla-concat is for two-pool (DeepSeek-V4 CSA / HCA) shapes: this one has one pool")
+    inputs, pool_note = _one_pool(inputs)
     q, kv, indices = inputs["q"], inputs["kv"], inputs["indices"]
     sink, length, scale = inputs.get("attn_sink"), inputs.get("topk_length"), inputs["softmax_scale"]
     sq, heads, d_qk = q.shape
@@ -78,14 +96,38 @@ def flashmla_peer(shape, inputs: dict, arg: str | None = None, *, sparse_fwd=Non
         notes.append(f"indices padded with -1 (invalid entries) from topk {topk} to {padded_topk} (a multiple "
                      f"of {FLASHMLA_TOPK}, which FlashMLA needs)")
 
-    def fn():
+    if pool_note:
+        notes.insert(0, pool_note)
+
+    def plain():
         return fwd(q, kv, indices, scale, 512, sink, length)
+
+    fn = plain
+    if concat:
+        from .v4 import server_concat
+
+        if padded_topk != topk:
+            raise BenchError(f"flashmla-concat: the concatenated lists have {topk} entries, not a multiple of "
+                             f"{FLASHMLA_TOPK} (FlashMLA's rule); pick window + topk that is")
+
+        notes[0] = ("every call concatenates first (v4.server_concat: the window's raw rows gathered, the compressed "
+                    "rows after them, the index lists rewritten), then runs FlashMLA on the result")
+
+        def concatenating():
+            kv_cat, idx_cat = server_concat(two)
+            return fwd(q, kv_cat.unsqueeze(1), idx_cat.unsqueeze(1), scale, 512, sink, length)
+
+        fn = concatenating
 
     def checked_call():
         out, max_logits, lse = fn()
         return out[:, :heads], max_logits[:, :heads], lse[:, :heads]
 
     return Prepared(fn, checked_call, "; ".join(notes))
+
+
+def flashmla_concat_peer(shape, inputs: dict, arg: str | None = None, *, sparse_fwd=None) -> Prepared:
+    return flashmla_peer(shape, inputs, arg, sparse_fwd=sparse_fwd, concat=True)
 
 
 def naive(q, kv, indices, softmax_scale: float, attn_sink=None, topk_length=None, chunk: int = 128):
@@ -140,7 +182,9 @@ def _scores(q, g):
 
 
 def naive_peer(shape, inputs: dict, arg: str | None = None) -> Prepared:
-    """:func:`naive` on the inputs as they are."""
+    """:func:`naive` on the inputs as they are (a two-pool shape's on the concatenated pool)."""
+    inputs, _ = _one_pool(inputs)
+
     def fn():
         return naive(inputs["q"], inputs["kv"], inputs["indices"], inputs["softmax_scale"], inputs.get("attn_sink"),
                      inputs.get("topk_length"))
@@ -165,8 +209,9 @@ def mlagen_peer(shape, inputs: dict, arg=None) -> Prepared:
 
     q, kv, indices = inputs["q"], inputs["kv"], inputs["indices"]
     kwargs = {"softmax_scale": inputs["softmax_scale"], "attn_sink": inputs.get("attn_sink")}
-    if inputs.get("topk_length") is not None:
-        kwargs["topk_length"] = inputs["topk_length"]
+    for name in ("topk_length", "extra_kv", "extra_indices", "extra_topk_length"):   # the second pool's, as given
+        if inputs.get(name) is not None:
+            kwargs[name] = inputs[name]
     # A quantized cache's format, as a user passes it.
     if inputs.get("kv_format", "bf16") != "bf16":
         kwargs["kv_format"] = inputs["kv_format"]
@@ -185,8 +230,21 @@ def mlagen_peer(shape, inputs: dict, arg=None) -> Prepared:
 
     _, sel = select(prepare(q, kv, indices, **kwargs), arg)
     how = "public call, default arguments" if arg is None else f"kernel={getattr(arg, 'symbol', arg)!r}"
-    return Prepared(fn, checked_call, f"{how}; kv [s_kv, 1, {q.shape[-1]}], indices [Sq, 1, topk] (FlashMLA's "
-                                      f"forms); {sel.variant.symbol} ({sel.origin})")
+    if "extra_kv" in kwargs:
+        form = "two pools: the paged raw pool with the window's lists, the compressed pool with the chosen entries"
+    else:
+        form = f"kv [s_kv, 1, {q.shape[-1]}], indices [Sq, 1, topk] (FlashMLA's forms)"
+    return Prepared(fn, checked_call, f"{how}; {form}; {sel.variant.symbol} ({sel.origin})")
+
+
+def mlagen_one_pool_peer(shape, inputs: dict, arg=None) -> Prepared:
+    """Our public call on the concatenated pool (built once, before timing) of a two-pool shape:
+    the one-pool call beside the two-pool one."""
+    if "extra_kv" not in inputs:
+        raise BenchError("mlagen-onepool is for two-pool (DeepSeek-V4 CSA / HCA) shapes: this one has one pool")
+    one, note = _one_pool(inputs)
+    prepared = mlagen_peer(shape, one, arg)
+    return Prepared(prepared.fn, prepared.checked_call, f"{note}; {prepared.note}")
 
 
 #: The peers in the report's column order; all three run by default (flashmla when built).
@@ -196,4 +254,8 @@ PEERS: dict[str, Peer] = {p.name: p for p in (
     Peer("naive", "PyTorch gather + matmul", naive_peer, default=True),
     Peer("mlagen", "the public call mlagen.mla_sparse_prefill, default arguments (mlagen:<spec> forces a spec, mlagen:<kernel symbol> a variant)",
          mlagen_peer, ours=True, default=True, arg="spec|symbol"),
+    Peer("flashmla-concat", "FlashMLA on a two-pool shape's pools, concatenated by every call (what a server without "
+         "a two-pool kernel runs per layer and step)", flashmla_concat_peer, status=FLASHMLA.why_not),
+    Peer("mlagen-onepool", "the public call on a two-pool shape's concatenated pool (one pool, built once)",
+         mlagen_one_pool_peer, ours=True, arg="spec|symbol"),
 )}

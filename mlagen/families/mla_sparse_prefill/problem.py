@@ -8,6 +8,7 @@ import math
 from dataclasses import dataclass, replace
 
 from ... import operands
+from ..kit import MAX_HEADS, decimal
 
 NAME = "mla_sparse_prefill"
 D_V = 512
@@ -64,10 +65,17 @@ class ProblemKey:
         return abs(math.log2(self.heads) - math.log2(other.heads)) + abs(math.log2(self.topk) - math.log2(other.topk))
 
 
+def is_paged(call) -> bool:
+    """Whether a Call's or Shape's cache is read as a pool of strided pages: a page size, or a
+    format whose scales sit after each page's rows (fp8_v4: always a pool of pages)."""
+    return getattr(call, "page_size", 0) > 0 or bool(operands.get(getattr(call, "kv_format", "bf16")).page_scales)
+
+
 def problem_key(call) -> ProblemKey:
-    """The shape class of a Call or a Shape."""
-    paged = getattr(call, "page_size", 0) > 0
-    return ProblemKey(call.d_qk, _pow2_ceil(call.heads), _pow2_ceil(max(call.topk, 1)), "paged" if paged else "flat",
+    """The shape class of a Call or a Shape; topk counts both pools' positions of a two-pool call."""
+    paged = is_paged(call)
+    keys = getattr(call, "keys", call.topk)
+    return ProblemKey(call.d_qk, _pow2_ceil(call.heads), _pow2_ceil(max(keys, 1)), "paged" if paged else "flat",
                       getattr(call, "kv_format", "bf16"))
 
 
@@ -76,7 +84,14 @@ class Shape:
     """A benchmark / tuning problem: Sq query tokens, H heads, topk indices per token drawn
     without repetition from s_kv rows (BENCHMARKS.md), d_qk, whether the sink is on, the KV
     cache format (``operands.NAMES``; a quantized cache is a pool of 64-token pages).
-    Text form: ``sq=4096,h=128,topk=2048,skv=8192[,d=576][,sink=1][,kv=fp8_v32]``."""
+    Text form: ``sq=4096,h=128,topk=2048,skv=8192[,d=576][,sink=1][,kv=fp8_v32]``.
+
+    A DeepSeek-V4 shape (MLA.md 2b, V1-V5 of BENCHMARKS.md) has ``window`` > 0: the queries are
+    the last Sq positions of one sequence of ``raw_kv`` tokens (a raw pool of 64-token pages),
+    each attends to the ``window`` raw positions up to its own and, in a second pool of s_kv
+    compressed entries (s_kv 0: none, a sliding layer), to topk entries chosen among those
+    visible to it (``hca``: every visible entry, topk the pool's size, the rest -1). Text form:
+    ``sq=4096,h=64,topk=512,skv=32768,d=512,window=128,raw=131072[,hca=1]``."""
 
     id: str
     sq: int
@@ -86,12 +101,28 @@ class Shape:
     d_qk: int = 576
     sink: bool = True
     kv_format: str = "bf16"
+    window: int = 0
+    raw_kv: int = 0
+    hca: bool = False
+
+    @property
+    def keys(self) -> int:
+        """Key positions per query (both pools; invalid entries counted)."""
+        return self.topk + self.window
 
 
 _SHAPE_KEYS = {"sq": "sq", "h": "heads", "topk": "topk", "skv": "s_kv", "d": "d_qk", "sink": "sink",
-               "kv": "kv_format"}
+               "kv": "kv_format", "window": "window", "raw": "raw_kv", "hca": "hca"}
 
-#: The sparse shapes of BENCHMARKS.md (d_qk 576, sink on).
+
+def _v4(id: str, heads: int, topk: int, s_kv: int, hca: bool = False) -> Shape:
+    return Shape(id, 4096, heads, topk, s_kv, 512, True, "bf16", 128, 131072, hca)
+
+
+#: The sparse shapes of BENCHMARKS.md: S1-S6 (d_qk 576, sink on), DeepSeek-V4's V1-V5 (window
+#: 128 over a 131072-token raw pool + compressed entries), and FlashMLA's own MODEL1
+#: performance cases (its tests/test_flash_mla_sparse_prefill.py: d_qk 512, Sq 4096, sink on) as
+#: M1-M8: h 64 / topk 512 and h 128 / topk 1024 over s_kv 8192, 32768, 49152, 65536.
 SHAPES: dict[str, Shape] = {s.id: s for s in (
     Shape("S1", 4096, 128, 2048, 8192),
     Shape("S2", 4096, 128, 2048, 32768),
@@ -99,12 +130,20 @@ SHAPES: dict[str, Shape] = {s.id: s for s in (
     Shape("S4", 4096, 64, 2048, 32768),
     Shape("S5", 4096, 16, 2048, 32768),
     Shape("S6", 4096, 128, 1024, 65536),
+    _v4("V1", 64, 512, 32768),
+    _v4("V2", 128, 1024, 32768),
+    _v4("V3", 64, 1024, 1024, hca=True),
+    _v4("V4", 8, 512, 32768),
+    _v4("V5", 64, 0, 0),
+    *(Shape(f"M{i + 1}", 4096, h, k, s, 512) for i, (h, k, s) in enumerate(
+        (h, k, s) for h, k in ((64, 512), (128, 1024)) for s in (8192, 32768, 49152, 65536))),
 )}
 
 
 def parse_shape(text: str, id: str | None = None) -> Shape:
     """A shape from an id of :data:`SHAPES` (any case) or
-    ``sq=..,h=..,topk=..,skv=..[,d=..][,sink=..][,kv=..]``; ValueError naming the bad item."""
+    ``sq=..,h=..,topk=..,skv=..[,d=..][,sink=..][,kv=..]`` (each key once, numbers in plain decimal
+    digits, h from 1 to 128, sink 0 or 1); ValueError naming the bad item."""
     if text.strip().upper() in SHAPES:
         named = SHAPES[text.strip().upper()]
         return named if id is None else replace(named, id=id)
@@ -116,22 +155,40 @@ def parse_shape(text: str, id: str | None = None) -> Shape:
         k, v = item.split("=", 1)
         if k not in _SHAPE_KEYS:
             raise ValueError(f"{text!r}: unknown item {k!r}; known: {', '.join(_SHAPE_KEYS)}")
+        if _SHAPE_KEYS[k] in values:
+            raise ValueError(f"{text!r}: {k} is given twice; give each of {', '.join(_SHAPE_KEYS)} once")
         if k == "kv":
             if v not in operands.NAMES:
                 raise ValueError(f"{text!r}: kv must be one of {list(operands.NAMES)}, got {v!r}")
             values["kv_format"] = v
             continue
-        try:
-            values[_SHAPE_KEYS[k]] = int(v)
-        except ValueError:
-            raise ValueError(f"{text!r}: {k} must be an integer, got {v!r}") from None
-    missing = [k for k, f in _SHAPE_KEYS.items() if f not in values and k not in ("d", "sink", "kv")]
+        number = decimal(v)
+        if number is None:
+            raise ValueError(f"{text!r}: {k} must be a decimal integer, got {v!r}")
+        if k == "sink" and number not in (0, 1):
+            raise ValueError(f"{text!r}: sink must be 0 (off) or 1 (on), got {v!r}")
+        if k == "h" and not 1 <= number <= MAX_HEADS:
+            raise ValueError(f"{text!r}: h must be a head count from 1 to {MAX_HEADS}, got {v}")
+        values[_SHAPE_KEYS[k]] = number
+    optional = ("d", "sink", "kv", "window", "raw", "hca")
+    missing = [k for k, f in _SHAPE_KEYS.items() if f not in values and k not in optional]
     if missing:
         raise ValueError(f"{text!r}: missing {', '.join(missing)}")
     values["sink"] = bool(values.get("sink", 1))
+    values["hca"] = bool(values.get("hca", 0))
     shape = Shape(id or text, **values)
-    if shape.d_qk not in D_QK_VALUES or min(shape.sq, shape.heads, shape.topk, shape.s_kv) < 1 or shape.topk > shape.s_kv:
-        raise ValueError(f"{text!r}: needs d in {list(D_QK_VALUES)}, positive sizes and topk <= skv")
+    if shape.window:
+        # A V4 shape: the window over raw_kv tokens, topk of s_kv compressed entries (0 and 0: none).
+        if shape.d_qk not in D_QK_VALUES or min(shape.sq, shape.heads, shape.window) < 1 or min(shape.topk,
+                                                                                                  shape.s_kv) < 0 \
+                or shape.raw_kv < shape.sq or shape.topk > shape.s_kv or (shape.topk == 0) != (shape.s_kv == 0) \
+                or shape.kv_format != "bf16" or (shape.hca and shape.topk != shape.s_kv):
+            raise ValueError(f"{text!r}: a window shape needs d in {list(D_QK_VALUES)}, positive sq, h, window, "
+                             "raw >= sq, 0 <= topk <= skv (both 0 for no compressed pool; hca: topk = skv), bf16")
+    elif shape.d_qk not in D_QK_VALUES or min(shape.sq, shape.heads, shape.topk, shape.s_kv) < 1 \
+            or shape.topk > shape.s_kv or shape.raw_kv or shape.hca:
+        raise ValueError(f"{text!r}: needs d in {list(D_QK_VALUES)}, positive sizes and topk <= skv (raw and hca "
+                         "come with window)")
     if shape.kv_format != "bf16" and shape.d_qk != operands.get(shape.kv_format).d_qk:
         raise ValueError(f"{text!r}: kv={shape.kv_format} holds d={operands.get(shape.kv_format).d_qk} rows")
     return shape
@@ -139,6 +196,8 @@ def parse_shape(text: str, id: str | None = None) -> Shape:
 
 def describe_shape(shape: Shape) -> str:
     fmt = "" if shape.kv_format == "bf16" else f",kv={shape.kv_format}"
+    if shape.window:
+        fmt += f",window={shape.window},raw={shape.raw_kv}" + (",hca=1" if shape.hca else "")
     return (f"sq={shape.sq},h={shape.heads},topk={shape.topk},skv={shape.s_kv},d={shape.d_qk},"
             f"sink={int(shape.sink)}{fmt}")
 

@@ -14,9 +14,40 @@ def kv_rows(kv):
     return kv.reshape(-1, kv.shape[-1])
 
 
+def concatenated(kv, indices, extra_kv, extra_indices, *, topk_length=None, extra_topk_length=None,
+                 kv_format="bf16", extra_kv_format=None, d_qk: int = 576):
+    """The one-pool form of a two-pool call (MLA.md 2b): (rows [N1 + N2, d_qk] of both pools,
+    dequantized to fp32 where quantized; indices [Sq, topk1 + topk2] into them, every invalid
+    entry -1). What a server without a two-pool kernel builds, and the reference's input."""
+    import torch
+
+    def rows_of(t, fmt_name):
+        fmt = operands.get(fmt_name, d_qk)
+        return operands.dequantize(t, fmt) if fmt.quantized else kv_rows(t).float()
+
+    def valid_ids(idx, n, length, shift):
+        if idx.dim() == 3:
+            idx = idx[:, 0, :]
+        idx = idx.long()
+        ok = (idx >= 0) & (idx < n)
+        if length is not None:
+            ok &= torch.arange(idx.shape[1], device=idx.device).unsqueeze(0) < length.long().unsqueeze(1)
+        return torch.where(ok, idx + shift, torch.full_like(idx, -1))
+
+    a = rows_of(kv, kv_format)
+    b = rows_of(extra_kv, extra_kv_format or kv_format)
+    ids = torch.cat([valid_ids(indices, a.shape[0], topk_length, 0),
+                     valid_ids(extra_indices, b.shape[0], extra_topk_length, a.shape[0])], dim=1)
+    return torch.cat([a, b]), ids.to(torch.int32)
+
+
 def reference(q, kv, indices, *, softmax_scale, topk_length=None, attn_sink=None, d_v=D_V, dtype=None,
-              chunk: int = 64, kv_format="bf16"):
+              chunk: int = 64, kv_format="bf16", extra_kv=None, extra_indices=None, extra_topk_length=None,
+              extra_kv_format=None):
     """MLA.md section 2 in ``dtype`` (float64 on CPU, float32 on GPU by default).
+
+    With a second pool (``extra_kv`` / ``extra_indices`` / ``extra_topk_length``, MLA.md 2b), the
+    one-pool reference on the pools concatenated (:func:`concatenated`).
 
     A quantized cache (``kv_format`` other than bf16) is dequantized first (fp32 product of the
     e4m3 value and its block's scale, :func:`mlagen.operands.dequantize`, not rounded to bf16);
@@ -31,6 +62,11 @@ def reference(q, kv, indices, *, softmax_scale, topk_length=None, attn_sink=None
 
     if dtype is None:
         dtype = torch.float64 if q.device.type == "cpu" else torch.float32
+    if extra_kv is not None or extra_indices is not None:
+        kv, indices = concatenated(kv, indices, extra_kv, extra_indices, topk_length=topk_length,
+                                   extra_topk_length=extra_topk_length, kv_format=kv_format,
+                                   extra_kv_format=extra_kv_format, d_qk=q.shape[-1])
+        topk_length, kv_format = None, "bf16"
     fmt = operands.get(kv_format, q.shape[-1])
     rows = operands.dequantize(kv, fmt) if fmt.quantized else kv_rows(kv)
     n = rows.shape[0]
@@ -102,11 +138,8 @@ def make_inputs(shape: dict, device, seed: int = 0) -> dict:
     inputs = {"q": q, "kv": kv, "indices": indices, "softmax_scale": d_qk ** -0.5, "attn_sink": sink}
     fmt = operands.get(shape.get("kv_format", "bf16"), d_qk)
     if fmt.quantized:
-        # The same rows quantized into a pool of 64-token pages (the V3.2 serving layout).
-        pages = -(-s_kv // 64)
-        rows = torch.zeros((pages * 64, d_qk), device=device)
-        rows[:s_kv] = kv[:, 0].float()
-        inputs["kv"] = operands.quantize(rows, fmt).view(pages, 64, fmt.row_bytes)
+        # The same rows quantized into a pool of 64-token pages (the V3.2 and V4 serving layouts).
+        inputs["kv"] = operands.quantize_pages(kv[:, 0].float(), fmt, 64)
         inputs["kv_format"] = fmt.name
     return inputs
 

@@ -15,7 +15,8 @@ on a dequantized copy on S1 / S3, where converting first costs a few percent (do
   rows (invalid ones to -1). Nothing is read back to the host (no synchronisation; graph capture
   works), so the workspace is sized for the worst case, min(pool rows, sq x topk) rows.
 
-The workspace holds ``d_qk`` bf16 values a row (1152 B; the pool's rows are 656 B for fp8_v32), freed
+The workspace holds ``d_qk`` bf16 values a row (1152 B; the pool's rows are 656 B for fp8_v32; 1024 B
+for fp8_v4, whose tokens take 584 B and whose scales sit after each page's rows), freed
 when the call returns (torch's caching allocator, stream-ordered). A call whose worst case
 (``workspace_bytes``) is over MLAGEN_STAGING_MB (512 MiB unless set; S1 needs 9 MiB, S3 151 MiB, a
 1 M-row pool under 8 M references 1.2 GiB) converts in the kernel instead, so a server that sized its
@@ -91,6 +92,31 @@ def applies(call, kernel) -> bool:
 
     return (kernel is None and call.kv_format != "bf16" and knobs.FAMILY.raw() is None
             and vendor() == "cuda" and workspace_bytes(call) <= knobs.staging_bytes())
+
+
+def pool_view(call, pool):
+    """A call's second pool (call.Pool) as a one-pool Call, for :func:`stage`."""
+    from dataclasses import replace
+
+    return replace(call, kv=pool.kv, indices=pool.indices, topk_length=pool.topk_length, topk=pool.topk,
+                   num_kv=pool.num_kv, kv_row_stride=pool.kv_row_stride, kv_page_stride=pool.kv_page_stride,
+                   page_size=pool.page_size, kv_format=pool.kv_format, extra=None)
+
+
+def check_workspace(call, arg: str = "kv") -> None:
+    """A two-pool call stages each FP8 pool (the in-kernel FP8 operand reads one pool): one
+    ValueError naming the pool when that cannot be done here."""
+    from ...errors import ArgumentError
+    from ...runtime import vendor
+
+    if vendor() != "cuda":
+        raise ArgumentError(f"mla_sparse_prefill: {arg}: a two-pool call reads FP8 pools staged into bf16, which "
+                            "needs a CUDA device")
+    need, limit = workspace_bytes(call), knobs.staging_bytes()
+    if need > limit:
+        raise ArgumentError(f"mla_sparse_prefill: {arg}: staging this FP8 pool for a two-pool call needs up to "
+                            f"{need >> 20} MiB of workspace, over MLAGEN_STAGING_MB ({limit >> 20} MiB): raise it, "
+                            "or pass fewer index rows per call")
 
 
 def stage(call):

@@ -67,6 +67,40 @@ __device__ __forceinline__ int find_sequence(const int* cu_q, int batch, int v) 
   return lo + max(popc32(ballot32(le)) - 1, 0);
 }
 
+// The sequence that owns virtual tile v when sequences are taken longest-first (LPT order): the
+// longest key range first, ties in batch order, each sequence's tiles packed one after the other
+// (no gaps, unlike the batch order above; the launcher's virtual tile count still covers them, and
+// the spare virtual tiles at the end are empty). With a dynamic queue the last tiles handed out are
+// then the shortest sequences' instead of whichever sequence comes last in the batch (a chunked
+// prefill batch whose prefixes differ by 10x). One sequence per lane: batch <= 32, a whole warp
+// calling (on a 64-lane wave lanes 32..63 repeat 0..31). Returns the sequence and sets `local`,
+// its tile index within it (past its tiles when v is a spare tile).
+template <int BLOCK_M>
+__device__ __forceinline__ int find_sequence_lpt(const int* cu_q, const int* cu_k, int total_q, int total_k,
+                                                 int batch, int v, int& local) {
+  const int lane = lane32();
+  int tiles = 0, len_k = -1;  // lanes past the batch own nothing and sort last
+  if (lane < batch) {
+    const SeqInfo s = load_seq(cu_q, cu_k, total_q, total_k, lane);
+    tiles = ceil_div(s.len_q, BLOCK_M);
+    len_k = s.len_k;
+  }
+  int start = 0;  // tiles of the sequences before this lane's in LPT order
+  for (int j = 0; j < batch; ++j) {
+    const int len_j = shfl_int(len_k, j);
+    const int tiles_j = shfl_int(tiles, j);
+    if (len_j > len_k || (len_j == len_k && j < lane)) start += tiles_j;
+  }
+  const unsigned owner = ballot32(lane < batch && v >= start && v < start + tiles);
+  if (owner == 0) {  // a spare tile past every sequence's tiles
+    local = 1 << 30;
+    return 0;
+  }
+  const int b = 31 - clz32(owner & (0u - owner));  // the lowest owning lane (there is one)
+  local = v - shfl_int(start, b);
+  return b;
+}
+
 // One query tile: which sequence, which rows, and the keys it attends to.
 struct QueryTile {
   SeqInfo seq;
@@ -95,14 +129,18 @@ __device__ __forceinline__ void set_key_range(QueryTile& t) {
 
 // Map virtual tile v to its query tile. Within a sequence, tiles are visited longest-first when
 // causal (the last rows see the most keys), so a grid walked in order balances itself.
-template <int BLOCK_M, int BLOCK_N, bool CAUSAL>
+// With LPT the sequences are taken longest-first (find_sequence_lpt: cu_q given, at most 32
+// sequences, the caller checks), else in batch order.
+template <int BLOCK_M, int BLOCK_N, bool CAUSAL, bool LPT = false>
 __device__ __forceinline__ QueryTile locate_tile(const int* cu_q, const int* cu_k, int total_q, int total_k,
                                                  int batch, int v) {
   QueryTile t;
-  const int b = find_sequence<BLOCK_M>(cu_q, batch, v);
+  int lpt_local = 0;
+  const int b = LPT ? find_sequence_lpt<BLOCK_M>(cu_q, cu_k, total_q, total_k, batch, v, lpt_local)
+                    : find_sequence<BLOCK_M>(cu_q, batch, v);
   t.batch = b;
   t.seq = load_seq(cu_q, cu_k, total_q, total_k, b);
-  const int local = cu_q == nullptr ? v : v - virtual_tile_start<BLOCK_M>(cu_q, b);
+  const int local = LPT ? lpt_local : cu_q == nullptr ? v : v - virtual_tile_start<BLOCK_M>(cu_q, b);
   const int m_tiles = ceil_div(t.seq.len_q, BLOCK_M);
   if (local < 0 || local >= m_tiles) {  // local < 0 only for unchecked, invalid offsets
     t.rows = 0;

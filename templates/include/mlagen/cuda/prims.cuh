@@ -38,5 +38,6 @@ __device__ __forceinline__ int lane32() { return threadIdx.x & 31; }
 __device__ __forceinline__ unsigned ballot32(bool pred) { return __ballot_sync(0xffffffffu, pred); }
 __device__ __forceinline__ int clz32(unsigned x) { return __clz(x); }
 __device__ __forceinline__ int popc32(unsigned x) { return __popc(x); }
+__device__ __forceinline__ int shfl_int(int x, int src) { return __shfl_sync(0xffffffffu, x, src); }
 
 }  // namespace mlagen

@@ -71,6 +71,8 @@ __device__ __forceinline__ float shfl(float x, int src) {
   return __builtin_bit_cast(float, __builtin_amdgcn_ds_bpermute(src << 2, __builtin_bit_cast(int, x)));
 }
 
+__device__ __forceinline__ int shfl_int(int x, int src) { return __builtin_amdgcn_ds_bpermute(src << 2, x); }
+
 // Keeps the instruction scheduler from moving anything across this point: it otherwise hoists
 // the next phase's LDS reads over the MFMAs of this one until the register file overflows.
 __device__ __forceinline__ void sched_fence() {

@@ -28,7 +28,9 @@
 // boundary (vt_column), loaded by TMA. q_descale * k_descale is folded into the softmax scale,
 // v_descale into the output normalisation; P (in [0, 1]) is rounded to e4m3.
 #pragma once
+#include "mlagen/common/mask.cuh"
 #include "mlagen/cuda/online_softmax.cuh"
+#include "mlagen/cuda/softmax_traits.cuh"
 #include "mlagen/common/tile_index.cuh"
 #include "mlagen/common/types.cuh"
 #include "mlagen/sm90/barrier.cuh"
@@ -184,6 +186,20 @@ __device__ __forceinline__ int next_published_tile(u32 smem, const Barriers& bar
   return next;
 }
 
+// The mask's run-time arguments (window sides, chunk size) from the parameters.
+template <class Params>
+__device__ __forceinline__ MaskArgs mask_args(const Params& p) {
+  return MaskArgs{p.mask_left, p.mask_right, p.mask_chunk};
+}
+
+// The first key tile a tile visits: 0 unless the mask has a lower bound (window, chunked), which
+// runs without clusters, so a CTA's range is its cluster's.
+template <class Cfg>
+__device__ __forceinline__ int first_key_tile(const BandTile& qt) {
+  if constexpr (Band<Cfg::kMask>::kLower) return qt.n_begin;
+  return 0;
+}
+
 // This CTA's rows of tile t, and how many key tiles the cluster streams for it (the CTA's own
 // count, or more for the lower half of a causal cluster tile).
 //
@@ -193,18 +209,24 @@ __device__ __forceinline__ int next_published_tile(u32 smem, const Barriers& bar
 // head's whole sequence (whose long tiles end the grid late). head_group 1 is head after head;
 // the launcher picks it (mla_prefill/tma.py: head_group).
 template <class Cfg, class Params>
-__device__ __forceinline__ QueryTile query_tile(const Params& p, int t, int& head, int& kv_blocks) {
+__device__ __forceinline__ BandTile query_tile(const Params& p, int t, int& head, int& kv_blocks) {
   const int group = t / (p.head_group * p.num_virtual_tiles);
   const int first_head = group * p.head_group;
   const int heads = min(p.head_group, p.num_heads - first_head);  // the last group may be smaller
   const int i = t - first_head * p.num_virtual_tiles;
   const int v = i / heads;
   head = first_head + (i - v * heads);
-  const QueryTile whole = locate_tile<Cfg::kBlockM * Cfg::kCluster, Cfg::kBlockN, Cfg::kCausal>(
-      p.cu_seqlens_q, p.cu_seqlens_k, p.total_q, p.total_k, p.batch, v);
+  // The launcher asks for the longest-first order only where find_sequence_lpt applies (tma.py: lpt_order).
+  constexpr int kRows = Cfg::kBlockM * Cfg::kCluster;
+  const MaskArgs m = mask_args(p);
+  const BandTile whole =
+      p.lpt_order ? locate_band_tile<kRows, Cfg::kBlockN, Cfg::kMask, true>(p.cu_seqlens_q, p.cu_seqlens_k, p.total_q,
+                                                                           p.total_k, p.batch, v, m)
+                  : locate_band_tile<kRows, Cfg::kBlockN, Cfg::kMask>(p.cu_seqlens_q, p.cu_seqlens_k, p.total_q,
+                                                                     p.total_k, p.batch, v, m);
   kv_blocks = whole.n_blocks;
   if constexpr (Cfg::kCluster == 1) return whole;
-  return split_tile<Cfg::kBlockM, Cfg::kBlockN, Cfg::kCausal>(whole, static_cast<int>(cluster_cta_rank()));
+  else return split_band_tile<Cfg::kBlockM, Cfg::kBlockN, Cfg::kMask>(whole, static_cast<int>(cluster_cta_rank()));
 }
 
 // Column of V^T (FP8) holding the first key of the tile that starts at packed key `key0`: each
@@ -271,7 +293,7 @@ __device__ void transposer(const Params& p, u32 smem, const Barriers& bar, int t
   int kv_iter = 0, id_iter = 0;
   for (int t = sched.first(); t < sched.total;) {
     int head, kv_blocks;
-    const QueryTile qt = query_tile<Cfg>(p, t, head, kv_blocks);
+    const BandTile qt = query_tile<Cfg>(p, t, head, kv_blocks);
     // The tiles the consumers only release (the cluster streams them for the other CTA's rows, or
     // this CTA has no rows) come first: they are passed on untransposed.
     const int skip = kv_blocks - (qt.rows > 0 && qt.n_blocks > 0 ? qt.n_blocks : 0);
@@ -321,13 +343,13 @@ __device__ void producer(const Params& p, u32 smem, const Barriers& bar) {
   int tile_iter = 0, kv_iter = 0, id_iter = 0;
   for (int t = sched.first(); t < sched.total;) {
     int head, kv_blocks;
-    const QueryTile qt = query_tile<Cfg>(p, t, head, kv_blocks);
+    const BandTile qt = query_tile<Cfg>(p, t, head, kv_blocks);
     const bool computes = qt.rows > 0 && qt.n_blocks > 0;  // else the consumers only release stages
     if (kv_blocks > 0) {
       const int rope_head = p.rope_shared ? 0 : head;
       const int vt0 = L::kFp8 && !L::kVtInKernel ? vt_column(qt, qt.seq.k_start) : 0;  // V^T column of the sequence's first key (pre-pass)
       for (int i = 0; i < kv_blocks; ++i, ++kv_iter) {
-        const int key0 = qt.seq.k_start + (kv_blocks - 1 - i) * Cfg::kBlockN;
+        const int key0 = qt.seq.k_start + (first_key_tile<Cfg>(qt) + kv_blocks - 1 - i) * Cfg::kBlockN;
         const int s = kv_iter % Cfg::kStages;
         const u32 phase = ((kv_iter / Cfg::kStages) & 1) ^ 1;
         if (loads_qk) {
@@ -531,33 +553,57 @@ __device__ __forceinline__ void issue_pv(ConsumerRegs<Cfg>& r, u32 smem, int sta
   wgmma_commit();
 }
 
-// Scores of keys past the sequence or right of the causal diagonal become -inf. Each row gets one
-// limit (the first invisible column, relative to this thread's first column), so every score
-// costs one compare with an immediate and one select.
+// Scores of keys outside the row's band (mask.cuh: past the sequence, right of the causal
+// diagonal, outside the window or the chunk) become -inf. Each row gets one limit per side (the
+// first invisible column past the band, the first visible one; relative to this thread's first
+// column), so every score costs one compare with an immediate and one select per side.
 template <class Cfg, int FRAGS>
-__device__ __forceinline__ void apply_mask(float (&s)[FRAGS * 4], const QueryTile& qt, int n, int row_base) {
+__device__ __forceinline__ void apply_mask(float (&s)[FRAGS * 4], const QueryTile& qt, int n, int row_base,
+                                           const MaskArgs& m) {
+  using B = Band<Cfg::kMask>;
   const int lane = threadIdx.x % 32;
   const int col0 = n * Cfg::kBlockN + 2 * (lane % 4);
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    const int row = qt.row0 + row_base + lane / 4 + 8 * h;
-    int limit = qt.seq.len_k;
-    if constexpr (Cfg::kCausal) limit = min(limit, row + (qt.seq.len_k - qt.seq.len_q) + 1);
-    limit -= col0;
+    const int pos = qt.row0 + row_base + lane / 4 + 8 * h + (qt.seq.len_k - qt.seq.len_q);
+    const int limit = B::hi(m, pos, qt.seq.len_k) - col0;
+    const int lower = B::kLower ? B::lo(m, pos) - col0 : 0;
 #pragma unroll
     for (int j = 0; j < FRAGS; ++j) {
 #pragma unroll
-      for (int e = 0; e < 2; ++e)
+      for (int e = 0; e < 2; ++e) {
         if (j * 8 + e >= limit) s[4 * j + 2 * h + e] = neg_inf();
+        if constexpr (B::kLower) {
+          if (j * 8 + e < lower) s[4 * j + 2 * h + e] = neg_inf();
+        }
+      }
     }
   }
 }
 
+// Softcap (Cfg::kSoftcap): s <- tanh(s * scale / c), before the mask; the softmax's scale is then
+// c * log2(e) (the launcher sets it), so the scores it sees are c * tanh(scale * s / c).
+template <class Cfg, int N>
+__device__ __forceinline__ void softcap_scores(float (&s)[N], float pre_scale) {
+  if constexpr (Cfg::kSoftcap) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) s[i] = tanh_accurate(s[i] * pre_scale);
+  }
+}
+
+// Whether key tile n cuts some row's band (or the sequence's end) and needs apply_mask.
 template <class Cfg>
-__device__ __forceinline__ void scores_to_probabilities(ConsumerRegs<Cfg>& r, const QueryTile& qt, int n,
-                                                        int row_base, float scale_log2, float (&corr)[2]) {
+__device__ __forceinline__ bool tile_needs_mask(const BandTile& qt, int n) {
+  if constexpr (Band<Cfg::kMask>::kLower) return n >= qt.first_masked_block || n < qt.lo_masked_end;
+  return n >= qt.first_masked_block;
+}
+
+template <class Cfg, class Params>
+__device__ __forceinline__ void scores_to_probabilities(const Params& p, ConsumerRegs<Cfg>& r, const BandTile& qt,
+                                                        int n, int row_base, float scale_log2, float (&corr)[2]) {
   pin_registers(r.s);
-  if (n >= qt.first_masked_block) apply_mask<Cfg, ConsumerRegs<Cfg>::kSFrags>(r.s, qt, n, row_base);
+  softcap_scores<Cfg>(r.s, p.softcap_scale);
+  if (tile_needs_mask<Cfg>(qt, n)) apply_mask<Cfg, ConsumerRegs<Cfg>::kSFrags>(r.s, qt, n, row_base, mask_args(p));
   softmax_update<ConsumerRegs<Cfg>::kSFrags, Cfg::kLazyRescale>(r.s, r.stats, scale_log2, corr);
 }
 
@@ -565,24 +611,24 @@ __device__ __forceinline__ void scores_to_probabilities(ConsumerRegs<Cfg>& r, co
 // causal diagonal tile of a 64-row slice in the first half of a BLOCK_N >= 128 tile, or a
 // sequence's last tile ending in its first half. Rows past the tile's end see nothing.
 template <class Cfg>
-__device__ __forceinline__ bool first_half_only(const QueryTile& qt, int n, int wg) {
+__device__ __forceinline__ bool first_half_only(const QueryTile& qt, int n, int wg, const MaskArgs& m) {
   const int last_row = min(qt.rows, wg * 64 + 64) - 1;
-  int limit = qt.seq.len_k;
-  if constexpr (Cfg::kCausal) limit = min(limit, qt.row0 + last_row + (qt.seq.len_k - qt.seq.len_q) + 1);
+  const int limit = Band<Cfg::kMask>::hi(m, qt.row0 + last_row + (qt.seq.len_k - qt.seq.len_q), qt.seq.len_k);
   return limit - n * Cfg::kBlockN <= ConsumerRegs<Cfg>::kHalfN;
 }
 
 // The softmax of a half tile's scores `s` (issue_qk<kHalfN>): mask and softmax on its columns, then
 // S's registers hold the probabilities and 0 for the other columns, so a full-width P V adds
 // nothing for them.
-template <class Cfg>
-__device__ __forceinline__ void half_scores_to_probabilities(ConsumerRegs<Cfg>& r,
+template <class Cfg, class Params>
+__device__ __forceinline__ void half_scores_to_probabilities(const Params& p, ConsumerRegs<Cfg>& r,
                                                              float (&s)[ConsumerRegs<Cfg>::kHalfFrags * 4],
-                                                             const QueryTile& qt, int n, int row_base,
+                                                             const BandTile& qt, int n, int row_base,
                                                              float scale_log2, float (&corr)[2]) {
   using R = ConsumerRegs<Cfg>;
   pin_registers(s);
-  apply_mask<Cfg, R::kHalfFrags>(s, qt, n, row_base);
+  softcap_scores<Cfg>(s, p.softcap_scale);
+  apply_mask<Cfg, R::kHalfFrags>(s, qt, n, row_base, mask_args(p));
   softmax_update<R::kHalfFrags, Cfg::kLazyRescale>(s, r.stats, scale_log2, corr);
 #pragma unroll
   for (int i = 0; i < R::kSFrags * 4; ++i) r.s[i] = i < R::kHalfFrags * 4 ? s[i] : 0.f;
@@ -794,7 +840,8 @@ __device__ __forceinline__ void epilogue(const Params& p, ConsumerRegs<Cfg>& r, 
   using L = Layout<Cfg>;
   const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
   float inv[2], lse[2];
-  softmax_finish(r.stats, inv, lse);
+  if constexpr (Cfg::kSink) softmax_finish_sink(r.stats, ldg(p.attn_sink + head) * kLog2e, inv, lse);
+  else softmax_finish(r.stats, inv, lse);
   if constexpr (Cfg::kElemBytes == 1) {
     const float vd = output_scale<Cfg>(p, head);
     inv[0] *= vd;
@@ -864,7 +911,7 @@ __device__ __forceinline__ void epilogue(const Params& p, ConsumerRegs<Cfg>& r, 
 // One key step without overlap: S = Q K^T, softmax, and (without overlap) P V. With overlap this
 // is step 0 only: it stops after the softmax, and the next step issues its P V.
 template <class Cfg, bool HALF = false, class Params>
-__device__ __forceinline__ void serial_step(const Params& p, ConsumerRegs<Cfg>& r, const QueryTile& qt,
+__device__ __forceinline__ void serial_step(const Params& p, ConsumerRegs<Cfg>& r, const BandTile& qt,
                                             const Barriers& bar, u32 smem, int wg, int row_base, int n, int s,
                                             u32 phase, float scale_log2, float (&corr)[2]) {
   constexpr int kHalfN = ConsumerRegs<Cfg>::kHalfN;
@@ -876,8 +923,8 @@ __device__ __forceinline__ void serial_step(const Params& p, ConsumerRegs<Cfg>& 
   wgmma_wait<0>();
   release_kv<Cfg>(bar.k_empty(s));
   if (!Cfg::kTmaEpilogue && !Cfg::kQInRegs && n == 0) mbar_arrive(bar.q_empty());  // last Q K^T done
-  if constexpr (HALF) half_scores_to_probabilities<Cfg>(r, s_half, qt, n, row_base, scale_log2, corr);
-  else scores_to_probabilities<Cfg>(r, qt, n, row_base, scale_log2, corr);
+  if constexpr (HALF) half_scores_to_probabilities<Cfg>(p, r, s_half, qt, n, row_base, scale_log2, corr);
+  else scores_to_probabilities<Cfg>(p, r, qt, n, row_base, scale_log2, corr);
   finish_step<Cfg>(r, corr);
   if constexpr (!Cfg::kOverlap) {
     mbar_wait(bar.v_full(s), phase);
@@ -904,7 +951,7 @@ __device__ void consumer(const Params& p, u32 smem, const Barriers& bar, int wg)
   }
   for (int t = sched.first(); t < sched.total;) {
     int head, kv_blocks;
-    const QueryTile qt = query_tile<Cfg>(p, t, head, kv_blocks);
+    const BandTile qt = query_tile<Cfg>(p, t, head, kv_blocks);
     if (qt.rows > 0 && qt.n_blocks == 0) write_empty_rows<Cfg>(p, qt, head, wg);
     const bool computes = qt.rows > 0 && qt.n_blocks > 0;
     // Key tiles the cluster streams that this CTA's rows do not see (they come first): release them.
@@ -950,16 +997,17 @@ __device__ void consumer(const Params& p, u32 smem, const Barriers& bar, int wg)
       u32 phase = (kv_iter / Cfg::kStages) & 1;
       mbar_wait(bar.k_full(s), phase);
       // DIAGONAL half: a warpgroup whose rows see only the first half of this tile computes that half.
-      const bool half = Cfg::kHalfDiagonal && first_half_only<Cfg>(qt, qt.n_blocks - 1, wg);
-      if (half) serial_step<Cfg, true>(p, r, qt, bar, smem, wg, row_base, qt.n_blocks - 1, s, phase, scale_log2, corr);
-      else serial_step<Cfg>(p, r, qt, bar, smem, wg, row_base, qt.n_blocks - 1, s, phase, scale_log2, corr);
+      const int n_top = first_key_tile<Cfg>(qt) + qt.n_blocks - 1;  // the first key tile visited
+      const bool half = Cfg::kHalfDiagonal && first_half_only<Cfg>(qt, n_top, wg, mask_args(p));
+      if (half) serial_step<Cfg, true>(p, r, qt, bar, smem, wg, row_base, n_top, s, phase, scale_log2, corr);
+      else serial_step<Cfg>(p, r, qt, bar, smem, wg, row_base, n_top, s, phase, scale_log2, corr);
       for (int i = 1; i < qt.n_blocks; ++i) {
         const int prev_stage = s;
         const u32 prev_phase = phase;
         ++kv_iter;
         s = kv_iter % Cfg::kStages;
         phase = (kv_iter / Cfg::kStages) & 1;
-        const int n = qt.n_blocks - 1 - i;
+        const int n = n_top - i;
         mbar_wait(bar.k_full(s), phase);
         if constexpr (Cfg::kOverlap) {
           mbar_wait(bar.v_full(prev_stage), prev_phase);
@@ -971,7 +1019,7 @@ __device__ void consumer(const Params& p, u32 smem, const Barriers& bar, int wg)
           wgmma_wait<1>();
           release_kv<Cfg>(bar.k_empty(s));
           if (!Cfg::kTmaEpilogue && !Cfg::kQInRegs && n == 0) mbar_arrive(bar.q_empty());  // last Q K^T done
-          scores_to_probabilities<Cfg>(r, qt, n, row_base, scale_log2, corr);
+          scores_to_probabilities<Cfg>(p, r, qt, n, row_base, scale_log2, corr);
           if constexpr (Cfg::kPvWaitLate) schedule_boundary(p.num_heads);
           wgmma_wait<0>();
           flush_o<Cfg>(r);

@@ -25,6 +25,7 @@
 // accumulators; lse and max_logits follow MLA.md (natural log, sink only in the denominator).
 #pragma once
 #include "mlagen/common/types.cuh"
+#include "mlagen/cuda/sparse_pools.cuh"
 #include "mlagen/sm80/mma.cuh"
 #include "mlagen/sm90/barrier.cuh"
 #include "mlagen/sm90/e4m3.cuh"
@@ -101,6 +102,7 @@ __device__ __forceinline__ u32 aligned_smem_base() {
   return (smem_u32(smem_raw) + 1023) & ~1023u;
 }
 
+// Pool 1's valid length (the FP8 producer reads one pool; the host passes no extra pool to it).
 template <class Params>
 __device__ __forceinline__ int valid_length(const Params& p, int t) {
   int len = p.topk;
@@ -163,11 +165,10 @@ __device__ __forceinline__ void st_shared_zero16(u32 addr) {
   asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(addr), "r"(0u) : "memory");
 }
 
+// Key row `row` (>= 0) of either pool (mlagen/cuda/sparse_pools.cuh).
 template <class Cfg, class Params>
 __device__ __forceinline__ const u16* kv_row(const Params& p, int row) {
-  if constexpr (Cfg::kPaged)
-    return p.kv + (i64)(row / p.page_size) * p.kv_page_stride + (i64)(row % p.page_size) * p.kv_row_stride;
-  return p.kv + (i64)row * p.kv_row_stride;
+  return p.kv + mlagen::sparse_pools::key_offset<Cfg::kPaged>(p, row);
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -180,12 +181,22 @@ __device__ __forceinline__ int load_index(const int* idx, int pos, int len) {
   return pos < len ? __ldg(idx + pos) : -1;
 }
 
-// Fill ring slot number `filled` (over all items) with the 32 rows whose indices the lanes hold.
+// The key row at `pos` of a token's list over both pools, or -1 (not read past its length); a
+// token without a second pool's entries takes the one-pool read (a warp-uniform branch).
+template <class Params>
+__device__ __forceinline__ int load_key(const Params& p, const mlagen::sparse_pools::KeyList& keys, int pos) {
+  namespace pools = mlagen::sparse_pools;
+  if (keys.len == keys.len1) return pools::key_row_in<pools::kFirstOnly>(p, keys, pos);
+  return pools::key_row(p, keys, pos);
+}
+
+// Fill ring slot number `filled` (over all items) with the 32 rows whose key rows (either pool,
+// -1: invalid) the lanes hold.
 template <class Cfg, class Params>
 __device__ __forceinline__ void fill_slot(const Params& p, u32 smem, const Barriers<Cfg>& bar, u32 filled, int id,
                                           int lane, u64 policy) {
   using L = Layout<Cfg>;
-  const bool ok = id >= 0 && id < p.num_kv;
+  const bool ok = id >= 0;
   const int slot = filled % Cfg::kSlots;
   const u32 round = filled / Cfg::kSlots;
   if (round > 0) mbar_wait(bar.empty(slot), (round - 1) & 1);
@@ -205,9 +216,13 @@ __device__ __forceinline__ void fill_slot(const Params& p, u32 smem, const Barri
     mbar_arrive_expect_tx(bar.full(slot), Cfg::kDQk * 2);
     const u32 dst = base + lane * L::kRowBytes;
     if constexpr (Cfg::kTmaGather) {
-      const int page = Cfg::kPaged ? id / p.page_size : 0;
-      tma_load_4d<Cfg::kEvictLast>(dst, &p.kv_map, bar.full(slot), 0, 0, Cfg::kPaged ? id - page * p.page_size : id,
-                                   page, policy);
+      // Each pool has its own tensor map (a flat pool's is one page of all its rows).
+      const bool second = id >= p.num_kv;
+      const int row = second ? id - p.num_kv : id;
+      const int ps = second ? p.extra_page_size : p.page_size;
+      const int page = Cfg::kPaged ? row / ps : 0;
+      tma_load_4d<Cfg::kEvictLast>(dst, second ? &p.extra_kv_map : &p.kv_map, bar.full(slot), 0, 0,
+                                   Cfg::kPaged ? row - page * ps : row, page, policy);
     } else if constexpr (Cfg::kEvictLast)
       bulk_copy_evict_last(dst, kv_row<Cfg>(p, id), Cfg::kDQk * 2, bar.full(slot), policy);
     else
@@ -252,22 +267,21 @@ __device__ void produce(const Params& p, u32 smem, const Barriers<Cfg>& bar, int
   for (int item = blockIdx.x, n = 0; item < items; item += gridDim.x, ++n) {
     const int t = item / groups, head0 = (item % groups) * kHeads;
     if (pw == 0) load_q<Cfg>(p, smem, bar, t, head0, n, lane);
-    const int len = valid_length(p, t);
-    const int slots = 2 * num_blocks(len);
-    const int* idx = p.indices + (i64)t * p.idx_row_stride;
+    const mlagen::sparse_pools::KeyList keys = mlagen::sparse_pools::key_list(p, t);
+    const int slots = 2 * num_blocks(keys.len);
     const int first = (int)((pw - filled % kP + kP) % kP);  // this warp's first slot of the item
     // Each lane's index for this warp's next kAhead slots is loaded ahead: an index load is a
     // dependent global access, and waiting for it slot by slot would bound the gather.
     int ahead[kAhead];
 #pragma unroll
-    for (int j = 0; j < kAhead; ++j) ahead[j] = load_index(idx, kSlotRows * (first + kP * j) + lane, len);
+    for (int j = 0; j < kAhead; ++j) ahead[j] = load_key(p, keys, kSlotRows * (first + kP * j) + lane);
     for (int s0 = first; s0 < slots; s0 += kP * kAhead) {
 #pragma unroll
       for (int j = 0; j < kAhead; ++j) {
         const int s = s0 + kP * j;
         if (s >= slots) break;
         const int id = ahead[j];
-        ahead[j] = load_index(idx, kSlotRows * (s + kP * kAhead) + lane, len);
+        ahead[j] = load_key(p, keys, kSlotRows * (s + kP * kAhead) + lane);
         fill_slot<Cfg>(p, smem, bar, filled + s, id, lane, policy);
       }
     }
@@ -557,7 +571,7 @@ __device__ void consume(const Params& p, u32 smem, const Barriers<Cfg>& bar, int
     const int t = item / groups, head0 = (item % groups) * kHeads;
     const int qb = n & 1;
     const u32 qtile = smem + L::kQ + qb * L::kQBytes;
-    const int blocks = num_blocks(valid_length(p, t));
+    const int blocks = num_blocks(mlagen::sparse_pools::key_count(p, t));
     mbar_wait(bar.q_full(qb), (n >> 1) & 1);
     fence_async_shared();  // Q written by cp.async, read by wgmma
 

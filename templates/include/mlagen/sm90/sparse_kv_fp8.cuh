@@ -1,7 +1,9 @@
 // The FP8 KV operand of the sparse prefill kernel, "bf16" compute mode (mlagen/operands.py:
-// fp8_v32 = DeepSeek-V3.2's 656-byte rows, fp8_b64 / fp8_b32 / fp8_b0). A row is Cfg::kKvValues
-// e4m3 values, then one fp32 scale per Cfg::kKvScaleBlock values (none when 0), then 64 bf16
-// rope values, Cfg::kKvRowBytes in all.
+// fp8_v32 = DeepSeek-V3.2's 656-byte rows, fp8_b64 / fp8_b32 / fp8_b0, fp8_v4 = DeepSeek-V4's).
+// A row is Cfg::kKvValues e4m3 values, then one fp32 scale per Cfg::kKvScaleBlock values (none
+// when 0), then 64 bf16 rope values, Cfg::kKvRowBytes in all. With Cfg::kKvPageScales (fp8_v4:
+// 448 values and the rope, d_qk 512) the scales are UE8M0 bytes kept after the page's rows:
+// row r's at page + page_size * kKvRowBytes + (r % page_size) * kKvPageScales.
 //
 // The producer warpgroup prefetches each step's rows into L1 one step ahead (no registers held),
 // then, once the buffer is free, loads them to registers a row at a time (16-byte loads),
@@ -14,6 +16,7 @@
 // Thread (row group g of 16, chunk c of 8) handles rows g + 16 r of each block. In half h
 // (columns 256 h ... 256 h + 255) it loads, per row, the 16 values at bytes 256 h + 128 k + 16 c
 // (k = 0, 1): bf16 tile 4 h + 2 k + c / 4, 16-byte chunks 2 (c % 4) and 2 (c % 4) + 1 there.
+// Loads at or past kKvValues bytes are skipped: with 448 values that is tile 7, the rope's.
 #pragma once
 #include "mlagen/sm90/e4m3.cuh"
 #include "mlagen/sm90/sparse_gather.cuh"
@@ -39,6 +42,13 @@ __device__ __forceinline__ float ld_scale(const u8* src) {
   return s;
 }
 
+// One UE8M0 scale (float8_e8m0fnu): byte e is 2^(e - 127), 0 the fp32 subnormal 2^-127, 255 NaN.
+__device__ __forceinline__ float ld_scale_ue8m0(const u8* src) {
+  u32 e;
+  asm volatile("ld.global.nc.u8 %0, [%1];\n" : "=r"(e) : "l"(src));
+  return __uint_as_float(e == 0u ? 0x00400000u : e == 255u ? 0x7fc00000u : e << 23);
+}
+
 template <class Cfg>
 struct KvFp8 {
   // ready(buffer, 0): the 128 threads after their stores and a proxy fence; ready(buffer, 1): the
@@ -46,11 +56,18 @@ struct KvFp8 {
   static constexpr int kReadyFirst = 128;
   static constexpr int kReadySecond = 128 + 16;
 
-  static_assert(Cfg::kDQk == 576 && Cfg::kKvValues == 512, "512 e4m3 values + 64 bf16 rope values per row");
-  static_assert(Cfg::kKvScaleBlock == 0 || (Cfg::kKvScaleBlock % 16 == 0 && 512 % Cfg::kKvScaleBlock == 0),
+  static_assert((Cfg::kDQk == 576 && Cfg::kKvValues == 512) || (Cfg::kDQk == 512 && Cfg::kKvValues == 448),
+                "512 e4m3 values + 64 bf16 rope values per row (d_qk 576), or 448 + 64 (d_qk 512)");
+  static_assert(Cfg::kKvScaleBlock == 0 || (Cfg::kKvScaleBlock % 16 == 0 && Cfg::kKvValues % Cfg::kKvScaleBlock == 0),
                 "each 16-value load shares one scale");
   static_assert(Cfg::kKvRowBytes % 16 == 0 && Cfg::kKvRopeOffset % 16 == 0 && Cfg::kKvScaleOffset % 4 == 0,
                 "16-byte loads of values and rope, 4-byte scales");
+  static_assert(Cfg::kKvPageScales == 0 || (Cfg::kPaged && Cfg::kKvScaleUe8m0 && Cfg::kKvScaleBlock > 0),
+                "UE8M0 scales after each page's rows: their address needs the page size (a paged variant)");
+  static_assert(Cfg::kKvPageScales > 0 || !Cfg::kKvScaleUe8m0, "in-row scales are fp32");
+  // The rope's bf16 tile: right after the values' tiles (8 with 512 values, 7 with 448).
+  static constexpr int kRopeTile = Cfg::kKvValues / 64;
+  static_assert(Cfg::kKvValues % 64 == 0 && kRopeTile + 1 == Cfg::kDQk / 64, "the rope fills the last tile");
 
   // Byte offset of this thread's 16 values (k = 0, 1) in half h of a row.
   static __device__ __forceinline__ int value_byte(int h, int k, int c) { return 256 * h + 128 * k + 16 * c; }
@@ -74,6 +91,8 @@ struct KvFp8 {
     const int len = valid_length(p, t);
     const int pairs = num_pairs(len);
     const int* idx_row = p.indices + (i64)t * p.idx_row_stride;
+    // Page-stored scales: where a page's scale rows start (after its page_size rows).
+    const int scale_rows = Cfg::kKvPageScales > 0 ? p.page_size * Cfg::kKvRowBytes : 0;
     for (int pair = 0; pair < pairs; ++pair) {
       const u32 phase = (pair & 1) ^ 1;
       // 32-bit row ids (-1: invalid), read early so the index latency hides behind the waits;
@@ -104,6 +123,14 @@ struct KvFp8 {
         asm volatile("mov.b64 %0, %0;\n" : "+l"(ptr));
         return ptr;
       };
+      // Where a row's scales start in its page's scale rows (Cfg::kKvPageScales only).
+      auto page_scales_ptr = [&](int row) -> const u8* {
+        row = max(row, 0);
+        const u8* ptr = p.kv + (i64)(row / p.page_size) * p.kv_page_stride + scale_rows +
+                        (row % p.page_size) * Cfg::kKvPageScales;
+        asm volatile("mov.b64 %0, %0;\n" : "+l"(ptr));
+        return ptr;
+      };
       // Pull a step's values and scales into L1 (no registers held): the loads after the
       // buffer wait then mostly hit L1, so the producer keeps one row in registers at a time.
       auto prefetch = [&](int b, int h) {
@@ -113,7 +140,8 @@ struct KvFp8 {
           const u8* src = row_ptr(row_of(b, r));
           prefetch_l1(src + 256 * h);
           prefetch_l1(src + 256 * h + 128);
-          if constexpr (Cfg::kKvScaleBlock > 0) prefetch_l1(src + Cfg::kKvScaleOffset);
+          if constexpr (Cfg::kKvPageScales > 0) prefetch_l1(page_scales_ptr(row_of(b, r)));
+          else if constexpr (Cfg::kKvScaleBlock > 0) prefetch_l1(src + Cfg::kKvScaleOffset);
         }
       };
       auto step = [&](int b, int h) {
@@ -128,21 +156,26 @@ struct KvFp8 {
           // illegal instruction on the H100.
 #pragma unroll
           for (int r = 0; r < 4; ++r)
-            cp_async_16<false>(buf + 8 * kTileBytes + 16 * 128 * r + slot_rope,
+            cp_async_16<false>(buf + kRopeTile * kTileBytes + 16 * 128 * r + slot_rope,
                                row_ptr(row_of(b, r)) + 16 * c + Cfg::kKvRopeOffset, row_of(b, r) >= 0, 0);
         }
 #pragma unroll
         for (int r = 0; r < 4; ++r) {
           const bool ok = row_of(b, r) >= 0;
           const u8* src = row_ptr(row_of(b, r)) + 16 * c;
+          const u8* scales = src - 16 * c + Cfg::kKvScaleOffset;   // in the row
+          if constexpr (Cfg::kKvPageScales > 0) scales = page_scales_ptr(row_of(b, r));
 #pragma unroll
           for (int k = 0; k < 2; ++k) {
+            if (Cfg::kKvValues < 512 && value_byte(h, k, c) >= Cfg::kKvValues) continue;   // the rope's tile
             uint4 w = make_uint4(0, 0, 0, 0);
             float sc = 1.f;
             if (ok) {
               w = ld_nc_16(src + 256 * h + 128 * k);
-              if constexpr (Cfg::kKvScaleBlock > 0)
-                sc = ld_scale(src - 16 * c + Cfg::kKvScaleOffset + 4 * (value_byte(h, k, c) / Cfg::kKvScaleBlock));
+              if constexpr (Cfg::kKvPageScales > 0)
+                sc = ld_scale_ue8m0(scales + value_byte(h, k, c) / Cfg::kKvScaleBlock);
+              else if constexpr (Cfg::kKvScaleBlock > 0)
+                sc = ld_scale(scales + 4 * (value_byte(h, k, c) / Cfg::kKvScaleBlock));
             }
             const u32 tile = buf + (4 * h + 2 * k + c / 4) * kTileBytes + 16 * 128 * r;
             // Values 0-7 of the load fill chunk 2 (c % 4), values 8-15 the next one.

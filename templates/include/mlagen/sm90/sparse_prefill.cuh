@@ -23,6 +23,7 @@
 #pragma once
 #include "mlagen/cuda/online_softmax.cuh"
 #include "mlagen/common/types.cuh"
+#include "mlagen/cuda/sparse_pools.cuh"
 #include "mlagen/sm90/barrier.cuh"
 #include "mlagen/sm90/sparse_gather.cuh"
 #include "mlagen/sm90/wgmma.cuh"
@@ -74,6 +75,8 @@ enum NamedBarrier : int {
   kEpilogue0 = 6,  // (+ consumer) the consumer's output rows are staged
 };
 
+// Pool 1's valid length (the FP8 operand reads one pool); the consumers count both pools' keys
+// (mlagen/cuda/sparse_pools.cuh), which is the same when the host passes no extra pool.
 template <class Params>
 __device__ __forceinline__ int valid_length(const Params& p, int t) {
   int len = p.topk;
@@ -400,7 +403,7 @@ __device__ void consumer0(const Params& p, u32 smem, const Barriers& bar, int t,
   r.m[0] = r.m[1] = neg_inf();
   r.mx[0] = r.mx[1] = neg_inf();
   r.l[0] = r.l[1] = 0.f;
-  const int pairs = num_pairs(valid_length(p, t));
+  const int pairs = num_pairs(mlagen::sparse_pools::key_count(p, t));
   load_q<Cfg>(p, smem, bar, t, head0);
   for (int pair = 0; pair < pairs; ++pair) {
     const u32 phase = pair & 1;
@@ -502,7 +505,7 @@ __device__ void consumer1(const Params& p, u32 smem, const Barriers& bar, int t,
   r.m[0] = r.m[1] = neg_inf();
   r.mx[0] = r.mx[1] = neg_inf();
   r.l[0] = r.l[1] = 0.f;
-  const int pairs = num_pairs(valid_length(p, t));
+  const int pairs = num_pairs(mlagen::sparse_pools::key_count(p, t));
   load_q<Cfg>(p, smem, bar, t, head0);
   for (int pair = 0; pair < pairs; ++pair) {
     const u32 phase = pair & 1;

@@ -51,6 +51,27 @@ def scalar_sig(x) -> tuple:
     raise NoPlan
 
 
+_SCALARS = frozenset((bool, int, float, str))
+
+
+def _sequence_sig(x) -> tuple:
+    """A tuple or list of scalars (such as a window's two sides), element by element."""
+    if type(x) in (tuple, list):
+        return (type(x), tuple(map(scalar_sig, x)))
+    raise NoPlan
+
+
+def values_sig(values, tensor_type) -> tuple:
+    """:func:`tensor_sig` of each tensor of ``values`` (a call's arguments, in their order),
+    :func:`scalar_sig` of each scalar (of each element of a tuple or list, such as
+    ``window_size``) and None for None, so a new argument joins the signature by itself; NoPlan
+    as those raise it. (tensor_sig's and scalar_sig's tuples are written out here: this runs on
+    every eager call, and a function call per argument costs a third of it.)"""
+    return tuple([None if x is None else (x.dtype, x.shape, x.stride(), x.is_cuda, x.get_device(), x.data_ptr() & 15)
+                  if type(x) is tensor_type else (type(x), x) if type(x) in _SCALARS else _sequence_sig(x)
+                  for x in values])
+
+
 class LaunchPlan:
     """One kernel launch with a parameter struct packed once: ``launch(stream, values)`` writes the
     ``variable`` fields (in that order) and launches. Each thread writes its own copy of the buffer

@@ -43,6 +43,11 @@ class RecordKey:
         return asdict(self)
 
 
+# What a trial measured, or why it failed: these fields of Trial, in its order. A tuner's result
+# (mlagen.tune.config.TrialResult) is a Trial without its key: its variant and these fields.
+MEASURED = ("outcome", "time_ms", "tflops", "max_error", "registers", "spills", "detail")
+
+
 @dataclass(frozen=True)
 class Trial:
     key: RecordKey

@@ -191,14 +191,14 @@ def test_geometry_follows_the_widths():
 
 
 def test_check_arguments_take_each_geometry():
-    from mlagen.families.mla_prefill.call import check_arguments
+    from mlagen.families.mla_prefill.call import DenseArgs, check_arguments
 
     q, k, kr, v = _tensors(256, 256, 192)
-    assert check_arguments(torch, q, k, v, kr)[4] == "shared"
+    assert check_arguments(torch, DenseArgs(q, k, v, kr))[4] == "shared"
     with pytest.raises(ArgumentError, match="mla_prefill: v: expected shape"):
-        check_arguments(torch, q, k, v[:1], kr)
+        check_arguments(torch, DenseArgs(q, k, v[:1], kr))
     with pytest.raises(ArgumentError, match="mla_prefill: out: expected shape \\(5, 2, 256\\)"):
-        check_arguments(torch, q, k, v, kr, out=torch.zeros(5, 2, 128, dtype=torch.bfloat16))
+        check_arguments(torch, DenseArgs(q, k, v, kr, out=torch.zeros(5, 2, 128, dtype=torch.bfloat16)))
 
 
 @pytest.mark.parametrize("kwargs,error,match", [
@@ -261,7 +261,7 @@ def test_launch_values_of_the_traits():
 
 
 def test_accepts_only_specs_with_the_traits():
-    from mlagen.families.mla_prefill.launch import accepts
+    from mlagen.families.mla_prefill.compile import accepts
     from mlagen.families.mla_prefill.traits import Traits
 
     s80 = spec_mod.load("mla_prefill_sm80")

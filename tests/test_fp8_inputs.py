@@ -17,12 +17,12 @@ from mlagen.errors import ArgumentError, ArgumentTypeError, LaunchError  # noqa:
 import importlib  # noqa: E402
 
 from mlagen.families.mla_prefill import entry  # noqa: E402
-from mlagen.families.mla_prefill.call import Call, check_descales  # noqa: E402
+from mlagen.families.mla_prefill.call import Call, DenseArgs, check_descales  # noqa: E402
 from mlagen.families.mla_prefill.problem import Shape  # noqa: E402
 
 # The package re-exports functions named like these modules, so import the modules by path.
 ref_mod = importlib.import_module("mlagen.families.mla_prefill.reference")
-launch = importlib.import_module("mlagen.families.mla_prefill.launch")
+dense_compile = importlib.import_module("mlagen.families.mla_prefill.compile")
 
 E4M3 = torch.float8_e4m3fn
 FNUZ = torch.float8_e4m3fnuz
@@ -71,12 +71,12 @@ def test_fp8_argument_errors(change, error, match):
 def test_descales_are_for_fp8_inputs_only():
     q = torch.zeros(4, 2, 192, dtype=torch.bfloat16)
     with pytest.raises(ArgumentError, match="q_descale: descale factors apply to fp8 inputs only; q is torch.bfloat16"):
-        check_descales(torch, q, torch.ones(1))
+        check_descales(torch, DenseArgs(q, None, None, q_descale=torch.ones(1)))
     with pytest.raises(ArgumentTypeError, match="q: dtype must be one of torch.bfloat16, torch.float8_e4m3fn, "
                                                 "torch.float8_e4m3fnuz, got torch.float16"):
-        check_descales(torch, q.half())
-    assert check_descales(torch, q.to(FNUZ), torch.ones(2)) == "fp8_e4m3fnuz"
-    assert check_descales(torch, q.to(E4M3)) == "fp8_e4m3"
+        check_descales(torch, DenseArgs(q.half(), None, None))
+    assert check_descales(torch, DenseArgs(q.to(FNUZ), None, None, q_descale=torch.ones(2))) == "fp8_e4m3fnuz"
+    assert check_descales(torch, DenseArgs(q.to(E4M3), None, None)) == "fp8_e4m3"
 
 
 def test_reference_dequantizes_per_tensor_and_per_head():
@@ -133,12 +133,12 @@ def test_record_keys_and_spec_filter_by_dtype(monkeypatch):
     assert key.dtypes == "fp8_e4m3"
     assert dispatch.record_key(specs["mla_prefill_gfx950"], "causal/h16/q1024/k1024", device="MI355X",
                                sm_count=256, driver="6.4", target=gfx950).dtypes == "bf16"
-    assert launch.spec_dtype(specs["mla_prefill_gfx942_fp8"]) == "fp8_e4m3fnuz"
-    call = Call(*[None] * 10, heads=1, batch=1, causal=True, scale=1.0, rope="shared", dtype="fp8_e4m3")
-    assert launch.accepts(specs["mla_prefill_gfx950_fp8"], call)
-    assert not launch.accepts(specs["mla_prefill_gfx950"], call)
-    assert not launch.accepts(specs["mla_prefill_gfx942_fp8"], call)
-    assert launch.spec_dtype(specs["mla_prefill_sm90_fp8"]) == "fp8_e4m3"
+    assert dense_compile.spec_dtype(specs["mla_prefill_gfx942_fp8"]) == "fp8_e4m3fnuz"
+    call = Call(*[None] * 10, heads=1, batch=1, scale=1.0, rope="shared", args=DenseArgs(None, None, None), dtype="fp8_e4m3")
+    assert dense_compile.accepts(specs["mla_prefill_gfx950_fp8"], call)
+    assert not dense_compile.accepts(specs["mla_prefill_gfx950"], call)
+    assert not dense_compile.accepts(specs["mla_prefill_gfx942_fp8"], call)
+    assert dense_compile.spec_dtype(specs["mla_prefill_sm90_fp8"]) == "fp8_e4m3"
     assert entry.dtype_targets("fp8_e4m3") == {"gfx950": ["mla_prefill_gfx950_fp8"], "sm_90a": ["mla_prefill_sm90_fp8"]}
     assert entry.dtype_targets("fp8_e4m3fnuz") == {"gfx942": ["mla_prefill_gfx942_fp8"]}
 
@@ -154,9 +154,10 @@ def test_no_fp8_kernel_is_one_clear_line(monkeypatch, device, arch_name, dtype, 
     info = runtime.DeviceInfo(0, device, (9, 0) if not arch_name else (9, 4), 132, "13.0", 232448, 50 << 20,
                               arch_name)
     monkeypatch.setattr(runtime, "device_info", lambda index=0: info)
-    call = Call(*[None] * 10, heads=1, batch=1, causal=True, scale=1.0, rope="shared", dtype=dtype)
+    call = Call(*[None] * 10, heads=1, batch=1, scale=1.0, rope="shared", args=DenseArgs(None, None, None), dtype=dtype)
     with pytest.raises(ArgumentTypeError, match=match) as exc:
         entry.check_dtype_supported(call, 0)
     assert "\n" not in str(exc.value)
-    entry.check_dtype_supported(Call(*[None] * 10, heads=1, batch=1, causal=True, scale=1.0, rope="shared"), 0)
+    entry.check_dtype_supported(Call(*[None] * 10, heads=1, batch=1, scale=1.0, rope="shared",
+                                     args=DenseArgs(None, None, None)), 0)
 

@@ -39,14 +39,14 @@ class FakeKernel:
     def planned(self, *args):
         return None, None
 
-    def run_full(self, q, k, v, *, k_rope=None, cu_seqlens_q=None, cu_seqlens_k=None, causal=True, softmax_scale=None,
-                 out=None, lse=None, **rest):
+    def run_full(self, args, sig=None):
+        q, out, lse = args.q, args.out, args.lse
         assert q.dim() == 3 and q.stride(-1) == 1
-        self.calls.append(dict(q=q, k=k, v=v, k_rope=k_rope, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
-                               causal=causal, softmax_scale=softmax_scale, out=out, lse=lse, **rest))
-        traits = {n: rest[n] for n in ("window_size", "chunk_size", "softcap", "attn_sink") if n in rest}
-        ref_out, ref_lse = reference(q, k, v, k_rope=k_rope, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
-                                     causal=causal, softmax_scale=softmax_scale, dtype=torch.float32, **traits)
+        self.calls.append(args._asdict())
+        traits = {n: getattr(args, n) for n in ("window_size", "chunk_size", "softcap", "attn_sink")}
+        ref_out, ref_lse = reference(q, args.k, args.v, k_rope=args.k_rope, cu_seqlens_q=args.cu_seqlens_q,
+                                     cu_seqlens_k=args.cu_seqlens_k, causal=args.causal,
+                                     softmax_scale=args.softmax_scale, dtype=torch.float32, **traits)
         if out is None:
             out = torch.empty(ref_out.shape, dtype=torch.bfloat16)
         if lse is None:

@@ -36,7 +36,25 @@ def test_schemas_say_what_is_optional_and_what_is_written():
     assert functional.endswith("-> (Tensor, Tensor)")
     out = str(torch.ops.mlagen.mla_prefill_out.default._schema)
     assert re.search(r"Tensor\(a\d+!\) out, Tensor\(a\d+!\) lse\) -> \(\)$", out), out
+    # Both are DenseArgs in order: the out op is the functional op's arguments, then out and lse.
+    assert out == functional.split(") ->")[0].replace("mla_prefill(", "mla_prefill_out(") + \
+        ", Tensor(a20!) out, Tensor(a21!) lse) -> ()", out
     assert mlagen.mla_prefill is op.mla_prefill
+
+
+def test_the_public_call_hands_each_argument_to_its_field(monkeypatch):
+    """mla_prefill builds its DenseArgs positionally (the hot path): each argument lands in the
+    field of its name. The plan lookup sees the DenseArgs before any check, so any values do."""
+    from mlagen.families.mla_prefill import entry
+    from mlagen.families.mla_prefill.call import DenseArgs
+
+    seen = []
+    monkeypatch.setattr(entry, "planned", lambda args: (seen.append(args) or ("hit", None)))
+    monkeypatch.setattr(entry, "plain_traits", lambda args: True)   # sentinels for the traits too
+    given = {name: object() for name in DenseArgs._fields if name not in ("q", "kernel")}
+    assert mlagen.mla_prefill(torch.zeros(2, 1, 192), **given) == "hit"
+    assert len(seen) == 1 and seen[0].kernel is None
+    assert all(getattr(seen[0], name) is value for name, value in given.items()), seen[0]
 
 
 def fake_inputs(tq=10, tk=12, h=4, rope="shared", batch=None):

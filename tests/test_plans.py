@@ -77,13 +77,13 @@ def test_only_pointers_and_maps_vary_and_every_pointer_does():
 
 
 def test_the_families_write_every_pointer_per_call():
-    from mlagen.families.mla_prefill import plan as dense_plan
+    from mlagen.families.mla_prefill import entry as dense_entry
     from mlagen.families.mla_prefill.params import ABIS, VT_PARAMS
     from mlagen.families.mla_sparse_prefill.entry import _POINTERS
     from mlagen.families.mla_sparse_prefill.params import params_tma_for
 
-    pairs = [(ABIS["simt"], dense_plan._SIMT_VARIABLE), (ABIS["tma"], dense_plan._TMA_VARIABLE),
-             (ABIS["tma_fp8"], dense_plan._FP8_VARIABLE), (VT_PARAMS, dense_plan._VT_VARIABLE),
+    pairs = [(ABIS["simt"], dense_entry._SIMT_VARIABLE), (ABIS["tma"], dense_entry._TMA_VARIABLE),
+             (ABIS["tma_fp8"], dense_entry._FP8_VARIABLE), (VT_PARAMS, dense_entry._VT_VARIABLE),
              (params_for("fp8_v32"), _POINTERS), (params_tma_for("bf16"), _POINTERS + ("kv_map", "extra_kv_map"))]
     for ps, variable in pairs:
         plans.LaunchPlan(RecordingKernel(), (1, 1, 1), (32, 1, 1), 0, ps, _values(ps, 1), variable)
@@ -104,6 +104,22 @@ def test_signatures_tell_apart_what_the_checks_read():
     assert len({plans.scalar_sig(v) for v in (1, 1.0, True, "1", None)}) == 5
     with pytest.raises(plans.NoPlan):
         plans.scalar_sig(torch.tensor(1.0))
+
+
+def test_a_signature_of_values_tells_tensors_scalars_and_none_apart():
+    t = torch.Tensor
+    x = torch.zeros(8, 4, 64)
+    sig = plans.values_sig((x, None, True, 0.5), t)
+    assert sig == (plans.tensor_sig(x, t), None, plans.scalar_sig(True), plans.scalar_sig(0.5))
+    assert plans.values_sig((torch.zeros(8, 4, 64), None, True, 0.5), t) == sig    # other data, same layout
+    variants = [(None, None, True, 0.5), (x, x, True, 0.5), (x, None, 1, 0.5), (x, None, True, None),
+                (x, 0.0, True, 0.5), (x.half(), None, True, 0.5)]
+    assert len({plans.values_sig(v, t) for v in variants} | {sig}) == len(variants) + 1
+    assert plans.values_sig(((-1, -1),), t) == ((tuple, (plans.scalar_sig(-1),) * 2),)   # a window_size pair
+    assert plans.values_sig(((-1, -1),), t) != plans.values_sig(((-1, 0),), t)
+    for bad in (torch.nn.Parameter(x), [x], object()):   # the full path says what is wrong with them
+        with pytest.raises(plans.NoPlan):
+            plans.values_sig((x, bad), t)
 
 
 def test_plans_knob(monkeypatch):

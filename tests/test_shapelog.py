@@ -111,11 +111,12 @@ def test_ragged_shape_description():
 
 
 def test_a_call_is_described_by_its_batch_mean_lengths_heads_and_mask():
-    from mlagen.families.mla_prefill.call import Call
-    from mlagen.families.mla_prefill.record import describe_call
+    from mlagen.families.mla_prefill.call import Call, DenseArgs, describe_call
 
-    call = Call(*[None] * 8, total_q=8400, total_k=8400, heads=128, batch=4, causal=True, scale=1.0, rope="shared")
+    call = Call(*[None] * 8, total_q=8400, total_k=8400, heads=128, batch=4, scale=1.0, rope="shared",
+                args=DenseArgs(None, None, None, causal=True))
     assert describe_call(call) == "b=4,q=2100,h=128,causal"
-    call = Call(*[None] * 8, total_q=2048, total_k=16384, heads=128, batch=1, causal=False, scale=1.0, rope="shared")
+    call = Call(*[None] * 8, total_q=2048, total_k=16384, heads=128, batch=1, scale=1.0, rope="shared",
+                args=DenseArgs(None, None, None, causal=False))
     assert describe_call(call) == "b=1,q=2048,k=16384,h=128,none"
     assert fam.FAMILY.problem_key(dense_problem.parse_shape(describe_call(call))) == str(call.key)

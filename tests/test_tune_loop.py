@@ -1256,3 +1256,21 @@ def test_a_class_search_holds_every_specialization_axis():
             search.tell(v, 1.0 + (sum(map(ord, v.symbol)) % 97) / 100, retime=getattr(ask, "retime", False))
             proposed.append(v)
     assert proposed and {(v["geometry"], v["score"], v["mask"]) for v in proposed} == {("n128r64v128", "plain", "causal")}
+
+
+def test_a_trial_result_is_a_trial_without_its_key():
+    """TrialResult and the database's Trial share records.MEASURED, in order; a result becomes the
+    trial the database stores and a stored trial the result a resumed tune takes, field for field."""
+    from dataclasses import fields
+
+    from mlagen.records import MEASURED
+    from mlagen.tune.config import TrialResult
+
+    assert tuple(f.name for f in fields(TrialResult))[1:-1] == MEASURED
+    assert tuple(f.name for f in fields(db.Trial))[3:-2] == MEASURED
+    r = TrialResult(DEFAULT, "wrong_result", 1.5, 600.0, 0.25, 168, 2, "max error 0.25")
+    t = r.trial(KEY, "run-x")
+    assert (t.key, t.variant, t.symbol, t.run_id) == (KEY, dict(DEFAULT.tunables), DEFAULT.symbol, "run-x")
+    assert (t.outcome, t.time_ms, t.tflops, t.max_error, t.registers, t.spills, t.detail) == \
+        ("wrong_result", 1.5, 600.0, 0.25, 168, 2, "max error 0.25")
+    assert TrialResult.resumed_from(DEFAULT, t) == replace(r, resumed=True)

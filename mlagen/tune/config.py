@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass, field
 
 from .. import variant as variant_mod
+from ..records import MEASURED, RecordKey, Trial
 
 FINALISTS = 4           # variants re-timed at the end, besides the spec default
 FINAL_ROUNDS = 3        # interleaved rounds of the final re-timing
@@ -39,6 +40,9 @@ class TuneConfig:
 
 @dataclass
 class TrialResult:
+    """One variant's trial in a tune: the database's Trial without its key (the variant itself,
+    not its tunables and symbol), and the fields of records.MEASURED."""
+
     variant: variant_mod.Variant
     outcome: str
     time_ms: float | None = None
@@ -48,6 +52,16 @@ class TrialResult:
     spills: int | None = None
     detail: str = ""
     resumed: bool = False   # taken from the database (--resume), not run again
+
+    def trial(self, key: RecordKey, run_id: str) -> Trial:
+        """The database's record of this trial."""
+        return Trial(key, dict(self.variant.tunables), self.variant.symbol,
+                     *(getattr(self, name) for name in MEASURED), run_id=run_id)
+
+    @classmethod
+    def resumed_from(cls, variant: variant_mod.Variant, trial: Trial) -> "TrialResult":
+        """A trial the database holds, taken as this tune's (``--resume``)."""
+        return cls(variant, *(getattr(trial, name) for name in MEASURED), resumed=True)
 
 
 @dataclass

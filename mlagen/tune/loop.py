@@ -168,9 +168,7 @@ def tune_class(spec, shape_class: ShapeClass, target, config: TuneConfig, databa
         order."""
         if ask.retime:
             return
-        recorder.add(db.Trial(key, dict(r.variant.tunables), r.variant.symbol, r.outcome, r.time_ms, r.tflops,
-                              r.max_error, r.registers, r.spills, r.detail, run_id),
-                     logged(r, f"{r.outcome} {r.variant.symbol}"))
+        recorder.add(r.trial(key, run_id), logged(r, f"{r.outcome} {r.variant.symbol}"))
 
     try:
         idle = 0
@@ -194,8 +192,7 @@ def tune_class(spec, shape_class: ShapeClass, target, config: TuneConfig, databa
             for a in new:
                 old = None if a.retime else finished.get(a.variant.symbol)
                 if old is not None:
-                    r = TrialResult(a.variant, old.outcome, old.time_ms, old.tflops, old.max_error, old.registers,
-                                    old.spills, old.detail, resumed=True)
+                    r = TrialResult.resumed_from(a.variant, old)
                     done_now.append((a, r))
                     recorder.add(None, logged(r, f"resumed {r.variant.symbol}"))
                 else:
@@ -224,8 +221,7 @@ def tune_class(spec, shape_class: ShapeClass, target, config: TuneConfig, databa
             a = Ask(in_use[0])
             old = finished.get(a.variant.symbol)
             if old is not None:
-                r = TrialResult(a.variant, old.outcome, old.time_ms, old.tflops, old.max_error, old.registers,
-                                old.spills, old.detail, resumed=True)
+                r = TrialResult.resumed_from(a.variant, old)
                 recorder.add(None, logged(r, f"resumed {r.variant.symbol}"))
             else:
                 say(f"  measuring the record in use, {a.variant.symbol}")

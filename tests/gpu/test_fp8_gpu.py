@@ -207,7 +207,7 @@ def test_sm90_fp8_transpose_v_kernel_writes_the_torch_layout(lengths):
     q = torch.zeros(total, heads, 192, device="cuda").to(torch.float8_e4m3fn)
     k = torch.zeros(total, heads, 128, device="cuda").to(torch.float8_e4m3fn)
     kr = torch.zeros(total, 1, 64, device="cuda").to(torch.float8_e4m3fn)
-    c = call_mod.prepare(q, k, v, k_rope=kr, cu_seqlens_q=cu, cu_seqlens_k=cu)
+    c = call_mod.prepare(call_mod.DenseArgs(q, k, v, k_rope=kr, cu_seqlens_q=cu, cu_seqlens_k=cu))
     from mlagen import spec, variant
 
     prepass = variant.make(spec.load("mla_prefill_sm90_fp8"), {"v_transpose": "prepass", "mask": "causal"})

@@ -15,7 +15,7 @@ torch = pytest.importorskip("torch")
 import mlagen  # noqa: E402
 from mlagen import dispatch  # noqa: E402
 from mlagen.families.mla_sparse_prefill import entry as sp_entry, reference as sp_ref  # noqa: E402
-from mlagen.families.mla_prefill import plan as dense_plan  # noqa: E402
+from mlagen.families.mla_prefill import entry as dense_entry  # noqa: E402
 
 
 def _rnd(g, *shape):
@@ -87,7 +87,7 @@ def _check(fn, make, cache, monkeypatch):
 
 @pytest.mark.parametrize("case", ["varlen", "folded", "single", "out", "sm80", "fp8"])
 def test_dense_plans_match_the_full_path(case, monkeypatch):
-    _check(mlagen.mla_prefill, lambda seed: _dense_args(case, seed), dense_plan._plans, monkeypatch)
+    _check(mlagen.mla_prefill, lambda seed: _dense_args(case, seed), dense_entry._plans, monkeypatch)
 
 
 @pytest.mark.parametrize("case", ["flat", "h16", "h128", "topk_length", "paged", "fp8_v32"])
@@ -141,10 +141,10 @@ def test_graph_capture_of_a_planned_call(monkeypatch):
     with torch.cuda.stream(s):
         mlagen.mla_prefill(**d)
     torch.cuda.current_stream().wait_stream(s)
-    hits = dense_plan._plans.hits
+    hits = dense_entry._plans.hits
     with torch.cuda.graph(graph):
         mlagen.mla_prefill(**d)
-    assert dense_plan._plans.hits == hits + 1
+    assert dense_entry._plans.hits == hits + 1
     d["out"].zero_()
     d["lse"].zero_()
     graph.replay()

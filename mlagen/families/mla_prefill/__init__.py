@@ -4,13 +4,14 @@
 Modules, in the order a call meets them:
 
 * compile time: :mod:`.problem` (constants, the dense ``Shape``, the BENCHMARKS.md ids D1-D11 and
-  the description grammar, shape classes, FLOPs), :mod:`.params` (the
-  kernel parameter structs), :mod:`.schedule` (the Hopper barrier schedule), :mod:`.compile`
-  (spec checks, pruning, render values);
-* run time: :mod:`.call` (argument checking into a Call), :mod:`.pack`, :mod:`.launch` and
-  :mod:`.tma` (launchers), :mod:`.entry` (prepare, select, launch), :mod:`.op` (the torch custom
-  ops and the public ``mla_prefill``), :mod:`.reference` (reference, inputs, comparison),
-  :mod:`.record` (``MLAGEN_RECORD_SHAPES``);
+  the description grammar, shape classes, FLOPs), :mod:`.traits` (head geometry, mask and score
+  traits), :mod:`.params` (the kernel parameter structs and the values a call gives them),
+  :mod:`.schedule` (the Hopper barrier schedule), :mod:`.compile` (spec checks, pruning, render
+  values, which specs a call can take);
+* run time: :mod:`.call` (the call's arguments as one ``DenseArgs``, checked into a ``Call``;
+  what ``MLAGEN_RECORD_SHAPES`` notes), :mod:`.tma` (the sm90 launcher), :mod:`.entry` (launch
+  plans, prepare, select, launch), :mod:`.op` (the torch custom ops and the public
+  ``mla_prefill``), :mod:`.reference` (reference, inputs, comparison);
 * bench: :mod:`.peers` (FlashAttention-3, cuDNN, FlashAttention-2 and the public call).
 
 ``FAMILY`` implements :class:`mlagen.families.base.Family`. Importing this package does not
@@ -23,7 +24,7 @@ from .. import kit
 from ..base import Family, register
 from . import compile as _compile
 from . import problem as _problem
-from .launch import accepts, launch
+from .compile import accepts
 from .problem import GEOMETRIES, ProblemKey, Shape, shape_flops
 from .reference import REL_TOL
 
@@ -75,6 +76,8 @@ class MlaPrefillFamily(kit.ShapesOf, Family):
         return accepts(spec, call)
 
     def launch(self, selection, call, stream: int) -> None:
+        from .entry import launch
+
         launch(selection, call, stream)
 
     def make_inputs(self, shape, device, seed: int = 0, dtype: str = "bf16") -> dict:

@@ -1,4 +1,13 @@
-"""Argument checking of dense MLA prefill: torch tensors in, a validated :class:`Call` out.
+"""Argument checking of dense MLA prefill: the caller's arguments in one :class:`DenseArgs`, a
+validated :class:`Call` out.
+
+:class:`DenseArgs` holds the arguments of one call as given, unchecked: the public
+``mla_prefill`` builds it once, and everything after it takes it whole: the torch ops' fake
+implementations (:mod:`.op`; the ops themselves take plain tensors and scalars, and convert at
+that one seam), the launch-plan signature, :func:`prepare`, dispatch and the launchers (through
+``Call.args``). Adding an argument to the call is one field here (with its default), its op
+schema type (``op.SCHEMA``) and its check (:func:`check_scalars`, :func:`check_arguments` or
+``traits.check_traits``); the signatures between stay as they are.
 
 Nothing here synchronises with the device unless asked: cu_seqlens on the GPU are checked for
 shape and dtype only, unless ``check_seqlens`` (or ``MLAGEN_CHECK_SEQLENS=1``) asks for their
@@ -13,18 +22,49 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
-from ... import knobs
+from ... import knobs, shapelog
 from ...errors import ArgumentError, ArgumentTypeError
 from .. import kit
-from .problem import D_QK, GEOMETRIES, ProblemKey, problem_key
+from .problem import D_QK, DEFAULT_GEOMETRY, GEOMETRIES, ProblemKey, problem_key
 from .traits import Traits, check_traits, geometry_of
+
+
+class DenseArgs(NamedTuple):
+    """The arguments of one ``mla_prefill`` call as the caller gave them (see
+    :func:`mlagen.mla_prefill`), nothing checked. The field order is that of the
+    ``mlagen::mla_prefill_out`` schema (the functional op's is the same without out and lse;
+    the ops take window_size as two ints, window_left and window_right)."""
+
+    q: Any
+    k: Any
+    v: Any
+    k_rope: Any = None
+    cu_seqlens_q: Any = None
+    cu_seqlens_k: Any = None
+    causal: Any = True
+    softmax_scale: Any = None
+    check_seqlens: Any = None
+    max_seqlen_q: Any = None
+    max_seqlen_k: Any = None
+    kernel: Any = None     # a spec name, a Variant (the tuner's; never through the ops) or None
+    q_descale: Any = None  # fp32 [1] or [H] (fp8 inputs only; None: 1.0): real value = stored x descale
+    k_descale: Any = None  # applies to k and k_rope
+    v_descale: Any = None
+    window_size: Any = (-1, -1)   # the mask and score traits (MLA.md section 1b; traits.check_traits)
+    chunk_size: Any = None
+    softcap: Any = 0.0
+    attn_sink: Any = None
+    out: Any = None
+    lse: Any = None
 
 
 @dataclass
 class Call:
-    """One validated invocation: tensors checked, outputs allocated, nothing launched yet."""
+    """One validated invocation: tensors checked, outputs allocated, nothing launched yet. The
+    tensors are those the kernel reads (a misaligned view copied, k split into nope and rope,
+    cu_seqlens on q's device, the outputs allocated); ``args`` is the call as given."""
 
     q: Any
     k: Any
@@ -38,20 +78,19 @@ class Call:
     total_k: int
     heads: int
     batch: int
-    causal: bool
     scale: float
     rope: str  # "folded" (k holds 192 columns), "shared" ([Tk, 1, 64]) or "per_head" ([Tk, H, 64])
-    max_q: int | None = None  # the caller's max_seqlen_q / max_seqlen_k, if given
-    max_k: int | None = None
+    args: DenseArgs
     dtype: str = "bf16"  # the inputs' element type: "bf16", "fp8_e4m3" (OCP) or "fp8_e4m3fnuz"
-    q_descale: Any = None  # fp32 [1] or [H] (fp8 inputs only; None: 1.0): real value = stored x descale
-    k_descale: Any = None  # applies to k and k_rope
-    v_descale: Any = None
-    traits: Traits | None = None  # geometry, mask and score traits (MLA.md section 1b); None: causal's
+    traits: Traits | None = None  # geometry, mask and score traits (MLA.md section 1b); None: args.causal's
 
     def __post_init__(self):
         if self.traits is None:
-            self.traits = Traits(mask="causal" if self.causal else "none")
+            self.traits = Traits(mask="causal" if self.args.causal else "none")
+
+    @property
+    def causal(self) -> bool:
+        return self.traits.mask == "causal"
 
     @property
     def mask(self) -> str:
@@ -129,8 +168,11 @@ def _allowed_dtypes(torch) -> str:
     return ", ".join(f"torch.{a}" for a in INPUT_DTYPES.values() if hasattr(torch, a))
 
 
-def check_scalars(causal, softmax_scale, max_seqlen_q=None, max_seqlen_k=None) -> float:
-    """Check the non-tensor arguments; returns the softmax scale (default 1/sqrt(192))."""
+def check_scalars(args: DenseArgs) -> float:
+    """Check the non-tensor arguments but ``kernel`` and ``check_seqlens`` (the public call checks
+    those) and the traits (traits.check_traits); returns the softmax scale (default
+    1/sqrt(192); :func:`prepare` sets another geometry's)."""
+    causal, softmax_scale = args.causal, args.softmax_scale
     if not isinstance(causal, bool):
         _fail_type("causal", f"expected a bool, got {causal!r}")
     if softmax_scale is None:
@@ -144,7 +186,7 @@ def check_scalars(causal, softmax_scale, max_seqlen_q=None, max_seqlen_k=None) -
             _fail_type("softmax_scale", f"expected a float, got {softmax_scale!r}")
         if not (math.isfinite(scale) and scale > 0):
             _fail("softmax_scale", f"must be a finite positive number, got {softmax_scale!r}")
-    for name, value in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
+    for name, value in (("max_seqlen_q", args.max_seqlen_q), ("max_seqlen_k", args.max_seqlen_k)):
         if value is not None:
             if isinstance(value, bool) or not isinstance(value, int):
                 _fail_type(name, f"expected a host int (like FlashAttention's varlen API), got {type(value).__name__}")
@@ -153,16 +195,17 @@ def check_scalars(causal, softmax_scale, max_seqlen_q=None, max_seqlen_k=None) -
     return scale
 
 
-def check_descales(torch, q, q_descale=None, k_descale=None, v_descale=None) -> str:
+def check_descales(torch, args: DenseArgs) -> str:
     """The inputs' dtype name, after checking q's dtype and the descale factors against it:
     fp32, shape [1] (per tensor) or [H] (per head), on q's device, given for fp8 inputs only."""
+    q = args.q
     if not isinstance(q, torch.Tensor):
         _fail_type("q", f"expected a torch.Tensor, got {type(q).__name__}")
     dtype = dtype_name(torch, q.dtype)
     if dtype is None:
         _fail_type("q", f"dtype must be one of {_allowed_dtypes(torch)}, got {q.dtype}")
     heads = q.shape[1] if q.dim() == 3 else None
-    for name, t in (("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale)):
+    for name, t in (("q_descale", args.q_descale), ("k_descale", args.k_descale), ("v_descale", args.v_descale)):
         if t is None:
             continue
         if not isinstance(t, torch.Tensor):
@@ -189,11 +232,14 @@ def _geometry_for_checks(torch, q, k, v, k_rope) -> str:
     return next((g for g, (n, r, _) in GEOMETRIES.items() if n + r == q.shape[-1]), "n128r64v128")
 
 
-def check_arguments(torch, q, k, v, k_rope=None, cu_seqlens_q=None, cu_seqlens_k=None, out=None, lse=None,
-                    max_seqlen_q=None, max_seqlen_k=None) -> tuple[int, int, int, int, str]:
-    """Shapes, dtypes, devices and strides of every tensor argument; reads no values, so it runs
-    on FakeTensors too. q, k, k_rope and v share one dtype (bf16 or an fp8 e4m3, see
-    INPUT_DTYPES); out is bf16 and lse fp32 either way. Returns (total_q, total_k, heads, batch, rope)."""
+def check_arguments(torch, args: DenseArgs) -> tuple[int, int, int, int, str]:
+    """Shapes, dtypes, devices and strides of every tensor argument but the descale factors
+    (:func:`check_descales`) and the sinks (traits.check_traits); reads no values, so it runs on
+    FakeTensors too. q, k, k_rope and v share one dtype (bf16 or an fp8 e4m3, see INPUT_DTYPES);
+    out is bf16 and lse fp32 either way. Returns (total_q, total_k, heads, batch, rope)."""
+    q, k, v, k_rope, out, lse = args.q, args.k, args.v, args.k_rope, args.out, args.lse
+    cu_seqlens_q, cu_seqlens_k = args.cu_seqlens_q, args.cu_seqlens_k
+    max_seqlen_q, max_seqlen_k = args.max_seqlen_q, args.max_seqlen_k
     if not isinstance(q, torch.Tensor):
         _fail_type("q", f"expected a torch.Tensor, got {type(q).__name__}")
     if dtype_name(torch, q.dtype) is None:
@@ -306,10 +352,7 @@ def resolve_check(torch, check_seqlens) -> bool:
     return bool(check_seqlens)
 
 
-def prepare(q, k, v, *, k_rope=None, cu_seqlens_q=None, cu_seqlens_k=None, causal=True, softmax_scale=None,
-            out=None, lse=None, check_seqlens=None, max_seqlen_q=None, max_seqlen_k=None, q_descale=None,
-            k_descale=None, v_descale=None, window_size=(-1, -1), chunk_size=None, softcap=0.0,
-            attn_sink=None) -> Call:
+def prepare(args: DenseArgs) -> Call:
     """Validate arguments (errors name the argument) and allocate ``out``/``lse``.
 
     Argument errors are :class:`~mlagen.errors.ArgumentError` (a ValueError) or, for a wrong type
@@ -319,34 +362,36 @@ def prepare(q, k, v, *, k_rope=None, cu_seqlens_q=None, cu_seqlens_k=None, causa
     """
     import torch
 
-    scale = check_scalars(causal, softmax_scale, max_seqlen_q, max_seqlen_k)
+    scale = check_scalars(args)
+    q = args.q
     if not isinstance(q, torch.Tensor):
         _fail_type("q", f"expected a torch.Tensor, got {type(q).__name__}")
     if q.device.type != "cuda":
         _fail("q", f"must be a CUDA tensor, got device {q.device}")
-    total_q, total_k, heads, batch, rope = check_arguments(
-        torch, q, k, v, k_rope, cu_seqlens_q, cu_seqlens_k, out, lse, max_seqlen_q, max_seqlen_k)
-    dtype = check_descales(torch, q, q_descale, k_descale, v_descale)
+    total_q, total_k, heads, batch, rope = check_arguments(torch, args)
+    dtype = check_descales(torch, args)
+    k, v, k_rope = args.k, args.v, args.k_rope
     geometry = geometry_of(q, k, v, k_rope)
     d_nope, d_rope, d_v = GEOMETRIES[geometry]
-    if softmax_scale is None:
+    if args.softmax_scale is None:
         scale = 1.0 / math.sqrt(d_nope + d_rope)
     # Sizes past the keys are kept as given (no length-based rewrite), so a call runs the mask it names
     # and a variant of that mask (the tuner's) fits it.
-    traits = check_traits(torch, q, causal, window_size, chunk_size, softcap, attn_sink, geometry, heads)
-    causal = traits.mask == "causal"
+    traits = check_traits(torch, q, args.causal, args.window_size, args.chunk_size, args.softcap, args.attn_sink,
+                          geometry, heads)
     device = q.device
-    check = resolve_check(torch, check_seqlens)
+    check = resolve_check(torch, args.check_seqlens)
     cu_q = cu_k = None
-    if cu_seqlens_q is not None:
+    if args.cu_seqlens_q is not None:
         for name, cu, total, longest, longest_arg in (
-                ("cu_seqlens_q", cu_seqlens_q, total_q, max_seqlen_q, "max_seqlen_q"),
-                ("cu_seqlens_k", cu_seqlens_k, total_k, max_seqlen_k, "max_seqlen_k")):
+                ("cu_seqlens_q", args.cu_seqlens_q, total_q, args.max_seqlen_q, "max_seqlen_q"),
+                ("cu_seqlens_k", args.cu_seqlens_k, total_k, args.max_seqlen_k, "max_seqlen_k")):
             if cu.device.type == "cpu" or check:
                 _check_cu_values(cu, name, total, longest, longest_arg)
         cu_q, cu_k = (cu if cu.device == device else cu.to(device, non_blocking=True)
-                      for cu in (cu_seqlens_q, cu_seqlens_k))
+                      for cu in (args.cu_seqlens_q, args.cu_seqlens_k))
         cu_q, cu_k = cu_q.contiguous(), cu_k.contiguous()
+    out, lse = args.out, args.lse
     if out is None:
         out = torch.empty((total_q, heads, d_v), dtype=torch.bfloat16, device=device)
     elif out.data_ptr() % 16:
@@ -359,9 +404,35 @@ def prepare(q, k, v, *, k_rope=None, cu_seqlens_q=None, cu_seqlens_k=None, causa
     q, k, v = kit.aligned_or_copy(q), kit.aligned_or_copy(k), kit.aligned_or_copy(v)
     # Without a rope part the kernels read no k_rope; k stands in for it (a valid tensor map).
     k_rope = k if not d_rope else kit.aligned_or_copy(k_rope)
-    call = Call(q, k, k_rope, v, out, lse, cu_q, cu_k, total_q, total_k, heads, batch, causal, scale, rope,
-                max_seqlen_q, max_seqlen_k, dtype, q_descale, k_descale, v_descale, traits)
+    call = Call(q, k, k_rope, v, out, lse, cu_q, cu_k, total_q, total_k, heads, batch, scale, rope, args, dtype,
+                traits)
     # TMA's rules are kit.aligned's: q, k, k_rope and v now meet them, and out was checked above (its
     # strides by check_arguments) or allocated here; so dispatch need not look again.
     call._tma_verdict = None
     return call
+
+
+# --- what a call tells MLAGEN_RECORD_SHAPES (see mlagen.shapelog) ------------------------------
+
+def describe_call(call: Call) -> str:
+    """The shape description of a call: its batch, mean query and key length per sequence, heads,
+    and its traits (geometry, mask, softcap, sink) where they are not the defaults."""
+    b = max(call.batch, 1)
+    parts = [f"b={call.batch}", f"q={round(call.total_q / b)}"]
+    if call.total_k != call.total_q:
+        parts.append(f"k={round(call.total_k / b)}")
+    parts.append(f"h={call.heads}")
+    t = call.traits
+    if t.geometry != DEFAULT_GEOMETRY:
+        parts.append("d=" + "/".join(map(str, t.dims)))
+    parts.append({"window": f"window={t.window[0]}/{t.window[1]}", "chunked": f"chunk={t.chunk}"}.get(t.mask, t.mask))
+    if t.softcap:
+        parts.append(f"softcap={t.softcap:g}")
+    if t.attn_sink is not None:
+        parts.append("sink")
+    return ",".join(parts)
+
+
+def note_shape(call: Call) -> None:
+    if shapelog.enabled():
+        shapelog.note("mla_prefill", str(call.key), lambda: describe_call(call))

@@ -1,4 +1,5 @@
-"""The compile-time side of dense MLA prefill: spec checks, variant pruning, render values."""
+"""The compile-time side of dense MLA prefill: spec checks, variant pruning, render values, and
+which specs a call's tensors can take."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from ... import resources
 from .. import kit
 from ...errors import SpecError
 from . import schedule
-from .call import FP8_DTYPES, INPUT_DTYPES
+from .call import FP8_DTYPES, INPUT_DTYPES, Call
 from .params import ABIS, FP8_ABIS, TMA_ABIS, VT_PARAMS
 from .problem import DEFAULT_GEOMETRY, GEOMETRIES, MASKS, SCORES, geometry_dims
 
@@ -64,3 +65,19 @@ def render_context(v) -> dict:
         if ctx["elem_bytes"] == 1:
             ctx["vt_params_decl"] = VT_PARAMS.c_declaration()
     return ctx
+
+
+def spec_dtype(spec) -> str:
+    """The input dtype name a spec's kernels take (its ``problem.dtype``)."""
+    return dict(spec.problem).get("dtype", "bf16")
+
+
+def accepts(spec, call: Call) -> bool:
+    """Whether ``spec``'s kernels can take this call's tensors (their dtype, and TMA's alignment)
+    and traits (a spec without a geometry or score axis implements only the default)."""
+    if spec_dtype(spec) != call.dtype:
+        return False
+    axes = dict(spec.specialize)
+    if any(value not in axes.get(name, ()) for name, value in call.traits.specialization().items()):
+        return False
+    return spec.abi not in TMA_ABIS or call.tma_compatible() is None

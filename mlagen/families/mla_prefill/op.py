@@ -4,19 +4,20 @@ calls it without a graph break, and CUDA graphs capture it.
 Two custom ops (``torch.library.custom_op``) with fake (meta) implementations:
 
 * ``mlagen::mla_prefill(q, k, v, k_rope?, cu_seqlens_q?, cu_seqlens_k?, causal, softmax_scale?,
-  check_seqlens?, max_seqlen_q?, max_seqlen_k?, kernel?, q_descale?, k_descale?, v_descale?) -> (out, lse)``:
-  allocates its outputs;
-* ``mlagen::mla_prefill_out(..., Tensor(a12!) out, Tensor(a13!) lse) -> ()``: writes preallocated
+  check_seqlens?, max_seqlen_q?, max_seqlen_k?, kernel?, q_descale?, k_descale?, v_descale?,
+  window_left, window_right, chunk_size?, softcap, attn_sink?) -> (out, lse)``: allocates its outputs;
+* ``mlagen::mla_prefill_out(..., Tensor(a20!) out, Tensor(a21!) lse) -> ()``: writes preallocated
   outputs (declared mutated, so functionalization in torch.compile orders it correctly).
 
-:func:`mla_prefill` is the public Python entry point over both: it checks the non-tensor
-arguments (errors are ValueError / TypeError naming the argument) and picks the op. Importing
-this module imports torch and registers the ops.
+Both schemas are the fields of :class:`~.call.DenseArgs` in order (:data:`SCHEMA` gives each its
+op arguments), and their implementations turn their plain arguments back into one DenseArgs.
+
+:func:`mla_prefill` is the public Python entry point over both: it makes the call's DenseArgs,
+checks the non-tensor arguments (errors are ValueError / TypeError naming the argument) and
+picks the op. Importing this module imports torch and registers the ops.
 """
 
 from __future__ import annotations
-
-from typing import Optional
 
 import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode as _current_dispatch_mode
@@ -24,61 +25,87 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode as _current_
 from ... import layouts
 from ...errors import ArgumentTypeError
 from . import entry
-from .call import check_arguments, check_descales, check_scalars
+from .call import DenseArgs, check_arguments, check_descales, check_scalars
 from .traits import check_traits
 
 Tensor = torch.Tensor
 
+# The op arguments of each DenseArgs field, "type name": the ops take plain tensors and scalars
+# (torch ops take nothing else), in DenseArgs order, and their implementations make one DenseArgs
+# of them, the one seam. window_size is two ints (checked before the op: traits.check_traits).
+# ``out`` and ``lse`` are mlagen::mla_prefill_out's mutated outputs and are not arguments of
+# mlagen::mla_prefill. A new DenseArgs field adds its op arguments here.
+SCHEMA = {
+    "q": ("Tensor q",), "k": ("Tensor k",), "v": ("Tensor v",), "k_rope": ("Tensor? k_rope",),
+    "cu_seqlens_q": ("Tensor? cu_seqlens_q",), "cu_seqlens_k": ("Tensor? cu_seqlens_k",), "causal": ("bool causal",),
+    "softmax_scale": ("float? softmax_scale",), "check_seqlens": ("bool? check_seqlens",),
+    "max_seqlen_q": ("SymInt? max_seqlen_q",), "max_seqlen_k": ("SymInt? max_seqlen_k",), "kernel": ("str? kernel",),
+    "q_descale": ("Tensor? q_descale",), "k_descale": ("Tensor? k_descale",), "v_descale": ("Tensor? v_descale",),
+    "window_size": ("SymInt window_left", "SymInt window_right"), "chunk_size": ("SymInt? chunk_size",),
+    "softcap": ("float softcap",), "attn_sink": ("Tensor? attn_sink",), "out": ("Tensor out",), "lse": ("Tensor lse",),
+}
+OUTPUTS = ("out", "lse")
+_OUT_AT = DenseArgs._fields.index("out")
+assert DenseArgs._fields[_OUT_AT:] == OUTPUTS, "out and lse are the last DenseArgs fields"
+_WINDOW_AT = DenseArgs._fields.index("window_size")
+# (index, name) of each field the public call checks to be a tensor (or None) before anything
+# else; attn_sink is checked with the traits (traits.check_traits).
+_TENSOR_ARGS = tuple((i, name) for i, name in enumerate(DenseArgs._fields)
+                     if SCHEMA[name][0].startswith("Tensor") and name != "attn_sink")
 
-@torch.library.custom_op("mlagen::mla_prefill", mutates_args=())
-def _op(q: Tensor, k: Tensor, v: Tensor, k_rope: Optional[Tensor], cu_seqlens_q: Optional[Tensor],
-        cu_seqlens_k: Optional[Tensor], causal: bool, softmax_scale: Optional[float], check_seqlens: Optional[bool],
-        max_seqlen_q: Optional[int], max_seqlen_k: Optional[int], kernel: Optional[str], q_descale: Optional[Tensor],
-        k_descale: Optional[Tensor], v_descale: Optional[Tensor], window_left: int, window_right: int,
-        chunk_size: Optional[int], softcap: float, attn_sink: Optional[Tensor]) -> tuple[Tensor, Tensor]:
-    return entry.run(q, k, v, k_rope=k_rope, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, causal=causal,
-                     softmax_scale=softmax_scale, check_seqlens=check_seqlens, max_seqlen_q=max_seqlen_q,
-                     max_seqlen_k=max_seqlen_k, kernel=kernel, q_descale=q_descale, k_descale=k_descale,
-                     v_descale=v_descale, window_size=(window_left, window_right), chunk_size=chunk_size,
-                     softcap=softcap, attn_sink=attn_sink)
+
+def _schema(fields, mutated=()) -> str:
+    """``(Tensor q, ..., Tensor(a20!) out, ...)``: the argument list torch.library would infer."""
+    parts = [arg for name in fields for arg in SCHEMA[name]]
+    names = [arg.split()[1] for arg in parts]
+    return "(" + ", ".join(arg.replace("Tensor ", f"Tensor(a{i}!) ") if names[i] in mutated else arg
+                           for i, arg in enumerate(parts)) + ")"
 
 
-def _fake_checks(q, k, v, k_rope, causal, window_left, window_right, chunk_size, softcap, attn_sink):
-    check_traits(torch, q, causal, (window_left, window_right), chunk_size, softcap, attn_sink, heads=q.shape[1])
+def op_inputs(args: DenseArgs) -> tuple:
+    """The arguments of ``mlagen::mla_prefill`` (of mla_prefill_out, but out and lse) for checked
+    traits: the fields but out and lse, window_size as two ints, softcap a float."""
+    left, right = (int(x) for x in tuple(args.window_size))
+    return args[:_WINDOW_AT] + (left, right, args.chunk_size, float(args.softcap)) + args[_WINDOW_AT + 3:_OUT_AT]
+
+
+def _of_inputs(inputs: tuple, out=None, lse=None) -> DenseArgs:
+    return DenseArgs._make(inputs[:_WINDOW_AT] + ((inputs[_WINDOW_AT], inputs[_WINDOW_AT + 1]),)
+                           + inputs[_WINDOW_AT + 2:] + (out, lse))
+
+
+@torch.library.custom_op("mlagen::mla_prefill", mutates_args=(),
+                         schema=_schema(tuple(f for f in DenseArgs._fields if f not in OUTPUTS)) + " -> (Tensor, Tensor)")
+def _op(*inputs) -> tuple[Tensor, Tensor]:
+    return entry.run(_of_inputs(inputs))
+
+
+def _fake_checks(args: DenseArgs) -> None:
+    check_descales(torch, args)
+    check_traits(torch, args.q, args.causal, args.window_size, args.chunk_size, args.softcap, args.attn_sink,
+                 heads=args.q.shape[1])
 
 
 @_op.register_fake
-def _op_fake(q, k, v, k_rope, cu_seqlens_q, cu_seqlens_k, causal, softmax_scale, check_seqlens, max_seqlen_q,
-             max_seqlen_k, kernel, q_descale, k_descale, v_descale, window_left, window_right, chunk_size, softcap,
-             attn_sink):
-    total_q, _, heads, _, _ = check_arguments(torch, q, k, v, k_rope, cu_seqlens_q, cu_seqlens_k,
-                                              max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
-    check_descales(torch, q, q_descale, k_descale, v_descale)
-    _fake_checks(q, k, v, k_rope, causal, window_left, window_right, chunk_size, softcap, attn_sink)
-    return (q.new_empty((total_q, heads, v.shape[-1]), dtype=torch.bfloat16),
-            q.new_empty((total_q, heads), dtype=torch.float32))
+def _op_fake(*inputs):
+    args = _of_inputs(inputs)
+    total_q, _, heads, _, _ = check_arguments(torch, args)
+    _fake_checks(args)
+    return (args.q.new_empty((total_q, heads, args.v.shape[-1]), dtype=torch.bfloat16),
+            args.q.new_empty((total_q, heads), dtype=torch.float32))
 
 
-@torch.library.custom_op("mlagen::mla_prefill_out", mutates_args=("out", "lse"))
-def _op_out(q: Tensor, k: Tensor, v: Tensor, k_rope: Optional[Tensor], cu_seqlens_q: Optional[Tensor],
-            cu_seqlens_k: Optional[Tensor], causal: bool, softmax_scale: Optional[float],
-            check_seqlens: Optional[bool], max_seqlen_q: Optional[int], max_seqlen_k: Optional[int],
-            kernel: Optional[str], q_descale: Optional[Tensor], k_descale: Optional[Tensor],
-            v_descale: Optional[Tensor], window_left: int, window_right: int, chunk_size: Optional[int],
-            softcap: float, attn_sink: Optional[Tensor], out: Tensor, lse: Tensor) -> None:
-    entry.run(q, k, v, k_rope=k_rope, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, causal=causal,
-              softmax_scale=softmax_scale, out=out, lse=lse, check_seqlens=check_seqlens, max_seqlen_q=max_seqlen_q,
-              max_seqlen_k=max_seqlen_k, kernel=kernel, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale,
-              window_size=(window_left, window_right), chunk_size=chunk_size, softcap=softcap, attn_sink=attn_sink)
+@torch.library.custom_op("mlagen::mla_prefill_out", mutates_args=OUTPUTS,
+                         schema=_schema(DenseArgs._fields, OUTPUTS) + " -> ()")
+def _op_out(*values) -> None:
+    entry.run(_of_inputs(values[:-2], *values[-2:]))
 
 
 @_op_out.register_fake
-def _op_out_fake(q, k, v, k_rope, cu_seqlens_q, cu_seqlens_k, causal, softmax_scale, check_seqlens, max_seqlen_q,
-                 max_seqlen_k, kernel, q_descale, k_descale, v_descale, window_left, window_right, chunk_size, softcap,
-                 attn_sink, out, lse):
-    check_arguments(torch, q, k, v, k_rope, cu_seqlens_q, cu_seqlens_k, out, lse, max_seqlen_q, max_seqlen_k)
-    check_descales(torch, q, q_descale, k_descale, v_descale)
-    _fake_checks(q, k, v, k_rope, causal, window_left, window_right, chunk_size, softcap, attn_sink)
+def _op_out_fake(*values):
+    args = _of_inputs(values[:-2], *values[-2:])
+    check_arguments(torch, args)
+    _fake_checks(args)
 
 
 def _tracing(q) -> bool:
@@ -165,66 +192,54 @@ def mla_prefill(q, k, v, *, k_rope=None, cu_seqlens_q=None, cu_seqlens_k=None, c
     token and head strides go in without a copy and give out [B, S, H, 128], lse [B, S, H]:
     :mod:`mlagen.layouts` (the transposed view of a [B, H, S, D] tensor included).
     """
-    traits = dict(window_size=window_size, chunk_size=chunk_size, softcap=softcap, attn_sink=attn_sink)
     if isinstance(q, torch.Tensor) and q.dim() == 4:   # issue 38 hook: batched inputs, mlagen/layouts.py
         return layouts.dense_batched(mla_prefill, _tracing(q), q, k, v, k_rope=k_rope, cu_seqlens_q=cu_seqlens_q,
                                      cu_seqlens_k=cu_seqlens_k, causal=causal, softmax_scale=softmax_scale, out=out,
                                      lse=lse, check_seqlens=check_seqlens, max_seqlen_q=max_seqlen_q,
                                      max_seqlen_k=max_seqlen_k, kernel=kernel, q_descale=q_descale,
-                                     k_descale=k_descale, v_descale=v_descale, **traits)
-    plain = entry.plain_traits(window_size, chunk_size, softcap, attn_sink)
-    if kernel is None and type(q) is torch.Tensor and not _tracing(q) and plain:
+                                     k_descale=k_descale, v_descale=v_descale, window_size=window_size,
+                                     chunk_size=chunk_size, softcap=softcap, attn_sink=attn_sink)
+    # Positional (half the cost of keywords, on every call): DenseArgs' field order, which
+    # test_op's test_the_public_call_hands_each_argument_to_its_field holds it to.
+    args = DenseArgs(q, k, v, k_rope, cu_seqlens_q, cu_seqlens_k, causal, softmax_scale, check_seqlens, max_seqlen_q,
+                     max_seqlen_k, kernel, q_descale, k_descale, v_descale, window_size, chunk_size, softcap,
+                     attn_sink, out, lse)
+    if kernel is None and type(q) is torch.Tensor and not _tracing(q) and entry.plain_traits(args):
         # A call with a launch plan first (its signature is one whose arguments passed every check).
-        hit, sig = entry.planned(q, k, v, k_rope, cu_seqlens_q, cu_seqlens_k, causal, softmax_scale, out, lse,
-                                 check_seqlens, max_seqlen_q, max_seqlen_k, q_descale, k_descale, v_descale)
+        hit, sig = entry.planned(args)
         if hit is not None:
             return hit
     else:
         sig = None
-    check_scalars(causal, softmax_scale, max_seqlen_q, max_seqlen_k)
-    for name, t in (("q", q), ("k", k), ("v", v), ("k_rope", k_rope), ("cu_seqlens_q", cu_seqlens_q),
-                    ("cu_seqlens_k", cu_seqlens_k), ("out", out), ("lse", lse), ("q_descale", q_descale),
-                    ("k_descale", k_descale), ("v_descale", v_descale)):
+    check_scalars(args)
+    for i, name in _TENSOR_ARGS:
+        t = args[i]
         if t is not None and not isinstance(t, torch.Tensor):
             raise ArgumentTypeError(f"mla_prefill: {name}: expected a torch.Tensor, got {type(t).__name__}")
     if check_seqlens is not None and not isinstance(check_seqlens, bool):
         raise ArgumentTypeError(f"mla_prefill: check_seqlens: expected a bool or None, got {check_seqlens!r}")
-    checked = check_traits(torch, q, causal, window_size, chunk_size, softcap, attn_sink,
-                           heads=q.shape[1] if q.dim() == 3 else None)
+    check_traits(torch, q, causal, window_size, chunk_size, softcap, attn_sink, heads=q.shape[1] if q.dim() == 3 else None)
     if kernel is not None and not isinstance(kernel, str):
         from ...variant import Variant
 
         if not isinstance(kernel, Variant):
             raise ArgumentTypeError(f"mla_prefill: kernel: expected a spec name or a Variant, got "
                                     f"{type(kernel).__name__}")
-        return entry.run(q, k, v, k_rope=k_rope, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
-                         causal=causal, softmax_scale=softmax_scale, out=out, lse=lse, check_seqlens=check_seqlens,
-                         max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, kernel=kernel,
-                         q_descale=q_descale, k_descale=k_descale, v_descale=v_descale, **traits)
+        return entry.run(args)
     if not _tracing(q):
         # Eager: the same implementation the ops run, without the dispatcher's cost per call.
         if kernel is None:   # its plan was looked for above
-            return entry.run_full(q, k, v, k_rope=k_rope, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
-                                  causal=causal, softmax_scale=softmax_scale, out=out, lse=lse,
-                                  check_seqlens=check_seqlens, max_seqlen_q=max_seqlen_q,
-                                  max_seqlen_k=max_seqlen_k, q_descale=q_descale, k_descale=k_descale,
-                                  v_descale=v_descale, **traits, sig=sig)
-        return entry.run(q, k, v, k_rope=k_rope, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
-                         causal=causal, softmax_scale=softmax_scale, out=out, lse=lse, check_seqlens=check_seqlens,
-                         max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, kernel=kernel,
-                         q_descale=q_descale, k_descale=k_descale, v_descale=v_descale, **traits)
-    scale = None if softmax_scale is None else float(softmax_scale)
-    left, right = (-1, -1) if window_size is None else (int(x) for x in tuple(window_size))   # checked above
-    args = (q, k, v, k_rope, cu_seqlens_q, cu_seqlens_k, causal, scale, check_seqlens, max_seqlen_q, max_seqlen_k,
-            kernel, q_descale, k_descale, v_descale, left, right, chunk_size, float(checked.softcap), attn_sink)
+            return entry.run_full(args, sig)
+        return entry.run(args)
+    if softmax_scale is not None:
+        args = args._replace(softmax_scale=float(softmax_scale))
     if out is None and lse is None:
-        return torch.ops.mlagen.mla_prefill(*args)
+        return torch.ops.mlagen.mla_prefill(*op_inputs(args))
     if out is None or lse is None:  # one given: the op writes both, so allocate the other
-        total_q, _, heads, _, _ = check_arguments(torch, q, k, v, k_rope, cu_seqlens_q, cu_seqlens_k, out, lse,
-                                                  max_seqlen_q, max_seqlen_k)
+        total_q, _, heads, _, _ = check_arguments(torch, args)
         if out is None:
             out = q.new_empty((total_q, heads, v.shape[-1]), dtype=torch.bfloat16)
         if lse is None:
             lse = q.new_empty((total_q, heads), dtype=torch.float32)
-    torch.ops.mlagen.mla_prefill_out(*args, out, lse)
+    torch.ops.mlagen.mla_prefill_out(*op_inputs(args), out, lse)
     return out, lse

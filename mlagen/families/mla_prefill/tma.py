@@ -26,8 +26,7 @@ from ... import knobs
 from ...abi import ParamStruct
 from ...runtime import device_alloc, device_info, encode_tensor_map, memset_d32_async
 from .call import Call
-from .pack import common_values, num_virtual_tiles
-from .params import ABIS, VT_PARAMS
+from .params import ABIS, VT_PARAMS, common_values, descale_values, num_virtual_tiles
 from .schedule import Schedule, evaluate
 
 # Position p of a 16-key group of V^T holds key PERM16[p]: thread t of a quad holds S columns
@@ -314,9 +313,6 @@ def launch(selection, call: Call, env: dict, stream: int) -> tuple[tuple, dict]:
     values["rope_shared"] = int(call.k_rope.size(1) == 1)
     values.update(trait_values(call))
     if p.fp8:
-        for name in ("q", "k", "v"):
-            t = getattr(call, f"{name}_descale")
-            values[f"{name}_descale"] = 0 if t is None else t.data_ptr()
-            values[f"{name[0]}d_head_stride"] = 0 if t is None or t.numel() == 1 else t.stride(0)
+        values.update(descale_values(call))
     selection.kernel.launch((grid, 1, 1), p.block, p.smem, stream, p.abi.pack(values))
     return (grid, 1, 1), values

@@ -116,8 +116,8 @@ def bench_shape(sid: str, variants: list[dict], rounds: int, iters: int, flush, 
                      f"{rel:.4f}, lse max abs {lse:.2e}")
         if not check.ok:
             del cands[name]
-    c = call_mod.prepare(f8["q"], f8["k"], f8["v"], k_rope=f8["k_rope"], cu_seqlens_q=f8["cu_seqlens_q"],
-                         cu_seqlens_k=f8["cu_seqlens_k"])
+    c = call_mod.prepare(call_mod.DenseArgs(f8["q"], f8["k"], f8["v"], k_rope=f8["k_rope"],
+                                            cu_seqlens_q=f8["cu_seqlens_q"], cu_seqlens_k=f8["cu_seqlens_k"]))
     # The pre-pass kernel is the same in every variant (it depends on d_v only): a pre-pass one's.
     _, sel = entry.select(c, make(spec, {"v_transpose": "prepass", "mask": mask}))
     cands["V^T pre-pass alone"] = lambda: tma.launch_transpose_v(sel, c, torch.cuda.current_stream().cuda_stream)

@@ -233,19 +233,24 @@ def test_causal_is_bottom_right_aligned():
 
 def test_sm90_lpt_order(monkeypatch):
     """The sm90 launcher asks for the longest-first sequence order on batches of 2 to 32 sequences
-    (one per lane of the kernel's search), not on one sequence or past 32; MLAGEN_SEQ_ORDER=batch
+    (one per lane of the kernel's search) of 4096 keys or more on average, not on one sequence, past
+    32, or on short sequences; MLAGEN_SEQ_ORDER=batch
     turns it off, and another value is refused naming the knob."""
     import types
 
     from mlagen.families.mla_prefill.tma import lpt_order
 
     monkeypatch.delenv("MLAGEN_SEQ_ORDER", raising=False)
-    assert [lpt_order(types.SimpleNamespace(batch=b)) for b in (1, 2, 16, 32, 33)] == [0, 1, 1, 1, 0]
+    def call(batch, keys_per_seq=8192):
+        return types.SimpleNamespace(batch=batch, total_k=batch * keys_per_seq)
+
+    assert [lpt_order(call(b)) for b in (1, 2, 16, 32, 33)] == [0, 1, 1, 1, 0]
+    assert lpt_order(call(32, 512)) == 0 and lpt_order(call(16, 4096)) == 1   # D6's short sequences: batch order
     monkeypatch.setenv("MLAGEN_SEQ_ORDER", "batch")
-    assert lpt_order(types.SimpleNamespace(batch=16)) == 0
+    assert lpt_order(call(16)) == 0
     monkeypatch.setenv("MLAGEN_SEQ_ORDER", "longest")
     with pytest.raises(ValueError, match="MLAGEN_SEQ_ORDER='longest'"):
-        lpt_order(types.SimpleNamespace(batch=16))
+        lpt_order(call(16))
 
 
 def test_sm90_head_group(monkeypatch):

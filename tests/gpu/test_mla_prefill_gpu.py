@@ -504,9 +504,14 @@ def test_sm90_seq_order(schedule, monkeypatch):
     """Sequences taken longest-first (tile_index.cuh: find_sequence_lpt) or in batch order compute
     the same bits, and match the reference: a ragged batch whose key ranges tie, differ and are
     empty, query lengths that fill no tile, and 33 sequences (past the 32 the LPT order covers)."""
+    from mlagen.families.mla_prefill.tma import LPT_MIN_KEYS
+
+    assert sum([4105, 9001, 0, 6200, 4300, 0, 8700, 4064]) >= 8 * LPT_MIN_KEYS
     from mlagen import spec, variant
 
-    cases = [([5, 1, 0, 129, 300, 2, 700, 64], [5, 901, 0, 200, 300, 0, 1700, 64]),
+    # The first batch averages 4546 keys a sequence, past the launcher's LPT_MIN_KEYS (tma.py), so it
+    # takes the longest-first order; its key ranges tie, differ and are empty.
+    cases = [([5, 1, 0, 129, 300, 2, 700, 64], [4105, 9001, 0, 6200, 4300, 0, 8700, 4064]),
              ([3 + 7 * i for i in range(33)], [3 + 7 * i + (50 * i) % 333 for i in range(33)])]
     for causal in (True, False):
         v = variant.make(spec.load("mla_prefill_sm90"), {**schedule, "mask": "causal" if causal else "none"})

@@ -131,7 +131,8 @@ def test_opcheck_on_the_gpu():
     from mlagen.families.mla_prefill import op
 
     q, k, kr, v, cu_q, cu_k = inputs(seed=6)
-    args = (q, k, v, kr, cu_q, cu_k, True, None, None, None, None, None, None, None, None)  # ... kernel, descales
+    # ... kernel, descales, then the section 1b traits at their defaults (window -1 / -1, no chunk, no softcap, no sink)
+    args = (q, k, v, kr, cu_q, cu_k, True, None, None, None, None, None, None, None, None, -1, -1, None, 0.0, None)
     for name, result in torch.library.opcheck(op._op, args).items():
         assert result == "SUCCESS", (name, result)
     out = torch.empty(q.shape[0], q.shape[1], 128, dtype=torch.bfloat16, device="cuda")

@@ -220,14 +220,21 @@ def head_group(call: Call, scheduler: str) -> int:
 # Sequences per launch that the kernel can hand out longest-first (tile_index.cuh:
 # find_sequence_lpt, one sequence per lane of a warp).
 LPT_MAX_BATCH = 32
+# The order costs a 32-lane search per tile (two shuffles a sequence): on short sequences, whose
+# tiles visit a few key blocks, that search is on the critical path (D6, 32 x 512: 0.90x of the
+# batch order on the H200, 2026-12-02), and their tiles are too alike for the order to matter. So
+# only batches with at least this many keys per sequence on average take it (D10's 10k: 1.03x).
+LPT_MIN_KEYS = 4096
 
 
 def lpt_order(call: Call) -> int:
-    """1 if the kernel takes the sequences longest key range first, 0 for batch order. A chunked
+    """1 if the kernel takes the sequences longest key range first, 0 for batch order (batches of 2
+    to LPT_MAX_BATCH sequences with LPT_MIN_KEYS keys each on average). A chunked
     prefill batch is the case it is for: cached prefixes of 1k to 16k tokens give tiles of 10x
     different work, and in batch order the queue's last tiles are whichever sequence comes last
     (docs/notes.md, "Chunked prefill"). ``MLAGEN_SEQ_ORDER=batch`` keeps the batch order."""
-    return int(1 < call.batch <= LPT_MAX_BATCH and knobs.seq_order() == "lpt")
+    return int(1 < call.batch <= LPT_MAX_BATCH and call.total_k >= LPT_MIN_KEYS * call.batch
+               and knobs.seq_order() == "lpt")
 
 
 @dataclass(frozen=True)

@@ -125,12 +125,7 @@ class ProblemKey:
     def specialization(self) -> dict:
         """The spec axes this class fixes: the mask, and the geometry and score traits where they are
         not the default (specs without those axes implement only the defaults)."""
-        out = {"mask": self.mask}
-        if self.geometry != DEFAULT_GEOMETRY:
-            out["geometry"] = self.geometry
-        if self.score != "plain":
-            out["score"] = self.score
-        return out
+        return specialization_of(self.mask, self.geometry, self.score)
 
     def distance(self, other: "ProblemKey") -> float:
         """How far apart two shape classes are, in powers of two (inf across masks, geometries and
@@ -139,6 +134,17 @@ class ProblemKey:
             return math.inf
         return sum(abs(math.log2(a) - math.log2(b)) for a, b in (
             (self.heads, other.heads), (self.q_per_seq, other.q_per_seq), (self.k_per_seq, other.k_per_seq)))
+
+
+def specialization_of(mask: str, geometry: str = DEFAULT_GEOMETRY, score: str = "plain") -> dict:
+    """The spec axes a class or a call's traits fix: the mask, and the geometry and score traits where
+    they are not the default (specs without those axes implement only the defaults)."""
+    out = {"mask": mask}
+    if geometry != DEFAULT_GEOMETRY:
+        out["geometry"] = geometry
+    if score != "plain":
+        out["score"] = score
+    return out
 
 
 def problem_key(heads: int, total_q: int, total_k: int, batch: int, causal: bool, mask: str | None = None,

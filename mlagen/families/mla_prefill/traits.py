@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...errors import ArgumentError, ArgumentTypeError
-from .problem import DEFAULT_GEOMETRY, GEOMETRIES, geometry_name, normalize_mask, score_name
+from .problem import DEFAULT_GEOMETRY, GEOMETRIES, geometry_name, normalize_mask, score_name, specialization_of
 
 
 @dataclass(frozen=True)
@@ -43,12 +43,7 @@ class Traits:
 
     def specialization(self) -> dict:
         """The spec axes these traits fix: the mask, and the others where they are not the default."""
-        out = {"mask": self.mask}
-        if self.geometry != DEFAULT_GEOMETRY:
-            out["geometry"] = self.geometry
-        if self.score != "plain":
-            out["score"] = self.score
-        return out
+        return specialization_of(self.mask, self.geometry, self.score)
 
 
 def _fail(arg: str, message: str):

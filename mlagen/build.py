@@ -445,7 +445,8 @@ class CompileQueue:
                 return
             try:
                 fut = self.pool.submit(self.compile_one, v.spec, dict(v.values), self.target, None)
-            except RuntimeError as exc:   # shut down (interrupted), or broken (a process died)
+            except Exception as exc:   # shut down (interrupted), broken (a process died), or a pool's own error
+                # Any error: a dispatch thread that died here would leave every build waiting forever.
                 self._stop_taking_work(v, f"the compile pool stopped: {type(exc).__name__}: {exc}")
                 return
             self._running[v] = fut

@@ -282,6 +282,28 @@ def test_compile_queue_fails_waiting_builds_when_the_pool_breaks_and_refuses_lat
         queue.close()
 
 
+def test_compile_queue_fails_waiting_builds_when_the_pool_raises_any_error():
+    """A pool whose submit raises something other than RuntimeError (the cluster's placement
+    found no worker: ValueError) fails the waiting builds instead of killing the queue's thread
+    and leaving them waiting forever (a cluster tune hung so in CI, 2026-12-02)."""
+
+    class Refusing(cf.Executor):
+        def submit(self, fn, /, *args, **kwargs):
+            raise ValueError("max() iterable argument is empty")
+
+    a, b = _variants(2)
+    queue = build.CompileQueue(Refusing(), "sm_80", jobs=2, reserve=1, compile_one=_HeldCompiles())
+    try:
+        built: list = []
+        thread = threading.Thread(target=queue.build, args=([a, b], built.append))
+        thread.start()
+        thread.join(30)
+        assert not thread.is_alive() and len(built) == 2
+        assert all(r.status == "compile_error" and "ValueError" in r.reasons[0] for r in built)
+    finally:
+        queue.close()
+
+
 # --- the one build path for kernels no spec describes ----------------------------------------
 
 

@@ -245,7 +245,7 @@ def compile_slots(client) -> dict[str, int]:
     workers = client.scheduler_info(n_workers=-1)["workers"]
     gpu = {a for a, w in workers.items() if w.get("resources", {}).get(GPU_RESOURCE, 0) >= 1}
     slots = {a: w["nthreads"] - (a in gpu) for a, w in workers.items() if w["nthreads"] - (a in gpu) > 0}
-    return slots or {a: 1 for a in workers}
+    return slots or {a: 1 for a in workers}   # empty only while the cluster has no worker
 
 
 class PlacedCompiles(cf.Executor):
@@ -270,6 +270,8 @@ class PlacedCompiles(cf.Executor):
 
     def submit(self, fn, /, *args, **kwargs) -> cf.Future:
         with self._lock:
+            if not self.slots:   # no worker was known when the slots were counted (one restarting)
+                return self._executor.submit(fn, *args, **kwargs)   # Dask places it when one is there
             address = max(self.slots, key=lambda a: self.slots[a] - self.busy[a])
             self.busy[address] += 1
         fut = self._executor.submit(fn, *args, workers=[address], allow_other_workers=True, **kwargs)

@@ -151,7 +151,9 @@ def test_gpu_mode_logic_with_a_stand_in_kernel_and_timer(monkeypatch):
                                    timer=lambda fn: fast)
     [used] = [s for s in speeds if s.record == record]
     assert used.ok and used.other_device
-    assert all(s.other_device for s in speeds)
+    # ... and the H200's own records (mlagen/tuned/h200.json) are not.
+    assert all(s.other_device == (s.record.key.device != "NVIDIA H200") for s in speeds)
+    assert any(not s.other_device for s in speeds) and any(s.other_device for s in speeds)
 
 
 def test_gpu_mode_without_a_cuda_gpu_is_one_line(monkeypatch):

@@ -37,10 +37,27 @@ def git_show(root: Path, rev: str, path: str) -> str | None:
     return out.stdout if out.returncode == 0 else None
 
 
+JINJA = re.compile(r"^(.*?)(\{\{.*?\}\})(.*)$")
+
+
+def alternatives(path: str) -> list[str]:
+    """The headers an include names: itself, or for a Jinja expression between its braces
+    (``mlagen/sm90/sparse_kv_{{ 'fp8' if kv.quantized else 'bf16' }}.cuh``) one per string
+    literal of the expression."""
+    m = JINJA.match(path)
+    if not m:
+        return [path]
+    head, expr, tail = m.groups()
+    return [head + a + b + tail for a, b in re.findall(r"'([^']*)'|\"([^\"]*)\"", expr)]
+
+
 def based(name: str) -> str:
-    """``a/b.cuh`` -> ``a/b_base.cuh``; ``x.cu.j2`` -> ``x_base.cu.j2``."""
-    stem, dot, ext = name.partition(".")
-    return f"{stem}{SUFFIX}{dot}{ext}"
+    """``a/b.cuh`` -> ``a/b_base.cuh``; ``x.cu.j2`` -> ``x_base.cu.j2``; an include with a Jinja
+    expression keeps it and takes the suffix after it (``a/kv_{{ e }}.cuh`` -> ``a/kv_{{ e }}_base.cuh``)."""
+    m = JINJA.match(name)
+    head, tail = (m.group(1) + m.group(2), m.group(3)) if m else ("", name)
+    stem, dot, ext = tail.partition(".")
+    return f"{head}{stem}{SUFFIX}{dot}{ext}"
 
 
 def plan(spec: str, rev: str, root: Path = ROOT) -> dict[str, str]:
@@ -59,7 +76,7 @@ def plan(spec: str, rev: str, root: Path = ROOT) -> dict[str, str]:
     # Every device header the template reaches at the revision, and who includes whom.
     headers: dict[str, str] = {}
     includes: dict[str, set[str]] = {}
-    todo = [h for _, h, _ in INCLUDE.findall(template_text)]
+    todo = [a for _, h, _ in INCLUDE.findall(template_text) for a in alternatives(h)]
     while todo:
         h = todo.pop()
         if h in headers:
@@ -68,11 +85,14 @@ def plan(spec: str, rev: str, root: Path = ROOT) -> dict[str, str]:
         if text is None:
             raise SystemExit(f"ab_install: templates/include/{h} does not exist at {rev}")
         headers[h] = text
-        includes[h] = {g for _, g, _ in INCLUDE.findall(text)}
+        includes[h] = {a for _, g, _ in INCLUDE.findall(text) for a in alternatives(g)}
         todo += includes[h]
     # A header needs a base copy if it differs from the working tree's, or includes one that does.
     tree = root / "templates/include"
     copied = {h for h, text in headers.items() if not (tree / h).exists() or (tree / h).read_text() != text}
+    # The alternatives of one Jinja include are copied together (the include names them as one).
+    groups = [set(alternatives(g)) for text in (template_text, *headers.values())
+              for _, g, _ in INCLUDE.findall(text) if JINJA.match(g)]
     changed = True
     while changed:
         changed = False
@@ -80,10 +100,14 @@ def plan(spec: str, rev: str, root: Path = ROOT) -> dict[str, str]:
             if h not in copied and inc & copied:
                 copied.add(h)
                 changed = True
+        for g in groups:
+            if g & copied and not g <= copied:
+                copied |= g
+                changed = True
 
     def rewrite(text: str) -> str:
-        return INCLUDE.sub(lambda m: m.group(1) + (based(m.group(2)) if m.group(2) in copied else m.group(2)) + m.group(3),
-                           text)
+        return INCLUDE.sub(lambda m: m.group(1) + (based(m.group(2)) if set(alternatives(m.group(2))) & copied
+                                                   else m.group(2)) + m.group(3), text)
 
     files = {f"templates/include/{based(h)}": rewrite(headers[h]) for h in sorted(copied)}
     files[f"templates/{based(template)}"] = rewrite(template_text)
@@ -106,13 +130,13 @@ def installed(spec: str, root: Path = ROOT) -> list[Path]:
         if m and (root / "templates" / m.group(1)).exists():
             template = root / "templates" / m.group(1)
             out.append(template)
-            todo = [h for _, h, _ in INCLUDE.findall(template.read_text()) if SUFFIX + "." in h]
+            todo = [a for _, h, _ in INCLUDE.findall(template.read_text()) if SUFFIX + "." in h for a in alternatives(h)]
             while todo:
                 h = todo.pop()
                 p = root / "templates/include" / h
                 if p.exists() and p not in out:
                     out.append(p)
-                    todo += [g for _, g, _ in INCLUDE.findall(p.read_text()) if SUFFIX + "." in g]
+                    todo += [a for _, g, _ in INCLUDE.findall(p.read_text()) if SUFFIX + "." in g for a in alternatives(g)]
     return out
 
 

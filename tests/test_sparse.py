@@ -57,13 +57,49 @@ def test_render_is_deterministic_and_names_the_layout(d_qk):
 
 
 @pytest.mark.parametrize("values", [{"d_qk": 576}, {"d_qk": 512}, {"paged": True}, {"d_qk": 512, "paged": True},
-                                    {"epilogue": "direct"}, {"gather_fence": True}])
+                                    {"epilogue": "direct"}, {"gather_fence": True},
+                                    {"d_qk": 512, "epilogue": "bulk", "early_free": True, "q_evict_first": True},
+                                    {"d_qk": 512, "paged": True, "epilogue": "bulk", "early_free": True},
+                                    {"d_qk": 512, "paged": True, "kv_format": "fp8_v4", "epilogue": "bulk"}])
 def test_default_variants_compile_without_spills(values):
     from mlagen.compiler import for_target
 
     s = spec.load("mla_sparse_prefill_sm90")
     b = for_target("sm_90a").compile(render.render(variant.make(s, values)), "sm_90a")
     assert b.resources.spill_stores == 0 and b.resources.spill_loads == 0, b.log
+
+
+def _sass(values, tmp_path) -> str:
+    import subprocess
+
+    from mlagen.compiler import for_target
+    from tests.test_compiler import CUOBJDUMP
+
+    v = variant.make(spec.load("mla_sparse_prefill_sm90"), {"d_qk": 512, **values})
+    path = tmp_path / f"{v.symbol}.cubin"
+    path.write_bytes(for_target("sm_90a").compile(render.render(v), "sm_90a").data)
+    sass = subprocess.run([CUOBJDUMP, "-sass", str(path)], capture_output=True, text=True, check=True).stdout
+    return "\n".join(line.split(";")[0].split("*/", 1)[-1].strip() for line in sass.splitlines()
+                     if line.lstrip().startswith("/*") and ";" in line)
+
+
+def _has_cuobjdump() -> bool:
+    from tests.test_compiler import CUOBJDUMP
+
+    return CUOBJDUMP is not None
+
+
+@pytest.mark.skipif(not _has_cuobjdump(), reason="cuobjdump is neither on PATH nor installed by the "
+                    "nvidia-cuda-cuobjdump wheel (pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm)")
+def test_d512_schedule_options_build_what_they_name(tmp_path):
+    """The bulk epilogue stores O with bulk copies (UBLKCP) and no 16-byte global store (the
+    staged one has them); early_free and q_evict_first each change the kernel."""
+    default = _sass({}, tmp_path)
+    bulk = _sass({"epilogue": "bulk"}, tmp_path)
+    assert "UBLKCP" not in default and "STG.E.128" in default
+    assert "UBLKCP" in bulk and "STG.E.128" not in bulk
+    for option in ({"early_free": True}, {"q_evict_first": True}):
+        assert _sass(option, tmp_path) != default, option
 
 
 @pytest.mark.parametrize("target", ["sm_80", "sm_86", "sm_89", "sm_90a", "sm_100a"])

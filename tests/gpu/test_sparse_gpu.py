@@ -43,15 +43,22 @@ def test_matches_reference(spec_name, i):
     assert ok, f"{CASES[i]}: {msg}"
 
 
-def _lazy_variant(case):
-    """The sm90 variant with the lazy running max, specialised for ``case``."""
+def _lazy_variant(case, **options):
+    """The sm90 variant with the lazy running max (and ``options``), specialised for ``case``."""
     from mlagen import spec as spec_mod
     from mlagen import variant
 
     return variant.make(spec_mod.load("mla_sparse_prefill_sm90"),
                         {"softmax_max": "lazy", "d_qk": case.get("d_qk", 576),
                          # bench_sparse.make_kv's paged pool; one page is read as a flat table
-                         "paged": case.get("kv") == "paged" and case["n"] > 64, "kv_format": "bf16"})
+                         "paged": case.get("kv") == "paged" and case["n"] > 64, "kv_format": "bf16", **options})
+
+
+# The schedule options measured against FlashMLA at d_qk 512 (docs/notes.md, "DeepSeek-V4's d 512
+# against FlashMLA"): the bulk-copy epilogue, consumer 0 freeing its buffer half before the P
+# exchange, Q loaded evict-first. All three at once over the case matrix (one build per
+# specialisation); each alone in the running-max test below.
+_D512_OPTIONS = {"epilogue": "bulk", "early_free": True, "q_evict_first": True}
 
 
 _HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
@@ -65,9 +72,18 @@ def test_lazy_max_matches_reference(i):
 
 
 @pytest.mark.skipif(not _HOPPER, reason="the sm90 sparse kernel needs a Hopper GPU")
-@pytest.mark.parametrize("softmax_max", ["lazy", "exact"])
+@pytest.mark.parametrize("i", range(len(CASES)))
+def test_d512_options_match_reference(i):
+    ok, msg = bench_sparse.check_case(torch, CASES[i], seed=1000 + i, kernel=_lazy_variant(CASES[i], **_D512_OPTIONS))
+    assert ok, f"{CASES[i]}: {msg}"
+
+
+@pytest.mark.skipif(not _HOPPER, reason="the sm90 sparse kernel needs a Hopper GPU")
+@pytest.mark.parametrize("options", [{"softmax_max": "lazy"}, {"softmax_max": "exact"},
+                                     *({"softmax_max": "lazy", k: v} for k, v in _D512_OPTIONS.items())],
+                         ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()))
 @pytest.mark.parametrize("rising", [True, False])
-def test_running_max_with_rising_and_falling_scores(softmax_max, rising):
+def test_running_max_with_rising_and_falling_scores(options, rising):
     """Key rows whose logits grow (or shrink) by tens of log2 units from one 64-row block to the
     next in the order the kernel visits them, both consumers' blocks alike: the lazy max must move
     in time (exp2 would overflow), skipped rescales must not change out or lse, and max_logits
@@ -87,8 +103,7 @@ def test_running_max_with_rising_and_falling_scores(softmax_max, rising):
     idx = idx.repeat(sq, 1)
     idx[:, 5::97] = -1
     sink = torch.randn((heads,), generator=g, device="cuda")
-    v = variant.make(spec_mod.load("mla_sparse_prefill_sm90"),
-                     {"softmax_max": softmax_max, "d_qk": 576, "paged": False, "kv_format": "bf16"})
+    v = variant.make(spec_mod.load("mla_sparse_prefill_sm90"), {**options, "d_qk": 576, "paged": False, "kv_format": "bf16"})
     out = torch.full((sq, heads, 512), math.nan, dtype=torch.bfloat16, device="cuda")
     got = mlagen.mla_sparse_prefill(q, kv, idx, softmax_scale=0.05, attn_sink=sink, out=out, kernel=v)
     ref = sp_ref.reference(q, kv, idx, softmax_scale=0.05, attn_sink=sink)

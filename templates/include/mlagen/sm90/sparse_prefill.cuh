@@ -97,6 +97,8 @@ __device__ __forceinline__ void load_q(const Params& p, u32 smem, const Barriers
   using L = Layout<Cfg>;
   const int tid = threadIdx.x;  // 0..255 over both consumers
   const int g = tid / 8, c = tid % 8;
+  // Q is read once (Cfg::kQEvictFirst: with an evict-first L2 policy, as FlashMLA's TMA load of Q).
+  const u64 policy = Cfg::kQEvictFirst ? l2_policy_evict_first() : 0;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int row = g + 32 * r;
@@ -104,7 +106,8 @@ __device__ __forceinline__ void load_q(const Params& p, u32 smem, const Barriers
     const u16* src = p.q + (i64)t * p.q_row_stride + (i64)(ok ? head0 + row : 0) * p.q_head_stride + c * 8;
 #pragma unroll
     for (int tile = 0; tile < L::kDTiles; ++tile)
-      cp_async_16<false>(smem + L::kQ + tile * kTileBytes + swizzled(row, c), src + tile * kTileCols, ok, 0);
+      cp_async_16<Cfg::kQEvictFirst>(smem + L::kQ + tile * kTileBytes + swizzled(row, c), src + tile * kTileCols, ok,
+                                     policy);
   }
   cp_async_arrive_noinc(bar.q_full());
   mbar_wait(bar.q_full(), 0);
@@ -347,10 +350,11 @@ __device__ __forceinline__ void epilogue(const Params& p, ConsumerRegs& r, u32 s
     const float denom = r.l[h] + fast_exp2(sink - max_or_zero(r.m[h]));
     inv[h] = r.l[h] == 0.f ? 0.f : 1.f / denom;  // a row with no key gives 0 whatever the sink
   }
-  if constexpr (Cfg::kStagedEpilogue) {
+  constexpr int kStride = 2 * Cfg::kDV + 16;  // bytes per staged row; the pad spreads the banks
+  if constexpr (Cfg::kStagedEpilogue || Cfg::kBulkEpilogue) {
     // Through shared memory (the Q tile: every Q K^T of both consumers completed before the sum
-    // exchange above), then 16-byte stores of whole 512-byte row halves.
-    constexpr int kStride = 2 * Cfg::kDV + 16;  // bytes per staged row; the pad spreads the banks
+    // exchange above), then 16-byte stores of whole 512-byte row halves (staged), or one bulk
+    // copy per row half (bulk: the copy engine reads the tile, the threads go on to exit).
     const u32 stage = smem + L::kQ + wg * 512;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -361,6 +365,20 @@ __device__ __forceinline__ void epilogue(const Params& p, ConsumerRegs& r, u32 s
                      "r"(pack_bf16x2(r.o[4 * j + 2 * h] * inv[h], r.o[4 * j + 2 * h + 1] * inv[h]))
                      : "memory");
     }
+  }
+  if constexpr (Cfg::kBulkEpilogue) {
+    // A warp staged exactly its own 16 rows, so a warp barrier orders them for its lanes 0-15,
+    // each of which copies one row (generic-proxy stores, then the async proxy reads them).
+    fence_async_shared();
+    __syncwarp();
+    const int row = warp * 16 + lane;
+    if (lane < 16 && head0 + row < p.heads)
+      bulk_store(p.out + (i64)t * p.o_row_stride + (i64)(head0 + row) * p.o_head_stride + wg * 256,
+                 smem + L::kQ + wg * 512 + row * kStride, 512);
+    bulk_commit();
+  }
+  if constexpr (Cfg::kStagedEpilogue) {
+    const u32 stage = smem + L::kQ + wg * 512;
     named_sync(kEpilogue0 + wg, 128);
 #pragma unroll 4
     for (int i = tid; i < 64 * 32; i += 128) {
@@ -378,7 +396,7 @@ __device__ __forceinline__ void epilogue(const Params& p, ConsumerRegs& r, u32 s
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     if (heads[h] < p.heads) {
-      if constexpr (!Cfg::kStagedEpilogue) {
+      if constexpr (!Cfg::kStagedEpilogue && !Cfg::kBulkEpilogue) {
         u16* dst = p.out + (i64)t * p.o_row_stride + (i64)heads[h] * p.o_head_stride + wg * 256 + 2 * (lane % 4);
 #pragma unroll
         for (int j = 0; j < 32; ++j)
@@ -392,6 +410,9 @@ __device__ __forceinline__ void epilogue(const Params& p, ConsumerRegs& r, u32 s
       }
     }
   }
+  // The staged rows must stay until the copy engine has read them (the CTA's shared memory goes
+  // to the next CTA at exit).
+  if constexpr (Cfg::kBulkEpilogue) bulk_wait_read();
 }
 
 template <class Cfg, class Params>
@@ -437,6 +458,13 @@ __device__ void consumer0(const Params& p, u32 smem, const Barriers& bar, int t,
     wgmma_fence();
     issue_pv_local<Cfg>(r, smem, 0, 0);
     wgmma_commit();
+    if constexpr (Cfg::kEarlyFree) {
+      // FlashMLA's order: wait for this P V and release buffer 0's first half before the
+      // exchange, so the producer starts the next pair's gather without waiting for consumer 1.
+      wgmma_wait<0>();
+      pin_registers(r.o);
+      mbar_arrive(bar.free(0, 0));
+    }
     // The pair's max from consumer 1; P, rescaled to it, goes to consumer 1 while this
     // consumer's own P V still runs (a second register set: the first is the MMA's operand).
     named_sync(kMax1Ready, 256);
@@ -455,9 +483,11 @@ __device__ void consumer0(const Params& p, u32 smem, const Barriers& bar, int t,
     }
     fence_async_shared();
     named_arrive(kP0Ready, 256);
-    wgmma_wait<0>();
-    pin_registers(r.o);
-    mbar_arrive(bar.free(0, 0));
+    if constexpr (!Cfg::kEarlyFree) {
+      wgmma_wait<0>();
+      pin_registers(r.o);
+      mbar_arrive(bar.free(0, 0));
+    }
     if (rescale) {
 #pragma unroll
       for (int i = 0; i < 64; ++i) {

@@ -259,3 +259,25 @@ def test_opcheck_on_the_gpu():
             torch.empty(6, 8, dtype=torch.float32, device="cuda"), torch.empty(6, 8, dtype=torch.float32, device="cuda"))
     for name, result in torch.library.opcheck(op._op_out, args + outs).items():
         assert result == "SUCCESS", (name, result)
+
+
+@pytest.mark.parametrize("offset, row", [(2, 64 * 512), (8, 64 * 512 + 4)])
+def test_an_out_the_kernels_cannot_store_into_is_refused(offset, row):
+    """The sm90 kernels store O in 16-byte vectors: an out= view 4-byte but not 16-byte aligned
+    (a base offset of 2 values, or a row stride of 4 more values) is refused with a ValueError
+    naming out, before any launch (before 2026-12-02 it was accepted and faulted in the kernel)."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    dev = torch.device("cuda")
+    q = torch.randn(4, 64, 576, device=dev, dtype=torch.bfloat16)
+    kv = torch.randn(128, 1, 576, device=dev, dtype=torch.bfloat16)
+    idx = torch.randint(0, 128, (4, 1, 64), device=dev, dtype=torch.int32)
+    buf = torch.zeros(offset + 4 * row, device=dev, dtype=torch.bfloat16)
+    out = buf[offset:].as_strided((4, 64, 512), (row, 512, 1))
+    with pytest.raises(ValueError, match=r"out: base address and row/head strides must be multiples of 16 bytes"):
+        mlagen.mla_sparse_prefill(q, kv, idx, softmax_scale=0.06, out=out)
+    # An aligned out still works, and the context is healthy afterwards.
+    got, _, _ = mlagen.mla_sparse_prefill(q, kv, idx, softmax_scale=0.06, out=torch.empty(4, 64, 512, device=dev,
+                                                                                            dtype=torch.bfloat16))
+    torch.cuda.synchronize()
+    assert torch.isfinite(got).all()

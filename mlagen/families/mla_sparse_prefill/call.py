@@ -274,8 +274,10 @@ def prepare(q, kv, indices, *, softmax_scale, topk_length=None, attn_sink=None, 
         _check_tensor(torch, out, "out", torch.bfloat16, (3,), device)
         if tuple(out.shape) != (sq, heads, D_V):
             _fail("out", f"expected shape ({sq}, {heads}, {D_V}), got {tuple(out.shape)}")
-        if out.data_ptr() % 4 or any(out.stride(d) % 2 for d in range(2) if out.size(d) > 1):
-            _fail("out", "base address and row/head strides must be multiples of 4 bytes")
+        # The sm90 kernels store O in 16-byte vectors (8 bf16 values) at row and head starts.
+        if out.data_ptr() % 16 or any(out.stride(d) % 8 for d in range(2) if out.size(d) > 1):
+            _fail("out", f"base address and row/head strides must be multiples of 16 bytes (8 values); got "
+                         f"address % 16 = {out.data_ptr() % 16}, strides {tuple(out.stride())[:2]} values")
     for name, t in (("max_logits", max_logits), ("lse", lse)):
         if t is not None:
             _check_tensor(torch, t, name, torch.float32, (2,), device)

@@ -137,3 +137,56 @@ def test_a_pair_not_retimed_says_why():
     c = compare.Comparison(pair, note="made on NVIDIA H200 (132 SMs), this GPU is NVIDIA H100 (132 SMs)")
     assert c.verdict == "differ (not re-timed: made on NVIDIA H200 (132 SMs), this GPU is NVIDIA H100 (132 SMs))"
     assert compare.lines(compare.Listing([pair]), [c])[-1] == "1 shape class(es) in both, 1 differ; 0 only in A, 0 only in B"
+
+
+def test_retime_glue_with_a_fake_gpu(monkeypatch):
+    """retime() on CPU with the GPU parts faked: records of another device or of other sources are
+    not timed (the comparison says why); otherwise both winners are checked, then timed in
+    alternating order, each round's calls by measure.time_calls with the flush, on D1."""
+    torch = pytest.importorskip("torch")
+    from mlagen import measure, verify
+
+    calls = []
+
+    class FakeVerifier:
+        def __init__(self, family, shape, device, seed, dtype="bf16"):
+            assert shape.id == "D1" and dtype == "bf16"
+
+        def verify(self, v):
+            calls.append(("verify", v))
+            return None, 1e-3
+
+        def outputs(self):
+            return "out"
+
+        def call(self, v, outputs):
+            calls.append(("call", v))
+
+    def time_calls(fn, iters, flush):
+        assert flush == "flush"
+        fn()
+        who = calls[-1][1]
+        return [(1.0 if who == DEFAULT else 1.02) * 1e-3] * iters
+
+    monkeypatch.setattr(measure, "require_gpu", lambda tool: None)
+    monkeypatch.setattr(verify, "Verifier", FakeVerifier)
+    monkeypatch.setattr(measure, "time_calls", time_calls)
+    info = type("I", (), {"name": "NVIDIA H200", "sm_count": 132})()
+    device = torch.device("cpu")
+    pair = compare.Pair(KEY, best(DEFAULT), best(OTHER))
+    other_gpu = type("I", (), {"name": "NVIDIA H100 80GB HBM3", "sm_count": 132})()
+    assert compare.retime(pair, device=device, info=other_gpu, flush="flush").note == \
+        "made on NVIDIA H200 (132 SMs), this GPU is NVIDIA H100 80GB HBM3 (132 SMs)"
+    stale = compare.Pair(dataclasses.replace(KEY, source_hash="0" * 16), best(DEFAULT), best(OTHER))
+    assert "made for other sources of mla_prefill_sm90" in compare.retime(stale, device=device, info=info,
+                                                                          flush="flush").note
+    assert calls == []
+    c = compare.retime(pair, rounds=4, iters=2, warmup=1, device=device, info=info, flush="flush")
+    assert c.note == "" and c.retimed.shape == "D1"
+    assert c.retimed.a.block_ms == [1.0] * 4 and c.retimed.b.block_ms == pytest.approx([1.02] * 4)
+    assert c.verdict == "A faster beyond the noise"
+    assert calls[:2] == [("verify", DEFAULT), ("verify", OTHER)]
+    timed = [v for what, v in calls[2:] if what == "call"]
+    # each round: one warm-up call then one call per time_calls, A first in rounds 1 and 3
+    order = [timed[i] for i in range(0, len(timed), 2)]
+    assert order == [DEFAULT, OTHER, OTHER, DEFAULT, DEFAULT, OTHER, OTHER, DEFAULT]

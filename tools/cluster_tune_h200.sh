@@ -31,6 +31,7 @@ python3 -c "import distributed, mlagen; print('distributed', distributed.__versi
 PIDS=()
 cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done; wait 2>/dev/null; }
 trap cleanup EXIT
+trap 'exit 143' TERM INT   # through the EXIT trap: the cluster's processes end with the script
 SCHED=tcp://127.0.0.1:$PORT
 # The workers compile into the cluster's own cold cache; the local tune into another.
 export MLAGEN_CACHE_DIR=$T/cache-cluster

@@ -105,6 +105,13 @@ compare local-cluster "$T/local.sqlite" "$T/cluster.sqlite"
     done
     [ "${WIN[local-$s]}" = "${WIN[cluster-$s]}" ] && echo "$s: same winner" || echo "$s: winners differ"
   done
+  echo "== where the time went (each tune's log)"
+  for s in D1 S1; do
+    for r in $RUNS; do
+      echo "$r-$s:"
+      grep -E "ready after|connected in|  search |  compiles:|GPU worker 0:|stopped in" "$OUT/$r-$s.log" | sed 's/^\[[^]]*\] //'
+    done
+  done
   for f in "$OUT"/compare-*.txt; do
     echo "== $(basename "$f" .txt) (A: the first, B: the second database)"
     grep -E '^(mla|  verdict|  re-timed|rc |[0-9]+ shape)' "$f"

@@ -13,7 +13,7 @@ torch = pytest.importorskip("torch")
 if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 
-from mlagen import arch, db, dispatch, runtime, variant  # noqa: E402
+from mlagen import arch, db, dispatch, resources, runtime, variant  # noqa: E402
 from mlagen import spec as spec_mod  # noqa: E402
 from mlagen.cli import cli  # noqa: E402
 from mlagen.tune import compare  # noqa: E402
@@ -36,9 +36,10 @@ def _best(key, v, symbol=None) -> db.Best:
 
 def test_two_winners_are_retimed_interleaved_and_judged(tmp_path):
     key = _key()
-    default = variant.make(SPEC, {"mask": "causal"})
-    other = variant.make(SPEC, {**default.tunables, "mask": "causal",
-                                "block_n": 112 if default["block_n"] != 112 else 96})
+    target = arch.target("sm_90a")
+    default = resources.nearest_feasible(variant.make(SPEC, {"mask": "causal"}), target, keep={"mask": "causal"})
+    keep = {"mask": "causal", "block_n": 112 if default["block_n"] != 112 else 96}
+    other = resources.nearest_feasible(variant.make(SPEC, {**default.tunables, **keep}), target, keep=keep)
     a, b = db.TuningDB(tmp_path / "a.sqlite"), db.TuningDB(tmp_path / "b.sqlite")
     a.set_best(_best(key, default))
     b.set_best(_best(key, other))

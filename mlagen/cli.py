@@ -6,72 +6,17 @@ exit non-zero; they never show a traceback.
 
 from __future__ import annotations
 
-import functools
 import sys
 from pathlib import Path
 
 import click
 
 from . import __version__, knobs
+from .cli_common import _friendly, table
 from .errors import MlagenError
 
-TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 NOTE_WIDTH = 160  # characters of a pruning reason shown per table row
 MAX_VARIANT_ROWS = 2000  # `variants --limit`: more rows than anyone reads, checked in about a second
-
-
-def _friendly(fn):
-    """Turn library errors into one-line click errors."""
-
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        try:
-            return fn(*args, **kwargs)
-        except MlagenError as exc:
-            raise click.ClickException(str(exc).splitlines()[0] if _one_line(exc) else str(exc)) from None
-        except ValueError as exc:  # malformed knob values
-            raise click.ClickException(str(exc)) from None
-        except ModuleNotFoundError as exc:
-            if exc.name != "torch":
-                raise
-            command = click.get_current_context().info_name
-            raise click.ClickException(
-                f"mlagen {command} needs PyTorch, which is not installed: python3 -m pip install torch "
-                f"(CPU-only: add --index-url {TORCH_CPU_INDEX})") from None
-        except OSError as exc:  # an output directory that cannot be written, a file that cannot be read
-            where = f"{exc.filename}: " if exc.filename else ""
-            raise click.ClickException(f"{where}{exc.strerror or exc}") from None
-        except KeyboardInterrupt:
-            # The library has stopped its worker processes by now; 130 is the shell's Ctrl-C status.
-            click.echo("interrupted", err=True)
-            sys.exit(130)
-
-    return wrapper
-
-
-def _one_line(exc: Exception) -> bool:
-    from .errors import CompileError
-
-    return not isinstance(exc, CompileError)
-
-
-def _shown(text: str) -> str:
-    """``text`` with control and format characters (NUL, escape sequences, RTL overrides) written
-    as escapes, so a hand-edited record cannot garble or disguise a table."""
-    import unicodedata
-
-    if all(unicodedata.category(ch)[0] != "C" for ch in text):
-        return text
-    return "".join(ch if unicodedata.category(ch)[0] != "C" else ascii(ch)[1:-1] for ch in text)
-
-
-def table(headers: list[str], rows: list[list]) -> str:
-    """Fixed-width text table."""
-    cells = [[str(h) for h in headers]] + [["" if c is None else _shown(str(c)) for c in r] for r in rows]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in cells]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
 
 
 class _Finite(click.ParamType):
@@ -361,80 +306,9 @@ def variants_cmd(spec, arch, assignments, limit):
     click.echo(f"{kept} of {len(rows)} variants fit {target.name}", err=True)
 
 
-@cli.group("db")
-@click.option("--db", "db_path", type=click.Path(dir_okay=False), default=None,
-              help=f"Tuning database (default: ${knobs.TUNING_DB.name} or <out>/tuning.sqlite).")
-@click.pass_context
-def db_cmd(ctx, db_path):
-    """Inspect, export and import the tuning database."""
-    from .db import TuningDB
+from .cli_db import db_cmd  # noqa: E402  (the db group lives in its own module)
 
-    ctx.obj = TuningDB(db_path)
-
-
-@db_cmd.command("ls")
-@click.option("--shipped", is_flag=True, help="Also list the records shipped with the package.")
-@click.pass_obj
-@_friendly
-def db_ls(database, shipped):
-    """List the winners per kernel and shape class."""
-    from .db import shipped_records
-
-    bests = list(database.bests()) + (list(shipped_records()) if shipped else [])
-    rows = [[b.origin, b.key.spec, b.key.problem, b.key.device, b.key.sm_count, b.symbol, f"{b.time_ms:.3f}",
-             f"{b.tflops:.0f}" if b.tflops else "", b.key.source_hash] for b in bests]
-    click.echo(table(["origin", "spec", "problem", "device", "SMs", "winner", "ms", "TFLOP/s", "source"], rows))
-    runs = database.runs()
-    if runs:
-        click.echo("")
-        click.echo(table(["run", "spec", "problem", "device", "trials", "ok"],
-                         [[r["run_id"], r["spec"], r["problem"], r["device"], r["trials"], r["ok"]] for r in runs]))
-
-
-@db_cmd.command("show")
-@click.option("--run", "run_id", default=None, help="Only this tuning run.")
-@click.option("--problem", default=None, help="Only this shape class, e.g. causal/h128/q8192/k8192.")
-@click.option("--spec", "spec_name", default=None, help="Only this spec.")
-@click.pass_obj
-@_friendly
-def db_show(database, run_id, problem, spec_name):
-    """Show every recorded trial (ok, pruned, compile error, wrong result, crash, hang)."""
-    where = {k: v for k, v in (("problem", problem), ("spec", spec_name)) if v is not None}
-    trials = database.trials(run_id=run_id, **where)
-    rows = [[t.run_id, t.key.problem, t.symbol, t.outcome, f"{t.time_ms:.3f}" if t.time_ms else "",
-             f"{t.tflops:.0f}" if t.tflops else "", f"{t.max_error:.1e}" if t.max_error is not None else "",
-             t.registers if t.registers is not None else "", t.spills if t.spills is not None else "",
-             (t.detail or "").splitlines()[0][:80] if t.detail else ""] for t in trials]
-    click.echo(table(["run", "problem", "variant", "outcome", "ms", "TFLOP/s", "err", "regs", "spill", "detail"], rows))
-
-
-@db_cmd.command("export")
-@click.argument("path", type=click.Path(dir_okay=False))
-@click.option("--best-only", is_flag=True, help="Only the winners (the format shipped with the package).")
-@click.option("--force", is_flag=True, help="Replace PATH if it exists (otherwise refused).")
-@click.pass_obj
-@_friendly
-def db_export(database, path, best_only, force):
-    """Write the database as JSON to PATH (atomically); an existing PATH needs --force."""
-    doc = database.export(path, best_only=best_only, overwrite=force)
-    click.echo(f"exported {len(doc['best'])} winner(s) and {len(doc['trials'])} trial(s) to {path}")
-
-
-@db_cmd.command("import")
-@click.argument("path", type=click.Path(dir_okay=False))
-@click.option("--replace", is_flag=True, help="Imported winners replace the database's even where slower.")
-@click.pass_obj
-@_friendly
-def db_import(database, path, replace):
-    """Merge a JSON export into the database (validated first; all or nothing).
-
-    Trials already in the database are skipped; a winner replaces the database's only if it is
-    faster (or with --replace). Prints what was added, replaced and kept.
-    """
-    report = database.import_(path, replace=replace)
-    click.echo(f"imported {path} into {database.path}")
-    for line in report.lines():
-        click.echo(line)
+cli.add_command(db_cmd)
 
 
 @cli.command("tune")

@@ -2,10 +2,17 @@
 # A fleet tune on one GPU host against the local tune: a Dask scheduler, one GPU worker and four
 # CPU-only workers on this host; `mlagen tune` of D1 (mla_prefill_sm90) and S1
 # (mla_sparse_prefill_sm90) locally and through the cluster, same seed and options, each with a
-# fresh database and a cold compile cache of its own. Prints wall times and winners side by side.
-#   [WHEELS=wheels-dask] [OUT=/tmp/cluster-tune] [TRIALS=24] [SEED=0] bash tools/cluster_tune_h200.sh
+# cold compile cache of its own. Then `mlagen db compare --retime` of the local and the cluster
+# databases (and, with CONTROL, of the local database and a second local tune's): the two winners
+# of each class checked and timed in one process, judged by the tuner's own noise allowance.
+# Prints wall times, winners and verdicts; logs and the three databases go to $OUT.
+#   [WHEELS=wheels-dask] [OUT=/tmp/cluster-tune] [TRIALS=24] [SEED=0] [CONTROL=1] bash tools/cluster_tune_h200.sh
 # WHEELS: a folder of the wheels of dask, distributed and the dependencies this machine lacks
-# (installed with --no-index into /tmp/site; nothing is fetched).
+# (installed with --no-index into /tmp/site; nothing is fetched). THREADS: each CPU worker's
+# threads (default: the cores / 4, so the cluster's 4 CPU workers have as many compile slots as
+# the local tune has compile processes, one per core; the GPU worker, with one thread, only
+# measures). CONTROL=1: a second local tune of each shape (warm cache, its own database): the
+# spread of winners between two local tunes, against which the cluster's is judged.
 set -u
 cd "$(dirname "$0")/.."
 WHEELS=${WHEELS:-wheels-dask}
@@ -13,6 +20,7 @@ OUT=${OUT:-/tmp/cluster-tune}
 TRIALS=${TRIALS:-24}
 SEED=${SEED:-0}
 PORT=${PORT:-8786}
+CONTROL=${CONTROL:-0}
 mkdir -p "$OUT"
 T=$(mktemp -d)
 python3 -m pip install -q --no-index --no-deps --target /tmp/site "$WHEELS"/*.whl || exit 1
@@ -23,6 +31,7 @@ python3 -c "import distributed, mlagen; print('distributed', distributed.__versi
 PIDS=()
 cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done; wait 2>/dev/null; }
 trap cleanup EXIT
+trap 'exit 143' TERM INT   # through the EXIT trap: the cluster's processes end with the script
 SCHED=tcp://127.0.0.1:$PORT
 # The workers compile into the cluster's own cold cache; the local tune into another.
 export MLAGEN_CACHE_DIR=$T/cache-cluster
@@ -30,13 +39,15 @@ python3 -m distributed.cli.dask_scheduler --host 127.0.0.1 --port "$PORT" --no-d
 PIDS+=($!)
 sleep 3
 # The GPU worker: resource GPU=1 (measurements go only there); --no-nanny because it starts the
-# measuring process itself (a nanny's worker is daemonic and may not have children).
-CUDA_VISIBLE_DEVICES=0 python3 -m distributed.cli.dask_worker "$SCHED" --no-nanny --nthreads 2 \
+# measuring process itself (a nanny's worker is daemonic and may not have children); one thread:
+# it only measures (the local tune's GPU worker compiles nothing either).
+CUDA_VISIBLE_DEVICES=0 python3 -m distributed.cli.dask_worker "$SCHED" --no-nanny --nthreads 1 \
   --resources "GPU=1" --name gpu0 --no-dashboard > "$OUT/worker-gpu0.log" 2>&1 &
 PIDS+=($!)
 CPUS=$(nproc)
+THREADS=${THREADS:-$(( CPUS / 4 > 1 ? CPUS / 4 : 1 ))}
 for i in 1 2 3 4; do
-  CUDA_VISIBLE_DEVICES= python3 -m distributed.cli.dask_worker "$SCHED" --nthreads $(( (CPUS - 2) / 4 > 1 ? (CPUS - 2) / 4 : 1 )) \
+  CUDA_VISIBLE_DEVICES= python3 -m distributed.cli.dask_worker "$SCHED" --nthreads "$THREADS" \
     --name "cpu$i" --no-dashboard > "$OUT/worker-cpu$i.log" 2>&1 &
   PIDS+=($!)
 done
@@ -48,11 +59,11 @@ with Client(sys.argv[1], timeout="60s") as c:
     print("cluster:", {w["name"]: (w["nthreads"], w["resources"]) for w in c.scheduler_info(n_workers=-1)["workers"].values()})
 EOF
 
-run() { # name spec shape [options...]
-  local name=$1 spec=$2 shape=$3; shift 3
+run() { # name database spec shape [options...]
+  local name=$1 db=$2 spec=$3 shape=$4; shift 4
   local t0=$EPOCHREALTIME
   MLAGEN_OUT_DIR=$T/$name timeout 200 python3 -m mlagen.cli tune "$spec" --shape "$shape" --seed "$SEED" \
-    --max-trials "$TRIALS" --iters 10 --no-progress --db "$T/$name.sqlite" "$@" > "$OUT/$name.out" 2> "$OUT/$name.log"
+    --max-trials "$TRIALS" --iters 10 --no-progress --db "$db" "$@" > "$OUT/$name.out" 2> "$OUT/$name.log"
   local rc=$?
   WALL[$name]=$(awk "BEGIN{printf \"%.1f\", $EPOCHREALTIME-$t0}")
   RC[$name]=$rc
@@ -60,18 +71,49 @@ run() { # name spec shape [options...]
   FINAL[$name]=$(sed -n 's/.*final \* \([0-9.]*\) ms.*/\1/p' "$OUT/$name.log" | head -1)
 }
 declare -A WALL RC WIN FINAL
+RUNS="local cluster"
 for case in "D1 mla_prefill_sm90" "S1 mla_sparse_prefill_sm90"; do
   set -- $case
-  MLAGEN_CACHE_DIR=$T/cache-local run "local-$1" "$2" "$1"
-  run "cluster-$1" "$2" "$1" --scheduler "$SCHED"
+  MLAGEN_CACHE_DIR=$T/cache-local run "local-$1" "$T/local.sqlite" "$2" "$1"
+  run "cluster-$1" "$T/cluster.sqlite" "$2" "$1" --scheduler "$SCHED"
 done
+cleanup   # the cluster's processes end before the re-timing, so nothing else runs on the host
+PIDS=()
+if [ "$CONTROL" = 1 ]; then
+  RUNS="local cluster local2"
+  for case in "D1 mla_prefill_sm90" "S1 mla_sparse_prefill_sm90"; do
+    set -- $case
+    MLAGEN_CACHE_DIR=$T/cache-local run "local2-$1" "$T/local2.sqlite" "$2" "$1"
+  done
+fi
+cp "$T"/*.sqlite "$OUT"/ 2>/dev/null
+# Both winners of each class checked and timed in one process on this GPU (the local tune's
+# compile cache holds the local winners).
+compare() { # name A B
+  MLAGEN_CACHE_DIR=$T/cache-local timeout 200 python3 -m mlagen.cli db compare "$2" "$3" --retime \
+    > "$OUT/compare-$1.txt" 2> "$OUT/compare-$1.log"
+  echo "rc $?" >> "$OUT/compare-$1.txt"
+}
+compare local-cluster "$T/local.sqlite" "$T/cluster.sqlite"
+[ "$CONTROL" = 1 ] && compare local-local2 "$T/local.sqlite" "$T/local2.sqlite"
 {
   printf '%-4s %-8s %8s %4s  %-10s %s\n' shape run wall_s rc final_ms winner
   for s in D1 S1; do
-    for r in local cluster; do
+    for r in $RUNS; do
       n=$r-$s
       printf '%-4s %-8s %8s %4s  %-10s %s\n' "$s" "$r" "${WALL[$n]}" "${RC[$n]}" "${FINAL[$n]:--}" "${WIN[$n]:--}"
     done
-    [ "${WIN[local-$s]}" = "${WIN[cluster-$s]}" ] && echo "$s: same winner" || echo "$s: winners differ (see the final re-timing in $OUT/*-$s.log)"
+    [ "${WIN[local-$s]}" = "${WIN[cluster-$s]}" ] && echo "$s: same winner" || echo "$s: winners differ"
+  done
+  echo "== where the time went (each tune's log)"
+  for s in D1 S1; do
+    for r in $RUNS; do
+      echo "$r-$s:"
+      grep -E "ready after|connected in|  search |  compiles:|GPU worker 0:|stopped in" "$OUT/$r-$s.log" | sed 's/^\[[^]]*\] //'
+    done
+  done
+  for f in "$OUT"/compare-*.txt; do
+    echo "== $(basename "$f" .txt) (A: the first, B: the second database)"
+    grep -E '^(mla|  verdict|  re-timed|rc |[0-9]+ shape)' "$f"
   done
 } | tee "$OUT/summary.txt"

@@ -43,7 +43,7 @@ from __future__ import annotations
 
 from .config import (EXTRA_ROUNDS, FINAL_ROUNDS, FINALIST_DISTANCE, FINALISTS, NOISE_CAP, NOISE_FLOOR, Final,
                      TrialResult, TuneConfig, TuneResult, family_of, problem_of)
-from .finals import beats, choose, diverse_finalists, unsettled
+from .finals import beats, choose, diverse_finalists, noise_allowance, unsettled
 from .loop import FINAL_SHARE, KNOWN_REPAIRS, ShapeClass, known_starts, record_in_use, shape_classes, tune_class
 from .orchestrate import tune
 from .runner import AHEAD_POLL_S, CompileTime, TrialRunner, WorkerTime
@@ -57,6 +57,6 @@ __all__ = [
     "REPAIR_CHANGES", "REPAIR_WIDTH", "STRATEGIES", "Ask", "CompileTime", "Coordinate", "Exhaustive", "Final",
     "Global", "GpuWorker", "Search", "ShapeClass", "TrialResult", "TrialRunner", "TuneConfig", "TuneResult",
     "WorkerTime", "beats", "choose", "default_devices", "diverse_finalists", "family_of", "known_starts",
-    "make_search", "parse_devices", "problem_of", "record_in_use", "shape_classes", "tune", "tune_class",
+    "make_search", "noise_allowance", "parse_devices", "problem_of", "record_in_use", "shape_classes", "tune", "tune_class",
     "unsettled",
 ]

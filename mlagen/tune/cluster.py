@@ -332,10 +332,13 @@ def tune(config: TuneConfig, scheduler, device_kind: str | None = None, progress
             raise TuningError(f"{spec.name} cannot tune {c.problem} ({family.describe_shape(c.shape)}): {why}")
     if warm_fn is None and measure_fn is measure:
         warm_fn = warm
+    began = time.monotonic()
     own = isinstance(scheduler, str)
     client = client_for(scheduler) if own else scheduler
     try:
+        connected = time.monotonic()
         kinds = pick_kinds(gpu_kinds(client, probe_fn), device_kind)
+        asked = time.monotonic()
         database = db.TuningDB(config.db_path)
         total_weight = sum(c.weight for c in classes)
         results = []
@@ -347,7 +350,8 @@ def tune(config: TuneConfig, scheduler, device_kind: str | None = None, progress
             say = _prefixed(progress, kind)
             slots = compile_slots(client)
             say(f"{len(kind.workers)} GPU worker(s): {', '.join(kind.workers)}; {sum(slots.values())} compile "
-                f"slot(s) on {len(slots)} worker(s)")
+                f"slot(s) on {len(slots)} worker(s); connected in {connected - began:.1f} s, the GPU workers "
+                f"answered in {asked - connected:.1f} s")
             pool = PlacedCompiles(client, slots)
             queue = CompileQueue(pool, target.name, pool.jobs, compile_one=compile_fn)
             try:
@@ -383,9 +387,11 @@ def _tune_class(spec, c: ShapeClass, kind: Kind, target, config: TuneConfig, dat
     try:
         r = tune_class(spec, c, target, config, database, runner, key, say, bar=bar, budget_s=budget, clock=clock)
     finally:
+        stopping = time.monotonic()
         for w in workers:
             w.stop()
         del warming   # a start that failed was the first measurement's to report
+    say(f"  measuring processes stopped in {time.monotonic() - stopping:.1f} s")
     for w in workers:
         for why in w.replaced + ([w.lost] if w.lost else []):
             say(f"  {why}: the trial it measured was recorded as failed")

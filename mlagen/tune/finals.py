@@ -104,16 +104,20 @@ def choose(finals: list[Final], default: variant_mod.Variant, keep: variant_mod.
     at the same clocks and temperature, which the spread between rounds does not (on the H100 at
     its power cap one finalist's rounds spread 5-25% in the twenty-first session's short tunes)."""
     fastest = min(finals, key=lambda f: (f.median_ms, f.variant.symbol))
-
-    def tolerance(f: Final) -> float:
-        return min(NOISE_CAP, max(NOISE_FLOOR, fastest.noise, f.noise))
-
-    tied = [f for f in finals if f.median_ms <= fastest.median_ms * (1 + tolerance(f))]
+    tied = [f for f in finals if f.median_ms <= fastest.median_ms * (1 + noise_allowance(fastest, f))]
     winner = min(tied, key=lambda f: (_distance(f.variant, default), f.variant.symbol))
     kept = next((f for f in finals if f.variant == keep), None)
     if kept is None or kept is winner or beats(winner, kept):
         return winner
     return kept
+
+
+def noise_allowance(a: Final, b: Final) -> float:
+    """How far apart (a fraction of the faster median) two finalists' medians may be and still
+    count as tied: the larger relative spread of their rounds, at least NOISE_FLOOR, at most
+    NOISE_CAP. :func:`choose` ties finalists by it; ``mlagen db compare --retime`` judges two
+    databases' winners by it."""
+    return min(NOISE_CAP, max(NOISE_FLOOR, a.noise, b.noise))
 
 
 def beats(a: Final, b: Final) -> bool:

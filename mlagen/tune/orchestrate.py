@@ -69,7 +69,9 @@ def tune(config: TuneConfig, progress: Callable[[str], None] = print, bar=None,
                 results.append(tune_class(spec, c, target, config, database, runner, key, progress, bar=bar,
                                           budget_s=budget, clock=clock))
             finally:
+                stopping = time.monotonic()
                 _stop_all(workers)
+            progress(f"  measuring processes stopped in {time.monotonic() - stopping:.1f} s")
             began = time.monotonic()
     except BaseException:  # Ctrl-C: stop the compiles now (the GPU workers are stopped above)
         if early is not None:

@@ -17,8 +17,11 @@ from .config import family_of
 
 
 
-def _worker_main(conn, spec_path: str, shape, seed: int, warmup: int, visible: str | None) -> None:
-    """Runs in a spawned process: owns one GPU's CUDA context, the inputs and the references.
+def _worker_main(conn, spec_path: str, shape, seed: int, warmup: int, visible: str | None,
+                 environ: dict | None = None) -> None:
+    """Runs in a worker process: owns one GPU's CUDA context, the inputs and the references.
+    ``environ``: the parent's environment when it started the process (a process forked from
+    the fork server would otherwise have the server's, from when that started).
 
     Requests are ``{"values": ..., "iters": n, "warmup": w, "verify": parts}``: check the variant
     with those parts of :data:`mlagen.verify.PARTS` (None: every part not checked here before;
@@ -26,6 +29,9 @@ def _worker_main(conn, spec_path: str, shape, seed: int, warmup: int, visible: s
     (default: the ``warmup`` given at start) and ``n`` timed calls, if the checks passed. The
     answer says how long loading, checking and timing took (``load_s``, ``verify_s``,
     ``time_s``), so the tuner can say where its GPU time went."""
+    if environ is not None:
+        os.environ.clear()
+        os.environ.update(environ)
     if visible is not None:  # before anything initialises CUDA in this process
         os.environ["CUDA_VISIBLE_DEVICES"] = visible
     try:
@@ -111,12 +117,32 @@ def _main_not_imported():
         main.__dict__.update(saved)
 
 
+PRELOAD = ("torch",)   # what the fork server imports once, so no worker start imports it again
+_START = {"method": None}   # the start method in use here: "forkserver", or "spawn" once it failed
+
+
+def _context():
+    """The measuring processes' start method: a fork server that has imported torch (``PRELOAD``)
+    where the platform has one, else spawn. A spawned worker imports torch itself, seconds of every
+    start: a tune starts one per GPU and class and again after every crash or hang (D1's random
+    samples hold illegal-address kernels: three restarts in a 24-trial tune on the H200,
+    2026-12-02). A process forked from the server has torch imported and no CUDA context (the
+    server never touches CUDA), so its CUDA start is as a spawned process's."""
+    if _START["method"] is None:
+        _START["method"] = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
+    ctx = multiprocessing.get_context(_START["method"])
+    if _START["method"] == "forkserver":
+        ctx.set_forkserver_preload(list(PRELOAD))
+    return ctx
+
+
 class GpuWorker:
     """A worker process on one GPU with a per-trial timeout; restarted after a crash or a hang.
 
     ``device`` is a CUDA ordinal as this process sees it; the worker sees only that GPU.
     ``import_main=False`` starts the process without importing this process's ``__main__``
-    (:func:`_main_not_imported`; the cluster runner's Dask workers)."""
+    (:func:`_main_not_imported`; the cluster runner's Dask workers). The process comes from
+    :func:`_context` (a fork server with torch imported, else spawn)."""
 
     def __init__(self, spec_path: str, shape, seed: int, warmup: int, timeout_s: float, device: int | None = None,
                  setup_timeout_s: float = 300.0, import_main: bool = True):
@@ -125,16 +151,24 @@ class GpuWorker:
         self.timeout_s = timeout_s
         self.setup_timeout_s = setup_timeout_s
         self.import_main = import_main
-        self.ctx = multiprocessing.get_context("spawn")
         self.proc = None
         self.conn = None
         self._stopping = False
 
     def start(self) -> dict:
-        parent, child = self.ctx.Pipe()
-        self.proc = self.ctx.Process(target=_worker_main, args=(child, *self.args), daemon=True)
-        with contextlib.nullcontext() if self.import_main else _main_not_imported():
-            self.proc.start()
+        ctx = _context()
+        parent, child = ctx.Pipe()
+        self.proc = ctx.Process(target=_worker_main, args=(child, *self.args, dict(os.environ)), daemon=True)
+        try:
+            with contextlib.nullcontext() if self.import_main else _main_not_imported():
+                self.proc.start()
+        except Exception:
+            if _START["method"] == "spawn":
+                raise
+            _START["method"] = "spawn"   # no fork server here (a sandbox without its socket): as before
+            parent.close()
+            child.close()
+            return self.start()
         child.close()
         self.conn = parent
         if not parent.poll(self.setup_timeout_s):

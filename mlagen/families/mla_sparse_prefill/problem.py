@@ -17,8 +17,9 @@ BLOCK_H = 64      # heads per CTA of the sm90 kernel (fewer are zero-padded)
 MAX_ROWS = 2**31 - 1
 
 
-def _pow2_ceil(x: float) -> int:
-    return 1 if x <= 1 else 1 << math.ceil(math.log2(x))
+def _pow2_ceil(x: int) -> int:
+    """The least power of two >= x (1 for x <= 1); integers only (a call's sizes), exact for any size."""
+    return 1 if x <= 1 else 1 << (x - 1).bit_length()
 
 
 
@@ -110,9 +111,10 @@ def pool_rows(call) -> int:
     so both compete for L2). A Shape's quantized cache and V4 raw pool are pages of :data:`PAGE`
     tokens (as its inputs are made). A Call holds its rows as ints (``num_kv``, from the tensors'
     shapes at argument checking): nothing is read from the device."""
-    if hasattr(call, "num_kv"):
+    num_kv = getattr(call, "num_kv", None)
+    if num_kv is not None:
         extra = getattr(call, "extra", None)
-        return call.num_kv + (extra.num_kv if extra is not None else 0)
+        return num_kv if extra is None else num_kv + extra.num_kv
     rows = -(-call.s_kv // PAGE) * PAGE if operands.get(call.kv_format).quantized else call.s_kv
     return rows + (-(-call.raw_kv // PAGE) * PAGE if getattr(call, "window", 0) else 0)
 

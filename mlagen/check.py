@@ -335,12 +335,12 @@ class Speed:
         return self.problem is None
 
 
-def _problem_of(family, shape) -> str | None:
-    """The shape class of ``shape`` in ``family``, or None for another family's shape."""
+def _covers(family, problem: str, shape) -> bool:
+    """Whether a record of ``problem`` in ``family`` serves ``shape`` (False for another family's shape)."""
     try:
-        return family.problem_key(shape)
+        return family.problem_covers(problem, shape)
     except (AttributeError, TypeError, ValueError):
-        return None
+        return False
 
 
 def records_in_use(info) -> list[tuple[db.Best, bool]]:
@@ -399,7 +399,7 @@ def measure_shipped(tolerance: float = 0.10, iters: int = 30, seed: int = 0, sha
         if shapes is None:
             matching = family.check_shapes(r.key.problem)
         else:
-            matching = [s for s in shapes if _problem_of(family, s) == r.key.problem]
+            matching = [s for s in shapes if _covers(family, r.key.problem, s)]
         if not matching:
             out.append(Speed(r, "", None, f"no benchmark shape of class {r.key.problem} to time it on", other))
             continue

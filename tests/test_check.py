@@ -173,7 +173,7 @@ def test_gpu_mode_finds_a_shape_for_every_shipped_record():
     for r in db.shipped_records():
         family = families.get(spec_mod.load(r.key.spec).family)
         shapes = family.check_shapes(r.key.problem)
-        assert shapes and all(family.problem_key(s) == r.key.problem for s in shapes), r.key
+        assert shapes and all(family.problem_covers(r.key.problem, s) for s in shapes), r.key   # an old sparse key: any pool
     dense = families.get("mla_prefill")
     [h64] = dense.check_shapes("causal/h64/q8192/k8192")
     assert (h64.q_lens, h64.heads, h64.causal) == ((8192,), 64, True)

@@ -147,13 +147,18 @@ def test_mla_sparse_prefill_select_memo_follows_the_dispatcher(monkeypatch):
     monkeypatch.delenv("MLAGEN_FAMILY", raising=False)
     monkeypatch.setattr(sp_entry, "_selected", None)
 
-    def call(heads=128, page_size=0):
+    from mlagen.families.mla_sparse_prefill import problem as sp_problem
+
+    def call(heads=128, page_size=0, num_kv=8192, extra=None):
         q = types.SimpleNamespace(device=types.SimpleNamespace(index=0))
-        return types.SimpleNamespace(q=q, d_qk=576, page_size=page_size, kv_format="bf16",
-                                     key=f"d576/h{heads}/k2048/{'paged' if page_size else 'flat'}")
+        c = types.SimpleNamespace(q=q, d_qk=576, heads=heads, topk=2048, keys=2048 + (extra.topk if extra else 0),
+                                  num_kv=num_kv, extra=extra, page_size=page_size, kv_format="bf16")
+        c.key = sp_problem.problem_key(c)   # what Call.key computes
+        return c
 
     first = sp_entry.select(call())[1]
     assert sp_entry.select(call())[1] is first and len(asked) == 1          # the same class: the memo
+    assert first.problem == "d576/h128/k2048/s8192/flat"
     assert sp_entry.select(call(heads=64))[1].n == 2                       # another class
     assert sp_entry.select(call(page_size=64))[1].n == 3                   # another specialisation
     assert asked[-1][1] == (("d_qk", 576), ("paged", True), ("kv_format", "bf16"))
@@ -163,3 +168,8 @@ def test_mla_sparse_prefill_select_memo_follows_the_dispatcher(monkeypatch):
     assert sp_entry.select(call())[1] is first
     dispatch.dispatcher().clear()
     assert sp_entry.select(call())[1].n == 5                               # cleared: asked again
+    # Another pool size is another class; a second pool (only some specs read one) asks again,
+    # even where both pools' keys and rows give the class of a one-pool call.
+    assert sp_entry.select(call(num_kv=65536))[1].problem == "d576/h128/k2048/s65536/flat" and len(asked) == 6
+    two = call(num_kv=4096, extra=types.SimpleNamespace(topk=0, num_kv=4096))
+    assert two.key == call().key and sp_entry.select(two)[1].n == 7

@@ -257,10 +257,10 @@ def test_d_qk_576_is_refused_by_name():
 def test_v4_shapes_and_calls_are_paged_classes():
     f = fam.FAMILY
     s = f.parse_shape("sq=4096,h=64,topk=640,skv=32768,d=512,kv=fp8_v4", id="V1f")
-    assert f.problem_key(s) == "d512/h64/k1024/paged/fp8_v4"
+    assert f.problem_key(s) == "d512/h64/k1024/s32768/paged/fp8_v4"
     assert f.specialization(s) == f.problem_specialization(f.problem_key(s)) == {
         "d_qk": 512, "paged": True, "kv_format": "fp8_v4"}
-    assert f.check_shapes("d512/h64/k1024/paged/fp8_v4") == []   # no BENCHMARKS.md shape of d576 reads it
+    assert f.check_shapes("d512/h64/k1024/s32768/paged/fp8_v4") == [] == f.check_shapes("d512/h64/k1024/paged/fp8_v4")   # no BENCHMARKS.md shape of d576 reads it
 
 
 def test_make_inputs_and_the_reference_read_the_pool():

@@ -215,7 +215,7 @@ def test_family_protocol_shapes():
     s = f.parse_shape("sq=4096,h=16,topk=2048,skv=32768", id="S5")
     assert (s.id, s.sq, s.heads, s.topk, s.s_kv, s.d_qk, s.sink) == ("S5", 4096, 16, 2048, 32768, 576, True)
     assert f.parse_shape(f.describe_shape(s)) == sp_problem.Shape(f.describe_shape(s), 4096, 16, 2048, 32768)
-    assert f.problem_key(s) == "d576/h16/k2048/flat"
+    assert f.problem_key(s) == "d576/h16/k2048/s32768/flat"
     assert f.problem_specialization(f.problem_key(s)) == f.specialization(s) == {"d_qk": 576, "paged": False,
                                                                                   "kv_format": "bf16"}
     assert f.flops(s) == sp_problem.flops(4096, 16, 2048)

@@ -162,7 +162,7 @@ def test_problem_keys_and_shapes_carry_the_format():
     f = fam.FAMILY
     s = f.parse_shape("sq=4096,h=128,topk=2048,skv=8192,kv=fp8_v32", id="S1f")
     assert s.kv_format == "fp8_v32" and f.parse_shape(f.describe_shape(s)).kv_format == "fp8_v32"
-    assert f.problem_key(s) == "d576/h128/k2048/flat/fp8_v32"
+    assert f.problem_key(s) == "d576/h128/k2048/s8192/flat/fp8_v32"
     assert f.problem_specialization(f.problem_key(s)) == f.specialization(s) == {
         "d_qk": 576, "paged": False, "kv_format": "fp8_v32"}
     assert f.check_shape(s).kv_format == "fp8_v32"
@@ -275,7 +275,10 @@ def test_check_gpu_times_an_fp8_record_on_s1_read_from_that_format():
     # BENCHMARKS.md id of its own, so the family offers S1's sizes read from the format.
     got = fam.FAMILY.check_shapes("d576/h128/k2048/flat/fp8_v32")
     assert [(s.id, s.s_kv, s.kv_format) for s in got] == [("S1", 8192, "fp8_v32")]
-    assert [s.id for s in fam.FAMILY.check_shapes("d576/h128/k2048/flat")] == ["S1", "S2", "S3"]
+    assert [s.id for s in fam.FAMILY.check_shapes("d576/h128/k2048/flat")] == ["S1", "S2", "S3"]   # an old key
+    # A key with the pool's size: the shape of that size read from the format.
+    got = fam.FAMILY.check_shapes("d576/h128/k2048/s32768/flat/fp8_v32")
+    assert [(s.id, s.s_kv, s.kv_format) for s in got] == [("S2", 32768, "fp8_v32")]
     assert fam.FAMILY.check_shapes("d576/h16/k2048/paged/fp8_v32") == []
     from mlagen import db
     shipped = [b for b in db.shipped_records() if b.key.spec == "mla_sparse_prefill_sm90"]

@@ -28,14 +28,15 @@ FLAT576 = {"d_qk": 576, "paged": False, "kv_format": "bf16"}
 
 
 def test_ids_and_descriptions_resolve_to_sparse_shape_classes():
-    given = ["S1", "sq=4096,h=128,topk=2048,skv=8192", "S2", "S5", "s6", "sq=100,h=20,topk=600,skv=9000,d=512"]
+    given = ["S1", "sq=4096,h=128,topk=2048,skv=8000", "S2", "S5", "s6", "sq=100,h=20,topk=600,skv=9000,d=512"]
     shapes = [s for text in given for s in parse_shapes(text, S90)]
     classes = shape_classes(shapes, SPARSE)
     assert [(c.problem, c.shape.id, len(c.members)) for c in classes] == [
-        ("d576/h128/k2048/flat", "S1", 3),          # S1, its description and S2 (another s_kv) are one class
-        ("d576/h16/k2048/flat", "S5", 1),
-        ("d576/h128/k1024/flat", "S6", 1),
-        ("d512/h32/k1024/flat", "sq=100,h=20,topk=600,skv=9000,d=512", 1),   # H and topk round up
+        ("d576/h128/k2048/s8192/flat", "S1", 2),    # S1 and a description of its pool's bucket are one class
+        ("d576/h128/k2048/s32768/flat", "S2", 1),   # another pool size (S2) is another
+        ("d576/h16/k2048/s32768/flat", "S5", 1),
+        ("d576/h128/k1024/s65536/flat", "S6", 1),
+        ("d512/h32/k1024/s16384/flat", "sq=100,h=20,topk=600,skv=9000,d=512", 1),   # H, topk, pool round up
     ]
     assert SPARSE.specialization(classes[0].shape) == FLAT576
     assert SPARSE.problem_specialization("d512/h32/k1024/flat") == {"d_qk": 512, "paged": False, "kv_format": "bf16"}
@@ -48,7 +49,9 @@ def test_a_workload_file_of_sparse_shapes():
                                                                        {"shape": "S3", "weight": 1},
                                                                        {"shape": "S5", "weight": 5}]}, family=S90)
     classes = shape_classes(items, SPARSE)
-    assert [(c.problem, c.weight) for c in classes] == [("d576/h16/k2048/flat", 5.0), ("d576/h128/k2048/flat", 4.0)]
+    assert [(c.problem, c.weight) for c in classes] == [("d576/h16/k2048/s32768/flat", 5.0),
+                                                        ("d576/h128/k2048/s8192/flat", 3.0),
+                                                        ("d576/h128/k2048/s131072/flat", 1.0)]
 
 
 # The sm90 spec's tune space at one specialisation: 3 x 3 register budgets, 2 x 2 x 2 x 2 flags
@@ -111,7 +114,7 @@ def tuned(tmp_path, monkeypatch):
 def test_the_tuner_keys_and_stores_sparse_records(tuned):
     database, result, key = tuned
     assert (key.family, key.spec, key.problem, key.dtypes) == ("mla_sparse_prefill", "mla_sparse_prefill_sm90",
-                                                               "d576/h128/k2048/flat", "bf16")
+                                                               "d576/h128/k2048/s8192/flat", "bf16")
     assert result.best.variant["producer_regs"] == 88 and result.best.variant["l2_evict_last"] is False
     # 88 producer registers leave room for 208 per consumer only: the register pool's constraint.
     assert result.best.variant["consumer_regs"] == 208 and result.best.time_ms == pytest.approx(3.51)
@@ -126,7 +129,7 @@ def test_the_tuner_keys_and_stores_sparse_records(tuned):
 def test_sparse_dispatch_reads_the_record_of_its_shape_class(tuned):
     database, result, key = tuned
     # A call of another S1-class size (the same rounded H and topk): the winner, from the user's database.
-    call = SimpleNamespace(d_qk=576, heads=100, topk=1500, page_size=0)
+    call = SimpleNamespace(d_qk=576, heads=100, topk=1500, page_size=0, num_kv=5000)
     assert str(SPARSE.problem_key(call)) == key.problem
     v, origin = dispatch.choose_variant(S90, SPARSE.problem_key(call), SPARSE.specialization(call), device(),
                                         database)
@@ -135,7 +138,7 @@ def test_sparse_dispatch_reads_the_record_of_its_shape_class(tuned):
     # and still the nearest record; a paged pool is compiled apart, so the default serves it.
     v, origin = dispatch.choose_variant(S90, key.problem, FLAT576, device("NVIDIA H200"), database)
     assert v == result.best.variant and origin == f"user (other device: {H100})"
-    v, _ = dispatch.choose_variant(S90, "d576/h16/k2048/flat", FLAT576, device(), database)
+    v, _ = dispatch.choose_variant(S90, "d576/h16/k2048/s65536/flat", FLAT576, device(), database)
     assert v == result.best.variant
     paged = {"d_qk": 576, "paged": True}
     v, origin = dispatch.choose_variant(S90, "d576/h128/k2048/paged", paged, device(), database)
@@ -164,7 +167,7 @@ def test_the_sparse_call_asks_dispatch_for_its_shape_class(monkeypatch):
     call = sp_call.Call(q, None, None, None, None, None, None, None, sq=4096, heads=128, topk=2048, d_qk=576,
                     num_kv=8192, kv_row_stride=576, kv_page_stride=0, page_size=0, scale=0.04)
     assert sp_entry.select(call) == (1, "selection")
-    assert asked == {"family": "mla_sparse_prefill", "problem": "d576/h128/k2048/flat",
+    assert asked == {"family": "mla_sparse_prefill", "problem": "d576/h128/k2048/s8192/flat",
                      "specialization": FLAT576, "device": 1, "accepts": True, "variant": None, "only": None}
     sp_entry.select(call, "mla_sparse_prefill_sm80")
     assert asked["only"] == "mla_sparse_prefill_sm80"

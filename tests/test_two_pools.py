@@ -132,8 +132,10 @@ def test_reference_is_one_softmax_over_both_pools(paged):
 
 
 def test_problem_key_counts_both_pools():
-    call = type("C", (), {"d_qk": 512, "heads": 64, "topk": 128, "keys": 640, "page_size": 64})()
-    assert str(sp_problem.problem_key(call)) == "d512/h64/k1024/paged"
+    extra = type("P", (), {"num_kv": 32768})()
+    call = type("C", (), {"d_qk": 512, "heads": 64, "topk": 128, "keys": 640, "page_size": 64, "num_kv": 131072,
+                          "extra": extra})()
+    assert str(sp_problem.problem_key(call)) == "d512/h64/k1024/s262144/paged"   # both pools' keys and rows
 
 
 def _pool_args(**kw):
@@ -239,7 +241,7 @@ def test_v4_shapes_parse_and_count_both_pools():
     assert v3.hca and v3.topk == v3.s_kv == 1024
     assert [shapes[f"M{i}"].s_kv for i in range(1, 9)] == [8192, 32768, 49152, 65536] * 2
     assert {(shapes[f"M{i}"].heads, shapes[f"M{i}"].topk) for i in range(1, 9)} == {(64, 512), (128, 1024)}
-    assert str(sp_problem.problem_key(v1)) == "d512/h64/k1024/flat"
+    assert str(sp_problem.problem_key(v1)) == "d512/h64/k1024/s262144/flat"   # 131072 raw + 32768 rows
     text = sp_problem.describe_shape(v3)
     assert text == "sq=4096,h=64,topk=1024,skv=1024,d=512,sink=1,window=128,raw=131072,hca=1"
     assert sp_problem.parse_shape(text, "V3") == v3

@@ -145,10 +145,15 @@ class Family(ABC):
         any GPU work. None by default (a spec's specialisation axes are checked when a variant is made)."""
         return None
 
+    def problem_covers(self, problem: str, shape) -> bool:
+        """Whether a record of shape class ``problem`` is one of ``shape``'s: by default its class
+        is ``shape``'s (a family whose older keys name fewer sizes says they cover more)."""
+        return self.problem_key(shape) == problem
+
     def check_shapes(self, problem: str) -> list:
         """The shapes ``mlagen check --gpu`` times a shipped record of shape class ``problem`` on:
-        by default the named shapes of that class."""
-        return [s for s in self.shapes().values() if self.problem_key(s) == problem]
+        by default the named shapes it covers (:meth:`problem_covers`)."""
+        return [s for s in self.shapes().values() if self.problem_covers(problem, s)]
 
     # --- run time: one call -----------------------------------------------------------------
 

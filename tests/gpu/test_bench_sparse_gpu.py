@@ -98,7 +98,7 @@ def test_a_sparse_tune_is_dispatched_to(tmp_path, monkeypatch):
     config = TuneConfig(spec="mla_sparse_prefill_sm90", shapes=("sq=64,h=64,topk=256,skv=1024",),
                         strategy="exhaustive", fixed=fixed, timeout_s=120, iters=3, warmup=1, db_path=str(path))
     (result,) = tune(config, progress=lambda line: None)
-    assert result.problem == "d576/h64/k256/flat"
+    assert result.problem == "d576/h64/k256/s1024/flat"
     assert [t.outcome for t in result.trials] == ["ok", "ok"], [(t.variant.symbol, t.detail) for t in result.trials]
     (best,) = db.TuningDB(path).bests()
     assert best.key.family == "mla_sparse_prefill" and best.symbol == result.best.variant.symbol
@@ -106,7 +106,7 @@ def test_a_sparse_tune_is_dispatched_to(tmp_path, monkeypatch):
     monkeypatch.setenv("MLAGEN_NO_SHIPPED", "1")
     dispatcher().clear()
     try:
-        x = sp_ref.make_inputs(sp_problem.parse_shape("sq=32,h=50,topk=200,skv=500"), "cuda", seed=2)   # same class
+        x = sp_ref.make_inputs(sp_problem.parse_shape("sq=32,h=50,topk=200,skv=500"), "cuda", seed=2)   # pool s512: the neighbour bucket
         _, sel = sp_entry.select(sp_call.prepare(x["q"], x["kv"], x["indices"], softmax_scale=x["softmax_scale"],
                                         attn_sink=x["attn_sink"]))
         assert (sel.variant.symbol, sel.origin) == (result.best.variant.symbol, "user")

@@ -117,16 +117,22 @@ class MlaSparsePrefillFamily(kit.ShapesOf, Family):
         key = ProblemKey.parse(problem)
         return {"d_qk": key.d_qk, "paged": key.layout == "paged", "kv_format": key.kv_format}
 
+    def problem_covers(self, problem: str, shape) -> bool:
+        """The shape's class, or a key without the pool's size (written before it was part of the
+        key) of the shape's class but for that size."""
+        return ProblemKey.parse(problem).covers(problem_key(shape))
+
     def check_shapes(self, problem: str) -> list[Shape]:
-        """The named shapes of the class; for a quantized cache's class, the first bf16 shape of
-        the same class read from that format (records of them are tuned on S1's sizes)."""
+        """The named shapes the class covers (an old key without the pool's size: every pool
+        size); for a quantized cache's class, the first bf16 shape it covers read from that
+        format (records of them are tuned on S1's sizes)."""
         same = super().check_shapes(problem)
         key = ProblemKey.parse(problem)
         if same or key.kv_format == "bf16":
             return same
-        plain = str(replace(key, kv_format="bf16"))
+        plain = replace(key, kv_format="bf16")
         return [replace(s, kv_format=key.kv_format) for s in SHAPES.values()
-                if str(problem_key(s)) == plain][:1]
+                if plain.covers(problem_key(s))][:1]
 
     def refuses(self, spec, shape) -> str | None:
         """A spec serves its kv_format values."""

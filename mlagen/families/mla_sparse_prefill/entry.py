@@ -14,7 +14,7 @@ from . import staging
 from .call import Call, _fail, fill_empty, prepare
 from .compile import accepts, kv_format_targets, preferred, specialization
 from .params import ABIS
-from .problem import D_V, NAME
+from .problem import D_V, NAME, pool_rows
 
 _MAP_CACHE_SIZE = 256
 _kv_maps: dict[tuple, bytes] = {}  # oldest first; read without the lock (dict reads are atomic)
@@ -324,8 +324,10 @@ class _Plan:
         return out, max_logits, lse
 
 
-# (device, the call's class, specialisation, kernel argument, forced spec) -> (device, Selection):
-# a dispatch.SelectionMemo, made on first use (dispatch imports the families).
+# (device, the sizes the call's class is made of, whether it has a second pool, specialisation,
+# kernel argument, forced spec) -> (device, Selection): a dispatch.SelectionMemo, made on first use
+# (dispatch imports the families). The raw sizes (heads, key positions, pool rows) stand for the
+# class, so a hit builds no ProblemKey; the second pool is there because only some specs read one.
 _selected = None
 
 
@@ -348,7 +350,8 @@ def select(call: Call, kernel=None):
         return _select(call, kernel, device)
     if _selected is None:
         _selected = dispatch.SelectionMemo()
-    memo = (device, str(call.key), tuple(specialization(call).items()), kernel, knobs.FAMILY.raw())
+    memo = (device, call.heads, call.keys, pool_rows(call), call.extra is None, tuple(specialization(call).items()),
+            kernel, knobs.FAMILY.raw())
     return _selected.get(memo, lambda: _select(call, kernel, device))
 
 

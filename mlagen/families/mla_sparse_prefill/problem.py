@@ -17,32 +17,50 @@ BLOCK_H = 64      # heads per CTA of the sm90 kernel (fewer are zero-padded)
 MAX_ROWS = 2**31 - 1
 
 
-def _pow2_ceil(x: float) -> int:
-    return 1 if x <= 1 else 1 << math.ceil(math.log2(x))
+def _pow2_ceil(x: int) -> int:
+    """The least power of two >= x (1 for x <= 1); integers only (a call's sizes), exact for any size."""
+    return 1 if x <= 1 else 1 << (x - 1).bit_length()
 
+
+
+#: The pool-size term of :meth:`ProblemKey.distance`: per log2 step between two keys' pool
+#: buckets (a quarter of a head or topk step: the pool size moves the winner less than those), and
+#: the fixed term for a key that names no pool size (written before 2026-12-02: tuned on some pool,
+#: so it serves every size, after a key of the call's own bucket or its neighbours).
+POOL_STEP = 0.25
+POOL_UNKNOWN = 0.5
 
 
 @dataclass(frozen=True)
 class ProblemKey:
     """Shape class of a call for tuning records: d_qk, heads and topk rounded up to powers of
-    two, the KV layout (a flat table or a pool of strided pages: compiled separately), the KV
+    two, the KV rows the indices address as a power-of-two bucket (``pool``: whether the gathered
+    rows stay in L2 decides which schedule wins; 0 for a key written before the pool was part
+    of it), the KV layout (a flat table or a pool of strided pages: compiled separately), the KV
     format (``operands.NAMES``; written only when it is not bf16, so bf16 keys read as before)
-    (``d576/h128/k2048/paged/fp8_v32``)."""
+    (``d576/h128/k2048/s8192/paged/fp8_v32``; the old form ``d576/h128/k2048/flat`` parses too)."""
 
     d_qk: int
     heads: int
     topk: int
     layout: str = "flat"
     kv_format: str = "bf16"
+    pool: int = 0
 
     def __str__(self) -> str:
         fmt = "" if self.kv_format == "bf16" else f"/{self.kv_format}"
-        return f"d{self.d_qk}/h{self.heads}/k{self.topk}/{self.layout}{fmt}"
+        pool = f"/s{self.pool}" if self.pool else ""
+        return f"d{self.d_qk}/h{self.heads}/k{self.topk}{pool}/{self.layout}{fmt}"
 
     @classmethod
     def parse(cls, text: str) -> "ProblemKey":
         try:
             parts = text.split("/")
+            pool = 0
+            if len(parts) > 3 and parts[3][:1] == "s":
+                pool = int(parts.pop(3)[1:])
+                if pool < 1 or pool & (pool - 1) or str(pool) != text.split("/")[3][1:]:
+                    raise ValueError   # a power of two in plain digits: one text per key
             if len(parts) == 4:
                 parts.append("bf16")
             elif len(parts) == 5 and parts[4] == "bf16":
@@ -51,18 +69,31 @@ class ProblemKey:
             if d[0] != "d" or h[0] != "h" or k[0] != "k" or layout not in ("flat", "paged") \
                     or fmt not in operands.NAMES:
                 raise ValueError
-            key = cls(int(d[1:]), int(h[1:]), int(k[1:]), layout, fmt)
+            key = cls(int(d[1:]), int(h[1:]), int(k[1:]), layout, fmt, pool)
             if key.d_qk not in D_QK_VALUES or min(key.heads, key.topk) < 1:
                 raise ValueError
             return key
         except (ValueError, IndexError):
-            raise ValueError(f"{text!r} is not a sparse problem key like 'd576/h128/k2048/flat', "
-                             f"or 'd576/h128/k2048/paged/fp8_v32'") from None
+            raise ValueError(f"{text!r} is not a sparse problem key d<d_qk>/h<heads>/k<topk>[/s<pool rows, a power "
+                             f"of two>]/<flat|paged>[/<kv format>] like 'd576/h128/k2048/s8192/flat' or "
+                             f"'d576/h128/k2048/s65536/paged/fp8_v32'") from None
 
     def distance(self, other: "ProblemKey") -> float:
+        """inf across d_qk, layout or format; else the log2 steps of heads and topk, plus
+        :data:`POOL_STEP` per log2 step of pool, or :data:`POOL_UNKNOWN` when one key names no pool."""
         if self.d_qk != other.d_qk or self.layout != other.layout or self.kv_format != other.kv_format:
             return math.inf
-        return abs(math.log2(self.heads) - math.log2(other.heads)) + abs(math.log2(self.topk) - math.log2(other.topk))
+        if not self.pool or not other.pool:
+            pool = 0.0 if self.pool == other.pool else POOL_UNKNOWN
+        else:
+            pool = POOL_STEP * abs(math.log2(self.pool) - math.log2(other.pool))
+        return abs(math.log2(self.heads) - math.log2(other.heads)) + abs(math.log2(self.topk) - math.log2(other.topk)) \
+            + pool
+
+    def covers(self, other: "ProblemKey") -> bool:
+        """Whether a record of this class is one of ``other``'s: the same key, or this key names no
+        pool and ``other`` is the same but for its pool."""
+        return self == other or not self.pool and self == replace(other, pool=0)
 
 
 def is_paged(call) -> bool:
@@ -71,12 +102,30 @@ def is_paged(call) -> bool:
     return getattr(call, "page_size", 0) > 0 or bool(operands.get(getattr(call, "kv_format", "bf16")).page_scales)
 
 
+PAGE = 64   # tokens per page of a benchmark shape's pools of pages (a quantized cache, V4's raw pool)
+
+
+def pool_rows(call) -> int:
+    """The KV rows a Call's or Shape's indices address: a flat table's rows, a paged pool's pages
+    x page size; a two-pool call's both pools together (the gather of one softmax reads both,
+    so both compete for L2). A Shape's quantized cache and V4 raw pool are pages of :data:`PAGE`
+    tokens (as its inputs are made). A Call holds its rows as ints (``num_kv``, from the tensors'
+    shapes at argument checking): nothing is read from the device."""
+    num_kv = getattr(call, "num_kv", None)
+    if num_kv is not None:
+        extra = getattr(call, "extra", None)
+        return num_kv if extra is None else num_kv + extra.num_kv
+    rows = -(-call.s_kv // PAGE) * PAGE if operands.get(call.kv_format).quantized else call.s_kv
+    return rows + (-(-call.raw_kv // PAGE) * PAGE if getattr(call, "window", 0) else 0)
+
+
 def problem_key(call) -> ProblemKey:
-    """The shape class of a Call or a Shape; topk counts both pools' positions of a two-pool call."""
+    """The shape class of a Call or a Shape; topk counts both pools' positions of a two-pool call,
+    pool both pools' rows (:func:`pool_rows`)."""
     paged = is_paged(call)
     keys = getattr(call, "keys", call.topk)
     return ProblemKey(call.d_qk, _pow2_ceil(call.heads), _pow2_ceil(max(keys, 1)), "paged" if paged else "flat",
-                      getattr(call, "kv_format", "bf16"))
+                      getattr(call, "kv_format", "bf16"), _pow2_ceil(pool_rows(call)))
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ pool with the compressed rows after them, and the index lists are rewritten into
 
 from __future__ import annotations
 
-PAGE = 64
+from .problem import PAGE   # the raw pool's tokens per page (the shape's key counts its rows so)
 
 
 def _compression(shape) -> int:

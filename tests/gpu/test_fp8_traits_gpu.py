@@ -14,7 +14,6 @@ by default), chunks that are no multiple of it.
 
 from __future__ import annotations
 
-
 import pytest
 
 pytestmark = pytest.mark.gpu

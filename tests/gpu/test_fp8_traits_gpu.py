@@ -9,7 +9,8 @@ mask leaves no key must give out = 0 and lse = +inf. The descales are far from 1
 a softcap that saw the stored score instead of the true one, or a sink in another domain than the
 row maximum, fails. Odd shapes: lengths 1, unfilled tiles, empty sequences, ragged batches,
 prefixes and Lq > Lk, H 1, 5, 8, 16, 64, 128, windows narrower and wider than a key tile (96 keys
-by default), chunks that are no multiple of it.
+by default), chunks that are no multiple of it; both geometries of the FP8 kernel (128 / 64 / 128
+and 128 / 0 / 128).
 """
 
 from __future__ import annotations
@@ -44,9 +45,9 @@ RAGGED_Q = (1, 77, 0, 300, 129, 200)
 RAGGED_K = (1, 90, 5, 333, 129, 150)
 
 
-def _shape(q, k, heads, causal=True, window=(-1, -1), chunk=0, softcap=0.0, sink=False):
+def _shape(q, k, heads, causal=True, window=(-1, -1), chunk=0, softcap=0.0, sink=False, geometry="n128r64v128"):
     q, k = (q,) if isinstance(q, int) else q, (k,) if isinstance(k, int) else k
-    return Shape("fp8t", tuple(q), tuple(k), heads, causal, "n128r64v128", window, chunk, softcap, sink)
+    return Shape("fp8t", tuple(q), tuple(k), heads, causal, geometry, window, chunk, softcap, sink)
 
 
 def _run(shape: Shape, seed: int = 0, kernel=None, per_tensor_q: bool = False):
@@ -106,6 +107,15 @@ def test_sinks_and_both_score_traits():
 
 
 @needs_sm90
+def test_the_geometry_without_a_rope_part():
+    """128 / 0 / 128 (q and k 128 wide, no k_rope): the plain kernel and each trait."""
+    _run(_shape(RAGGED_Q, RAGGED_K, 8, geometry="n128r0v128"))
+    _run(_shape(RAGGED_Q, RAGGED_K, 8, False, (40, 3), softcap=5.0, sink=True, geometry="n128r0v128"))
+    _run(_shape(RAGGED_Q, RAGGED_K, 1, chunk=100, sink=True, geometry="n128r0v128"), per_tensor_q=True)
+    _run(_shape(129, 200, 128, False, geometry="n128r0v128"))
+
+
+@needs_sm90
 def test_a_sink_changes_only_the_denominator():
     """Out with a sink is out without it times sum / (sum + exp(sink)) per row (v_descale applies to
     both alike); lse unchanged."""
@@ -135,9 +145,13 @@ def test_rows_the_mask_leaves_empty():
     ({"causal": False, "window_size": (100, 0)}, {"mask": "window", "score": "plain"}),
     ({"chunk_size": 100, "softcap": 10.0}, {"mask": "chunked", "score": "softcap"}),
     ({"attn_sink": True}, {"mask": "causal", "score": "sink"}),
-], ids=["window", "chunked-softcap", "sink"])
+    ({"causal": False, "window_size": (50, 50), "no_rope": True}, {"mask": "window", "geometry": "n128r0v128",
+                                                                    "score": "plain"}),
+], ids=["window", "chunked-softcap", "sink", "no-rope-window"])
 def test_dispatch_picks_the_fp8_traits_kernel(kwargs, specialization):
-    shape = _shape(300, 300, 4)
+    kwargs = dict(kwargs)
+    no_rope = kwargs.pop("no_rope", False)
+    shape = _shape(300, 300, 4, geometry="n128r0v128" if no_rope else "n128r64v128")
     inputs = FAMILY.make_inputs(shape, "cuda", seed=0, dtype=DTYPE)
     if kwargs.get("attn_sink"):
         kwargs = {**kwargs, "attn_sink": torch.zeros(4, device="cuda")}
@@ -145,7 +159,7 @@ def test_dispatch_picks_the_fp8_traits_kernel(kwargs, specialization):
                              q_descale=inputs["q_descale"], k_descale=inputs["k_descale"],
                              v_descale=inputs["v_descale"], **kwargs)
     assert sel.spec.name == SPEC
-    assert sel.variant.specialization == specialization
+    assert sel.variant.specialization == {"geometry": "n128r64v128", **specialization}
     assert not sel.binary.resources.spills
 
 

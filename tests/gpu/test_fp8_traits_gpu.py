@@ -118,14 +118,18 @@ def test_the_geometry_without_a_rope_part():
 @needs_sm90
 def test_a_sink_changes_only_the_denominator():
     """Out with a sink is out without it times sum / (sum + exp(sink)) per row (v_descale applies to
-    both alike); lse unchanged."""
+    both alike); lse unchanged. Both kernels of one schedule, so P is rounded to e4m3 alike."""
+    from mlagen import spec as spec_mod, variant
+
+    fp8 = spec_mod.load(SPEC)
     base = _shape(200, 250, 8)
     inputs = FAMILY.make_inputs(base, "cuda", seed=3, dtype=DTYPE)
     sink = torch.full((8,), 1.5, device="cuda")
     args = (inputs["q"], inputs["k"], inputs["v"])
     kw = {n: inputs[n] for n in ("k_rope", "q_descale", "k_descale", "v_descale")}
-    out0, lse0 = mlagen.mla_prefill(*args, **kw)
-    out1, lse1 = mlagen.mla_prefill(*args, **kw, attn_sink=sink)
+    out0, lse0 = mlagen.mla_prefill(*args, **kw, kernel=variant.make(fp8, {"mask": "causal"}))
+    out1, lse1 = mlagen.mla_prefill(*args, **kw, attn_sink=sink,
+                                    kernel=variant.make(fp8, {"mask": "causal", "score": "sink"}))
     torch.testing.assert_close(lse1, lse0, atol=1e-4, rtol=0)
     factor = (1 / (1 + torch.exp(1.5 - lse0))).unsqueeze(-1)
     torch.testing.assert_close(out1.float(), out0.float() * factor, atol=2e-2, rtol=2e-2)

@@ -167,16 +167,24 @@ def test_dispatch_picks_the_fp8_traits_kernel(kwargs, specialization):
     assert not sel.binary.resources.spills
 
 
+# The H100 FP8 records' schedule (three consumers, the fp32 O copy in shared memory, lazy rescale,
+# half diagonal), the V^T pre-pass, Q in registers, one consumer with narrow tiles; each with two
+# of the three trait sets (every set on three schedules).
+_C3 = {"consumers": 3, "order": "none", "consumer_regs": 160, "rescale": "lazy", "pv_wait": "late", "load_warps": 1,
+       "o_copy": "smem", "diagonal": "half"}
+_PREPASS = {"v_transpose": "prepass", "scheduler": "persistent"}
+_QREGS = {"q_operand": "regs", "block_n": 64, "scheduler": "static"}
+_ONE = {"consumers": 1, "order": "none", "block_n": 64, "diagonal": "half"}
+
+
 @needs_sm90
-@pytest.mark.parametrize("values", [
-    # The H100 FP8 records' schedule (three consumers, the fp32 O copy in shared memory, lazy rescale, half diagonal).
-    {"consumers": 3, "order": "none", "consumer_regs": 160, "rescale": "lazy", "pv_wait": "late", "load_warps": 1,
-     "o_copy": "smem", "diagonal": "half"},
-    {"v_transpose": "prepass", "scheduler": "persistent"},
-    {"q_operand": "regs", "block_n": 64, "scheduler": "static"},
-    {"consumers": 1, "order": "none", "block_n": 64, "diagonal": "half"},
-], ids=["c3-ocsmem-lazy-half", "prepass-persistent", "q-regs-n64-static", "one-consumer-n64-half"])
-@pytest.mark.parametrize("traits", ["window+softcap_sink", "chunked+sink", "causal+softcap"])
+@pytest.mark.parametrize("values,traits", [
+    (_C3, "window+softcap_sink"), (_C3, "chunked+sink"),
+    (_PREPASS, "chunked+sink"), (_PREPASS, "causal+softcap"),
+    (_QREGS, "causal+softcap"), (_QREGS, "window+softcap_sink"),
+    (_ONE, "window+softcap_sink"), (_ONE, "chunked+sink"), (_C3, "causal+softcap"),
+], ids=["c3-window", "c3-chunked", "prepass-chunked", "prepass-causal", "qregs-causal", "qregs-window",
+        "one-window", "one-chunked", "c3-causal"])
 def test_traits_on_other_schedules(values, traits):
     """The traits with the schedule options that move the code they touch: the first key tile
     visited (the band's, not tile 0), half diagonal tiles, the V^T pre-pass's columns, Q in

@@ -25,8 +25,9 @@
 // the producer loads each V tile as stored into a ring of its own and its warps that issue no
 // loads write V^T from it (transpose_v_tile); else V^T is a [heads, d_v, columns] copy the
 // launcher makes before the kernel (tma.py: transpose_v), each sequence starting on a 16-column
-// boundary (vt_column), loaded by TMA. q_descale * k_descale is folded into the softmax scale,
-// v_descale into the output normalisation; P (in [0, 1]) is rounded to e4m3.
+// boundary (vt_column), loaded by TMA. q_descale * k_descale is folded into the softmax scale (with
+// softcap into softcap's pre-scale), v_descale into the output normalisation; P (in [0, 1]) is
+// rounded to e4m3.
 #pragma once
 #include "mlagen/common/mask.cuh"
 #include "mlagen/cuda/online_softmax.cuh"

@@ -65,9 +65,10 @@ static_assert(Config::kBlockN % (8 * Config::kCluster) == 0,
               "each CTA of a cluster loads a whole number of swizzle atoms (8 rows) of every K and V tile");
 static_assert(Config::kCluster == 1 || !mlagen::Band<Config::kMask>::kLower,
               "a cluster streams one key range for both CTAs; a window's or chunk's lower bound differs between them");
-static_assert(Config::kElemBytes == 2 || (!Config::kSoftcap && !Config::kSink &&
-                                          (Config::kMask == mlagen::MaskKind::kCausal || Config::kMask == mlagen::MaskKind::kNone)),
-              "the FP8 kernel implements the causal and no masks, without softcap or sink");
+static_assert(Config::kElemBytes == 2 || (Config::kDNope == 128 && (Config::kDRope == 64 || Config::kDRope == 0) &&
+                                          Config::kDV == 128),
+              "the FP8 kernel implements the 128 / 64 / 128 and 128 / 0 / 128 geometries (V^T is made from rows of "
+              "d_v = 128 e4m3 values)");
 static_assert(mlagen::sm90::Layout<Config>::kSmemBytes == 215040,
               "the spec's resource model must match the kernel's shared-memory layout");
 

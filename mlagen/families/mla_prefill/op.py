@@ -126,7 +126,8 @@ def mla_prefill(q, k, v, *, k_rope=None, cu_seqlens_q=None, cu_seqlens_k=None, c
     The head geometry (d_nope, d_rope, d_v) follows from the tensors' widths: 128 / 64 / 128
     (DeepSeek-V3, Kimi-K2; the widths below), 192 / 64 / 256 (GLM-5) or 128 / 0 / 128 (no rope
     part: k has d_nope columns and there is no k_rope). Geometries other than the first, and the
-    window, chunk, softcap and sink traits, run on the sm_90a bf16 kernel.
+    window, chunk, softcap and sink traits, run on the sm_90a kernels: bf16, and fp8 e4m3 at
+    128 / 64 / 128 and 128 / 0 / 128 (softcap applies to the descaled score).
 
     Args:
         q: [Tq, H, 192] bf16 or fp8 e4m3, nope (128) followed by rope (64). Strided views are

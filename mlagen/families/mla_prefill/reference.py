@@ -166,9 +166,11 @@ def make_inputs(shape, device, seed: int = 0, dtype: str = "bf16") -> dict[str, 
     if fp8:
         inputs["q"], inputs["q_descale"] = quantize(inputs["q"], dtype, per_head=True)
         inputs["v"], inputs["v_descale"] = quantize(inputs["v"], dtype, per_head=True)
-        k_amax = torch.maximum(inputs["k"].abs().amax(), inputs["k_rope"].abs().amax())
+        k_amax = inputs["k"].abs().amax()
+        if inputs["k_rope"] is not None:
+            k_amax = torch.maximum(k_amax, inputs["k_rope"].abs().amax())
         k_descale = (k_amax / FP8_MAX[dtype]).reshape(1).to(torch.float32)
-        for name in ("k", "k_rope"):
+        for name in ("k", "k_rope") if inputs["k_rope"] is not None else ("k",):
             scaled = (inputs[name] / k_descale).clamp(-FP8_MAX[dtype], FP8_MAX[dtype])
             inputs[name] = scaled.to(torch.float8_e4m3fn if dtype == "fp8_e4m3" else torch.float8_e4m3fnuz)
         inputs["k_descale"] = k_descale

@@ -25,8 +25,9 @@
 // the producer loads each V tile as stored into a ring of its own and its warps that issue no
 // loads write V^T from it (transpose_v_tile); else V^T is a [heads, d_v, columns] copy the
 // launcher makes before the kernel (tma.py: transpose_v), each sequence starting on a 16-column
-// boundary (vt_column), loaded by TMA. q_descale * k_descale is folded into the softmax scale,
-// v_descale into the output normalisation; P (in [0, 1]) is rounded to e4m3.
+// boundary (vt_column), loaded by TMA. q_descale * k_descale is folded into the softmax scale (with
+// softcap into softcap's pre-scale), v_descale into the output normalisation; P (in [0, 1]) is
+// rounded to e4m3.
 #pragma once
 #include "mlagen/common/mask.cuh"
 #include "mlagen/cuda/online_softmax.cuh"
@@ -464,6 +465,9 @@ struct ConsumerRegs {
   // causal kernel spilled 48 bytes with them).
   float ocorr[Cfg::kOCopySmem ? 1 : 2];
   RowStats stats;
+  // FP8 with softcap: softcap's pre-scale times q_descale * k_descale of the tile's head (set per
+  // tile by tile_scale_log2), so tanh sees the true score; bf16 reads p.softcap_scale instead.
+  float cap_scale;
 };
 
 // The MMA of an element type: Wgmma (bf16, k16) or WgmmaE4m3 (e4m3, k32, no transpose).
@@ -591,6 +595,14 @@ __device__ __forceinline__ void softcap_scores(float (&s)[N], float pre_scale) {
   }
 }
 
+// Softcap's pre-scale: scale / c, with FP8 times the head's q_descale * k_descale (S is computed on
+// the stored values; MLA.md section 1b caps the true scaled score).
+template <class Cfg, class Params>
+__device__ __forceinline__ float softcap_pre_scale(const Params& p, const ConsumerRegs<Cfg>& r) {
+  if constexpr (Cfg::kElemBytes == 1) return r.cap_scale;
+  else return p.softcap_scale;
+}
+
 // Whether key tile n cuts some row's band (or the sequence's end) and needs apply_mask.
 template <class Cfg>
 __device__ __forceinline__ bool tile_needs_mask(const BandTile& qt, int n) {
@@ -602,7 +614,7 @@ template <class Cfg, class Params>
 __device__ __forceinline__ void scores_to_probabilities(const Params& p, ConsumerRegs<Cfg>& r, const BandTile& qt,
                                                         int n, int row_base, float scale_log2, float (&corr)[2]) {
   pin_registers(r.s);
-  softcap_scores<Cfg>(r.s, p.softcap_scale);
+  softcap_scores<Cfg>(r.s, softcap_pre_scale<Cfg>(p, r));
   if (tile_needs_mask<Cfg>(qt, n)) apply_mask<Cfg, ConsumerRegs<Cfg>::kSFrags>(r.s, qt, n, row_base, mask_args(p));
   softmax_update<ConsumerRegs<Cfg>::kSFrags, Cfg::kLazyRescale>(r.s, r.stats, scale_log2, corr);
 }
@@ -627,7 +639,7 @@ __device__ __forceinline__ void half_scores_to_probabilities(const Params& p, Co
                                                              float scale_log2, float (&corr)[2]) {
   using R = ConsumerRegs<Cfg>;
   pin_registers(s);
-  softcap_scores<Cfg>(s, p.softcap_scale);
+  softcap_scores<Cfg>(s, softcap_pre_scale<Cfg>(p, r));
   apply_mask<Cfg, R::kHalfFrags>(s, qt, n, row_base, mask_args(p));
   softmax_update<R::kHalfFrags, Cfg::kLazyRescale>(s, r.stats, scale_log2, corr);
 #pragma unroll
@@ -810,11 +822,18 @@ __device__ __forceinline__ float descale(const float* d, int head_stride, int he
 }
 
 // The softmax scale in the exp2 domain; with FP8, times q_descale * k_descale (S is computed on
-// the stored values).
+// the stored values). With softcap and FP8 the descales go into softcap's pre-scale instead (r's
+// cap_scale; tanh must see the true score) and the softmax's scale stays c * log2(e).
 template <class Cfg, class Params>
-__device__ __forceinline__ float tile_scale_log2(const Params& p, int head) {
+__device__ __forceinline__ float tile_scale_log2(const Params& p, ConsumerRegs<Cfg>& r, int head) {
   if constexpr (Cfg::kElemBytes == 1) {
-    return p.scale_log2 * descale(p.q_descale, p.qd_head_stride, head) * descale(p.k_descale, p.kd_head_stride, head);
+    if constexpr (Cfg::kSoftcap) {
+      r.cap_scale = p.softcap_scale * descale(p.q_descale, p.qd_head_stride, head) *
+                    descale(p.k_descale, p.kd_head_stride, head);
+      return p.scale_log2;
+    } else {
+      return p.scale_log2 * descale(p.q_descale, p.qd_head_stride, head) * descale(p.k_descale, p.kd_head_stride, head);
+    }
   } else {
     return p.scale_log2;
   }
@@ -987,7 +1006,7 @@ __device__ void consumer(const Params& p, u32 smem, const Barriers& bar, int wg)
         ocorr_set(r, 1.f, 1.f);
       }
       r.stats.init();
-      const float scale_log2 = tile_scale_log2<Cfg>(p, head);
+      const float scale_log2 = tile_scale_log2<Cfg>(p, r, head);
       float corr[2];
       // Key tiles are visited last to first, so the masked ones come first. With overlap, step 0
       // stops after the softmax, every later step issues

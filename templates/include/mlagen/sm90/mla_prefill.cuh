@@ -1106,7 +1106,7 @@ __device__ void consumer(const Params& p, u32 smem, const Barriers<Cfg>& bar, in
 template <class Cfg>
 struct ProducerPart {
   template <class Params>
-  __device__ __forceinline__ static void run(const Params& p, u32 smem, const Barriers<Cfg>& bar, int) {
+  __device__ __forceinline__ static void run(const Params& p, u32 smem, const Barriers<Cfg>& bar, skeleton::NoWork, int) {
     producer<Cfg>(p, smem, bar);
   }
 };
@@ -1114,7 +1114,8 @@ struct ProducerPart {
 template <class Cfg>
 struct ConsumerPart {
   template <class Params>
-  __device__ __forceinline__ static void run(const Params& p, u32 smem, const Barriers<Cfg>& bar, int index) {
+  __device__ __forceinline__ static void run(const Params& p, u32 smem, const Barriers<Cfg>& bar, skeleton::NoWork,
+                                             int index) {
     consumer<Cfg>(p, smem, bar, index);
   }
 };
@@ -1128,6 +1129,10 @@ struct DenseKernel {
   static constexpr int kBarrierOffset = Layout<Cfg>::kBarriers;
   using Barriers = sm90::Barriers<Cfg>;
   using Roles = ROLES;
+  template <class Params>
+  __device__ __forceinline__ static skeleton::NoWork work(const Params&) {
+    return {};
+  }
   template <class Params>
   __device__ __forceinline__ static void prefetch(const Params& p) {
     if (threadIdx.x == 0) {

@@ -4,8 +4,9 @@
 //                      sizes, arrival counts and init order), at shared-memory offset K::kBarrierOffset;
 //   K::Roles           Roles<Role<first warpgroup, end, registers, Part>, ...>, each Part a type with
 //                      a static run(p, smem, bar, warpgroup index within the role);
-//   K::kThreads, K::kCluster, K::kUniformWarpgroup, and K::prefetch(p) (its TMA descriptors, or
-//                      nothing);
+//   K::kThreads, K::kCluster, K::kUniformWarpgroup, K::prefetch(p) (its TMA descriptors, or
+//                      nothing) and K::work(p) (what every role needs of the CTA's one work item,
+//                      computed before the sync, or NoWork);
 // and names its named barriers in an enum from kFirstNamedBarrier on (id 0 is the skeleton's).
 // run<K>(p) does: aligned shared-memory base -> mbarrier init -> descriptor prefetch -> CTA or
 // cluster sync -> warpgroup index -> setmaxnreg -> the role's part -> trailing cluster sync.
@@ -118,6 +119,9 @@ struct Mbarriers {
   }
 };
 
+// K::work's result for kernels whose roles take their tiles from a scheduler.
+struct NoWork {};
+
 // A kernel's barriers (B: an Mbarriers), initialised. Returned by value: initialising the caller's
 // object in place gives the same kernel other registers (ptxas 13.0), so every kernel does it so.
 template <class B>
@@ -137,11 +141,16 @@ __host__ __device__ constexpr bool named_barriers_fit(int end) { return end > kF
 
 // ------------------------------------------------------------------------------------------------
 // Roles: warpgroups [FIRST, END) run PART after setmaxnreg to REGS (0: keep the launch allocation;
-// a budget under it is given back, .dec, one over it taken, .inc).
+// a budget under it is given back, .dec, one over it taken, .inc). The roles are tested in the
+// order listed, each by MATCH: kBelowEnd `wg < END` (roles in warpgroup order from 0), kOnly
+// `wg == FIRST`, kFrom `wg >= FIRST`, kRest the warpgroups no role before took (the last role).
+enum class Match { kBelowEnd, kOnly, kFrom, kRest };
 
-template <int FIRST, int END, int REGS, class PART>
+template <int FIRST, int END, int REGS, class PART, Match MATCH = Match::kBelowEnd>
 struct Role {
+  static_assert(0 <= FIRST && FIRST < END, "a role holds one warpgroup or more");
   static constexpr int kFirst = FIRST, kEnd = END, kRegs = REGS;
+  static constexpr Match kMatch = MATCH;
   using Part = PART;
 };
 
@@ -158,79 +167,69 @@ __device__ __forceinline__ void set_registers() {
   else if constexpr (REGS > 0) set_max_registers_inc<REGS>();
 }
 
-// Warpgroup wg's role. Roles are listed in warpgroup order from 0, each starting where the one
-// before ends, so the first whose end is past wg holds it: an if-chain on `wg < end`, written out
-// for one to four roles (a recursive or folded chain, or the test in a function of its own, gives
-// ptxas 13.0 another block order).
-template <class R0, class... R>
-__host__ __device__ constexpr bool roles_in_order() {
-  int end = R0::kEnd;
-  bool ok = R0::kFirst == 0 && R0::kEnd > 0;
-  ((ok = ok && R::kFirst == end && R::kEnd > R::kFirst, end = R::kEnd), ...);
-  return ok;
-}
-
-template <class K, class Params, class B, class R0>
-__device__ __forceinline__ void dispatch(Roles<R0>, const Params& p, u32 smem, const B& bar, int wg) {
-  static_assert(roles_in_order<R0>(), "roles cover warpgroups 0, 1, ... in order, each from where the last ended");
-  if (wg < R0::kEnd) {
+// Warpgroup wg's role: an if-chain written out for one to four roles, each test a constant choice
+// of expressions in place (a recursive or folded chain, or the test in a function of its own, gives
+// ptxas 13.0 another block order). `work`: what the kernel computed for every role before the sync.
+template <class K, class Params, class B, class W, class R0>
+__device__ __forceinline__ void dispatch(Roles<R0>, const Params& p, u32 smem, const B& bar, const W& work, int wg) {
+  if constexpr (R0::kMatch == Match::kRest) {
     set_registers<R0::kRegs, kEntryRegisters<K::kThreads>>();
-    R0::Part::run(p, smem, bar, wg - R0::kFirst);
+    R0::Part::run(p, smem, bar, work, wg - R0::kFirst);
+  } else if ((R0::kMatch == Match::kBelowEnd && wg < R0::kEnd) || (R0::kMatch == Match::kOnly && wg == R0::kFirst) || (R0::kMatch == Match::kFrom && wg >= R0::kFirst)) {
+    set_registers<R0::kRegs, kEntryRegisters<K::kThreads>>();
+    R0::Part::run(p, smem, bar, work, wg - R0::kFirst);
   }
 }
 
-template <class K, class Params, class B, class R0, class R1>
-__device__ __forceinline__ void dispatch(Roles<R0, R1>, const Params& p, u32 smem, const B& bar, int wg) {
-  static_assert(roles_in_order<R0, R1>(), "roles cover warpgroups 0, 1, ... in order, each from where the last ended");
-  if (wg < R0::kEnd) {
+template <class K, class Params, class B, class W, class R0, class R1>
+__device__ __forceinline__ void dispatch(Roles<R0, R1>, const Params& p, u32 smem, const B& bar, const W& work, int wg) {
+  if ((R0::kMatch == Match::kBelowEnd && wg < R0::kEnd) || (R0::kMatch == Match::kOnly && wg == R0::kFirst) || (R0::kMatch == Match::kFrom && wg >= R0::kFirst)) {
     set_registers<R0::kRegs, kEntryRegisters<K::kThreads>>();
-    R0::Part::run(p, smem, bar, wg - R0::kFirst);
-  } else if (wg < R1::kEnd) {
+    R0::Part::run(p, smem, bar, work, wg - R0::kFirst);
+  } else if constexpr (R1::kMatch == Match::kRest) {
     set_registers<R1::kRegs, kEntryRegisters<K::kThreads>>();
-    R1::Part::run(p, smem, bar, wg - R1::kFirst);
+    R1::Part::run(p, smem, bar, work, wg - R1::kFirst);
+  } else if ((R1::kMatch == Match::kBelowEnd && wg < R1::kEnd) || (R1::kMatch == Match::kOnly && wg == R1::kFirst) || (R1::kMatch == Match::kFrom && wg >= R1::kFirst)) {
+    set_registers<R1::kRegs, kEntryRegisters<K::kThreads>>();
+    R1::Part::run(p, smem, bar, work, wg - R1::kFirst);
   }
 }
 
-template <class K, class Params, class B, class R0, class R1, class R2>
-__device__ __forceinline__ void dispatch(Roles<R0, R1, R2>, const Params& p, u32 smem, const B& bar, int wg) {
-  static_assert(roles_in_order<R0, R1, R2>(), "roles cover warpgroups 0, 1, ... in order, each from where the last ended");
-  if (wg < R0::kEnd) {
+template <class K, class Params, class B, class W, class R0, class R1, class R2>
+__device__ __forceinline__ void dispatch(Roles<R0, R1, R2>, const Params& p, u32 smem, const B& bar, const W& work, int wg) {
+  if ((R0::kMatch == Match::kBelowEnd && wg < R0::kEnd) || (R0::kMatch == Match::kOnly && wg == R0::kFirst) || (R0::kMatch == Match::kFrom && wg >= R0::kFirst)) {
     set_registers<R0::kRegs, kEntryRegisters<K::kThreads>>();
-    R0::Part::run(p, smem, bar, wg - R0::kFirst);
-  } else if (wg < R1::kEnd) {
+    R0::Part::run(p, smem, bar, work, wg - R0::kFirst);
+  } else if ((R1::kMatch == Match::kBelowEnd && wg < R1::kEnd) || (R1::kMatch == Match::kOnly && wg == R1::kFirst) || (R1::kMatch == Match::kFrom && wg >= R1::kFirst)) {
     set_registers<R1::kRegs, kEntryRegisters<K::kThreads>>();
-    R1::Part::run(p, smem, bar, wg - R1::kFirst);
-  } else if (wg < R2::kEnd) {
+    R1::Part::run(p, smem, bar, work, wg - R1::kFirst);
+  } else if constexpr (R2::kMatch == Match::kRest) {
     set_registers<R2::kRegs, kEntryRegisters<K::kThreads>>();
-    R2::Part::run(p, smem, bar, wg - R2::kFirst);
+    R2::Part::run(p, smem, bar, work, wg - R2::kFirst);
+  } else if ((R2::kMatch == Match::kBelowEnd && wg < R2::kEnd) || (R2::kMatch == Match::kOnly && wg == R2::kFirst) || (R2::kMatch == Match::kFrom && wg >= R2::kFirst)) {
+    set_registers<R2::kRegs, kEntryRegisters<K::kThreads>>();
+    R2::Part::run(p, smem, bar, work, wg - R2::kFirst);
   }
 }
 
-template <class K, class Params, class B, class R0, class R1, class R2, class R3>
-__device__ __forceinline__ void dispatch(Roles<R0, R1, R2, R3>, const Params& p, u32 smem, const B& bar, int wg) {
-  static_assert(roles_in_order<R0, R1, R2, R3>(), "roles cover warpgroups 0, 1, ... in order, each from where the last ended");
-  if (wg < R0::kEnd) {
+template <class K, class Params, class B, class W, class R0, class R1, class R2, class R3>
+__device__ __forceinline__ void dispatch(Roles<R0, R1, R2, R3>, const Params& p, u32 smem, const B& bar, const W& work, int wg) {
+  if ((R0::kMatch == Match::kBelowEnd && wg < R0::kEnd) || (R0::kMatch == Match::kOnly && wg == R0::kFirst) || (R0::kMatch == Match::kFrom && wg >= R0::kFirst)) {
     set_registers<R0::kRegs, kEntryRegisters<K::kThreads>>();
-    R0::Part::run(p, smem, bar, wg - R0::kFirst);
-  } else if (wg < R1::kEnd) {
+    R0::Part::run(p, smem, bar, work, wg - R0::kFirst);
+  } else if ((R1::kMatch == Match::kBelowEnd && wg < R1::kEnd) || (R1::kMatch == Match::kOnly && wg == R1::kFirst) || (R1::kMatch == Match::kFrom && wg >= R1::kFirst)) {
     set_registers<R1::kRegs, kEntryRegisters<K::kThreads>>();
-    R1::Part::run(p, smem, bar, wg - R1::kFirst);
-  } else if (wg < R2::kEnd) {
+    R1::Part::run(p, smem, bar, work, wg - R1::kFirst);
+  } else if ((R2::kMatch == Match::kBelowEnd && wg < R2::kEnd) || (R2::kMatch == Match::kOnly && wg == R2::kFirst) || (R2::kMatch == Match::kFrom && wg >= R2::kFirst)) {
     set_registers<R2::kRegs, kEntryRegisters<K::kThreads>>();
-    R2::Part::run(p, smem, bar, wg - R2::kFirst);
-  } else if (wg < R3::kEnd) {
+    R2::Part::run(p, smem, bar, work, wg - R2::kFirst);
+  } else if constexpr (R3::kMatch == Match::kRest) {
     set_registers<R3::kRegs, kEntryRegisters<K::kThreads>>();
-    R3::Part::run(p, smem, bar, wg - R3::kFirst);
+    R3::Part::run(p, smem, bar, work, wg - R3::kFirst);
+  } else if ((R3::kMatch == Match::kBelowEnd && wg < R3::kEnd) || (R3::kMatch == Match::kOnly && wg == R3::kFirst) || (R3::kMatch == Match::kFrom && wg >= R3::kFirst)) {
+    set_registers<R3::kRegs, kEntryRegisters<K::kThreads>>();
+    R3::Part::run(p, smem, bar, work, wg - R3::kFirst);
   }
-}
-
-// This thread's warpgroup; UNIFORM: warp-uniform by construction (a shuffle from lane 0), so the
-// compiler keeps the warpgroup index and what is derived from it (wgmma descriptors) in uniform
-// registers instead of rebuilding them per MMA.
-template <bool UNIFORM>
-__device__ __forceinline__ int warpgroup() {
-  if constexpr (UNIFORM) return __shfl_sync(0xffffffffu, threadIdx.x / 128, 0);
-  else return threadIdx.x / 128;
 }
 
 // The kernel's entry: every thread of the CTA calls it.
@@ -239,10 +238,16 @@ __device__ __forceinline__ void run(const Params& p) {
   const u32 smem = aligned_smem_base();
   const typename K::Barriers bar = init_barriers<typename K::Barriers>(smem + K::kBarrierOffset);
   K::prefetch(p);
+  const auto work = K::work(p);  // the CTA's work item where it has one (else an empty struct)
   if constexpr (K::kCluster > 1) cluster_sync();  // the other CTA's barriers exist before anything is multicast into them
   else __syncthreads();
-  const int wg = warpgroup<K::kUniformWarpgroup>();
-  dispatch<K>(typename K::Roles{}, p, smem, bar, wg);
+  // The warpgroup index, written here rather than in a function (that gives other SASS). Uniform:
+  // warp-uniform by construction (a shuffle from lane 0), so the compiler keeps the index and what is
+  // derived from it (wgmma descriptors) in uniform registers instead of rebuilding them per MMA.
+  int wg;
+  if constexpr (K::kUniformWarpgroup) wg = __shfl_sync(0xffffffffu, threadIdx.x / 128, 0);
+  else wg = threadIdx.x / 128;
+  dispatch<K>(typename K::Roles{}, p, smem, bar, work, wg);
   // Stay until the other CTA is done: it still multicasts into this CTA and arrives on its barriers.
   if constexpr (K::kCluster > 1) cluster_sync();
 }

@@ -1126,7 +1126,9 @@ struct DenseKernel {
   static constexpr int kThreads = Cfg::kThreads;
   static constexpr int kCluster = Cfg::kCluster;
   static constexpr bool kUniformWarpgroup = true;
+  static constexpr bool kWorkBeforeSync = false;
   static constexpr int kBarrierOffset = Layout<Cfg>::kBarriers;
+  using Work = skeleton::NoWork;
   using Barriers = sm90::Barriers<Cfg>;
   using Roles = ROLES;
   template <class Params>

@@ -5,8 +5,8 @@
 //   K::Roles           Roles<Role<first warpgroup, end, registers, Part>, ...>, each Part a type with
 //                      a static run(p, smem, bar, warpgroup index within the role);
 //   K::kThreads, K::kCluster, K::kUniformWarpgroup, K::prefetch(p) (its TMA descriptors, or
-//                      nothing) and K::work(p) (what every role needs of the CTA's one work item,
-//                      computed before the sync, or NoWork);
+//                      nothing), K::Work and K::work(p) (what every role needs of the CTA's work,
+//                      or NoWork) and K::kWorkBeforeSync (whether it is computed before the sync);
 // and names its named barriers in an enum from kFirstNamedBarrier on (id 0 is the skeleton's).
 // run<K>(p) does: aligned shared-memory base -> mbarrier init -> descriptor prefetch -> CTA or
 // cluster sync -> warpgroup index -> setmaxnreg -> the role's part -> trailing cluster sync.
@@ -92,29 +92,32 @@ struct Mbarriers {
   // Every barrier initialised by thread 0, made visible to the async proxy before any role starts.
   __device__ __forceinline__ void init() const {
     if (threadIdx.x == 0) {
-      init_from<0, 0, 0>();
+      init_ring<0>();
       fence_barrier_init();
     }
   }
 
  private:
-  // Ring R, its slots [S, S + chunk), group G onward.
-  template <int R, int S, int G>
-  __device__ __forceinline__ void init_from() const {
+  // Ring R: slot by slot (chunk slots at a time), its groups in enum order. Plain loops, as a
+  // kernel writes them (the compiler unrolls the short ones).
+  template <int R>
+  __device__ __forceinline__ void init_ring() const {
     if constexpr (R < rings()) {
-      if constexpr (G < kGroups) {
-        constexpr Group g = T::group(static_cast<Id>(G));
-        if constexpr (g.ring == R) {
-#pragma unroll
-          for (int s = S; s < S + g.chunk && s < g.slots; ++s)
-            mbar_init(base + 8 * (first(G) + s), T::arrivals(static_cast<Id>(G), s));
-        }
-        init_from<R, S, G + 1>();
-      } else if constexpr (S + ring_chunk(R) < ring_slots(R)) {
-        init_from<R, S + ring_chunk(R), 0>();
-      } else {
-        init_from<R + 1, 0, 0>();
+      for (int s = 0; s < ring_slots(R); s += ring_chunk(R)) init_groups<R, 0>(s);
+      init_ring<R + 1>();
+    }
+  }
+  template <int R, int G>
+  __device__ __forceinline__ void init_groups(int s) const {
+    if constexpr (G < kGroups) {
+      constexpr Group g = T::group(static_cast<Id>(G));
+      if constexpr (g.ring == R && g.chunk == 1 && g.slots == ring_slots(R)) {
+        mbar_init(base + 8 * (first(G) + s), T::arrivals(static_cast<Id>(G), s));
+      } else if constexpr (g.ring == R) {
+        for (int c = 0; c < g.chunk; ++c)
+          if (s + c < g.slots) mbar_init(base + 8 * (first(G) + s + c), T::arrivals(static_cast<Id>(G), s + c));
       }
+      init_groups<R, G + 1>(s);
     }
   }
 };
@@ -156,6 +159,16 @@ struct Role {
 
 template <class... R>
 struct Roles {};
+
+// A type chosen at compile time (no <type_traits> under NVRTC): a kernel's role list by its config.
+template <bool C, class T, class F>
+struct If {
+  using type = T;
+};
+template <class T, class F>
+struct If<false, T, F> {
+  using type = F;
+};
 
 // Registers per thread at launch (launch bounds: one CTA per SM), as the host's resource model.
 template <int THREADS>
@@ -238,9 +251,13 @@ __device__ __forceinline__ void run(const Params& p) {
   const u32 smem = aligned_smem_base();
   const typename K::Barriers bar = init_barriers<typename K::Barriers>(smem + K::kBarrierOffset);
   K::prefetch(p);
-  const auto work = K::work(p);  // the CTA's work item where it has one (else an empty struct)
+  // What every role needs of the CTA's work, before the sync or after it as the kernel says (the
+  // two orders compile to other SASS, so each kernel keeps the one it was tuned with).
+  typename K::Work work;
+  if constexpr (K::kWorkBeforeSync) work = K::work(p);
   if constexpr (K::kCluster > 1) cluster_sync();  // the other CTA's barriers exist before anything is multicast into them
   else __syncthreads();
+  if constexpr (!K::kWorkBeforeSync) work = K::work(p);
   // The warpgroup index, written here rather than in a function (that gives other SASS). Uniform:
   // warp-uniform by construction (a shuffle from lane 0), so the compiler keeps the index and what is
   // derived from it (wgmma descriptors) in uniform registers instead of rebuilding them per MMA.

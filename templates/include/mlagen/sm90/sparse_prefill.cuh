@@ -20,6 +20,10 @@
 // shared running max moves only when a block's row max exceeds it by more than 2^8 (each
 // consumer applies the rule to the published values, so both agree row by row); O is rescaled
 // only when some row of the warp moved, and the exact max for max_logits is kept beside it.
+//
+// The plumbing (shared-memory base, mbarrier init, role dispatch with setmaxnreg, the CTA sync) is
+// skeleton.cuh's; this header supplies the layout, the barrier table, the named barriers, the
+// consumers, the epilogue and SparseKernel (the KV operand headers supply the producer).
 #pragma once
 #include "mlagen/cuda/online_softmax.cuh"
 #include "mlagen/common/types.cuh"
@@ -649,7 +653,9 @@ struct SparseKernel {
   static constexpr int kThreads = Cfg::kThreads;
   static constexpr int kCluster = 1;
   static constexpr bool kUniformWarpgroup = false;
+  static constexpr bool kWorkBeforeSync = true;
   static constexpr int kBarrierOffset = Layout<Cfg>::kBarriers;
+  using Work = WorkItem;
   using Barriers = sparse::Barriers<Cfg>;
   using Roles = skeleton::Roles<skeleton::Role<2, 3, PRODUCER_REGS, ProducerPart<Cfg>, skeleton::Match::kOnly>,
                                 skeleton::Role<0, 1, CONSUMER_REGS, ConsumerPart<Cfg, 0>, skeleton::Match::kOnly>,

@@ -5,9 +5,8 @@
 // plus the grid's CTAs (clusters), computed alike by every warp (next_static); kDynamic: the first
 // tile by position, the next ones from a global counter, fetched by one warp of the CTA (publish)
 // and read by the others (read) through two shared-memory slots, each guarded by a full and an
-// empty mbarrier of the kernel's (it counts the warps that read them). GridStride: a persistent
-// schedule over work items (the sparse H <= 16 kernel). The sparse 64-head kernel takes one work
-// item per CTA (blockIdx.x) and needs none.
+// empty mbarrier of the kernel's (it counts the warps that read them). The sparse kernels keep
+// their own work order: one item per CTA (64 heads), or a grid-stride loop over items (H <= 16).
 //
 // Each role writes its tile loop as `for (t = first(); t < total;) { ...; t = next }`: the same
 // loop through a function taking the body as a lambda, or with the next tile in the for
@@ -65,15 +64,6 @@ struct TileScheduler {
     mbar_arrive(bar.template at<EMPTY>(slot));
     return next;
   }
-};
-
-// A persistent schedule over `total` work items without published ids: item blockIdx.x, then
-// blockIdx.x + gridDim.x, ... (the sparse H <= 16 kernel).
-struct GridStride {
-  static constexpr bool kDynamic = false;
-  int total;
-  __device__ __forceinline__ int first() const { return blockIdx.x; }
-  __device__ __forceinline__ int next_static(int t) const { return t + gridDim.x; }
 };
 
 }  // namespace mlagen::sm90

@@ -13,8 +13,9 @@
 // The tile schedulers are in scheduler.cuh; each kernel's layout, producer, consumer and epilogue in
 // its own header (mla_prefill.cuh, sparse_prefill.cuh, sparse_h16.cuh).
 //
-// Byte-identical SASS with the hand-written kernels this replaced (ptxas 13.0/NVRTC 13.5, with
-// -lineinfo) constrains the shapes here: the role dispatch is an if-chain written out, not a
+// Byte-identical SASS with the hand-written kernels this replaced (NVRTC 13.5 with -lineinfo: the
+// dense and sparse 64-head ones; the H <= 16 one differs in scheduling only, docs/notes.md)
+// constrains the shapes here: the role dispatch is an if-chain written out, not a
 // recursion or a fold; barriers are initialised in a copy returned by value; named barriers are
 // plain enumerators, not wrapped. Each of those alternatives moved instructions or registers.
 #pragma once
@@ -196,6 +197,7 @@ __device__ __forceinline__ void dispatch(Roles<R0>, const Params& p, u32 smem, c
 
 template <class K, class Params, class B, class W, class R0, class R1>
 __device__ __forceinline__ void dispatch(Roles<R0, R1>, const Params& p, u32 smem, const B& bar, const W& work, int wg) {
+  static_assert(R0::kMatch != Match::kRest, "only the last role takes the rest");
   if ((R0::kMatch == Match::kBelowEnd && wg < R0::kEnd) || (R0::kMatch == Match::kOnly && wg == R0::kFirst) || (R0::kMatch == Match::kFrom && wg >= R0::kFirst)) {
     set_registers<R0::kRegs, kEntryRegisters<K::kThreads>>();
     R0::Part::run(p, smem, bar, work, wg - R0::kFirst);
@@ -210,6 +212,7 @@ __device__ __forceinline__ void dispatch(Roles<R0, R1>, const Params& p, u32 sme
 
 template <class K, class Params, class B, class W, class R0, class R1, class R2>
 __device__ __forceinline__ void dispatch(Roles<R0, R1, R2>, const Params& p, u32 smem, const B& bar, const W& work, int wg) {
+  static_assert(R0::kMatch != Match::kRest && R1::kMatch != Match::kRest, "only the last role takes the rest");
   if ((R0::kMatch == Match::kBelowEnd && wg < R0::kEnd) || (R0::kMatch == Match::kOnly && wg == R0::kFirst) || (R0::kMatch == Match::kFrom && wg >= R0::kFirst)) {
     set_registers<R0::kRegs, kEntryRegisters<K::kThreads>>();
     R0::Part::run(p, smem, bar, work, wg - R0::kFirst);
@@ -227,6 +230,7 @@ __device__ __forceinline__ void dispatch(Roles<R0, R1, R2>, const Params& p, u32
 
 template <class K, class Params, class B, class W, class R0, class R1, class R2, class R3>
 __device__ __forceinline__ void dispatch(Roles<R0, R1, R2, R3>, const Params& p, u32 smem, const B& bar, const W& work, int wg) {
+  static_assert(R0::kMatch != Match::kRest && R1::kMatch != Match::kRest && R2::kMatch != Match::kRest, "only the last role takes the rest");
   if ((R0::kMatch == Match::kBelowEnd && wg < R0::kEnd) || (R0::kMatch == Match::kOnly && wg == R0::kFirst) || (R0::kMatch == Match::kFrom && wg >= R0::kFirst)) {
     set_registers<R0::kRegs, kEntryRegisters<K::kThreads>>();
     R0::Part::run(p, smem, bar, work, wg - R0::kFirst);

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from mlagen import compiler, render
+from mlagen import compiler, paths, render
 from mlagen.backends import cuda
 from mlagen.families.mla_prefill import schedule
 from mlagen import spec as spec_mod
@@ -168,7 +168,11 @@ def test_cluster_variant_compiles_with_multicast(nvrtc, values):
     # compilers listed above: there the variant must be rejected after compiling, with the reason.
     v = variant.make(S90, {"cluster": 2, **values})
     text = render.render(v).text
-    assert "__cluster_dims__(2, 1, 1)" in text and "cluster_sync();" in text
+    # the cluster shape is compiled in; the skeleton (sm90/skeleton.cuh) syncs the cluster before
+    # and after the roles when the kernel's Config says kCluster > 1
+    assert "__cluster_dims__(2, 1, 1)" in text and "static constexpr int kCluster = 2;" in text
+    skeleton = (Path(paths.include_dir()) / "mlagen/sm90/skeleton.cuh").read_text()
+    assert skeleton.count("if constexpr (K::kCluster > 1) cluster_sync();") == 2
     b = nvrtc.compile(render.render(v), "sm_90a")
     assert b.resources.stack_bytes == 0 or b.resources.spills, b.resources
     if values["scheduler"] == "persistent" and nvrtc.version() in PRODUCER_SPILLS_UNDER:

@@ -111,10 +111,11 @@ def test_sm90_source_holds_the_schedule():
     for line in ("static constexpr int kConsumers = 2;", "static constexpr int kThreads = 384;",
                  "static constexpr bool kPingpong = true;", "static constexpr bool kTmaEpilogue = false;",
                  "mlagen::sm90::Scheduler::kPersistent;", "static constexpr int kSwK = 64;",
-                 "if (wg < 1) {  // producer: load_q, load_k, load_v",
-                 "} else if (wg < 3) {  // consumer: mma_qk, softmax, mma_pv, store_o",
-                 "set_max_registers_dec<32>();", "set_max_registers_inc<232>();",
-                 "consumer<Config>(p, smem, bar, wg - 1);",
+                 # the roles, as the skeleton's role list (skeleton.cuh: setmaxnreg .dec below the
+                 # launch allocation of 168 registers, .inc above it)
+                 "mlagen::sm90::skeleton::Role<0, 1, 32, mlagen::sm90::ProducerPart<Config>>,  // producer: load_q, load_k, load_v",
+                 "mlagen::sm90::skeleton::Role<1, 3, 232, mlagen::sm90::ConsumerPart<Config>>>;  // consumer: mma_qk, softmax, mma_pv, store_o",
+                 "mlagen::sm90::skeleton::run<mlagen::sm90::DenseKernel<Config, Roles>>(p);",
                  f"static_assert(sizeof(Params) == {TMA_PARAMS.size},",
                  "static_assert(alignof(Params) == 64,"):
         assert line in text, line

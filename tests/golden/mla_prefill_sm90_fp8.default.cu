@@ -113,18 +113,9 @@ static_assert(alignof(Params) == 64, "Params must be 64-byte aligned, as the lau
 }  // namespace
 
 extern "C" __global__ void __launch_bounds__(Config::kThreads, 1)mla_prefill_sm90_fp8_causal_n128r64v128_plain_c2_n96_s2_qsmem_opingpong_ov1_rsoverlapped_pwearly_schdynamic_epdirect_lw2_rp32_rc232_sq64_sk64_sv32_cl1_vtkernel_of4_ocregs_dgfull(const __grid_constant__ Params p) {
-  const mlagen::u32 smem = mlagen::sm90::aligned_smem_base();
-  const mlagen::sm90::Barriers bar = mlagen::sm90::init_barriers<Config>(smem);
-  mlagen::sm90::prefetch_descriptors(p);
-  __syncthreads();
-  // Warp-uniform by construction (a shuffle from lane 0), so the compiler keeps the warpgroup index and
-  // the wgmma descriptors derived from it in uniform registers instead of rebuilding them per MMA.
-  const int wg = __shfl_sync(0xffffffffu, threadIdx.x / 128, 0);
-  if (wg < 1) {  // producer: load_q, load_k, load_v
-    mlagen::sm90::set_max_registers_dec<32>();
-    mlagen::sm90::producer<Config>(p, smem, bar);
-  } else if (wg < 3) {  // consumer: mma_qk, softmax, mma_pv, store_o
-    mlagen::sm90::set_max_registers_inc<232>();
-    mlagen::sm90::consumer<Config>(p, smem, bar, wg - 1);
-  }
+  // The spec's schedule.roles: warpgroups [first, end), setmaxnreg budget, part.
+  using Roles = mlagen::sm90::skeleton::Roles<
+      mlagen::sm90::skeleton::Role<0, 1, 32, mlagen::sm90::ProducerPart<Config>>,  // producer: load_q, load_k, load_v
+      mlagen::sm90::skeleton::Role<1, 3, 232, mlagen::sm90::ConsumerPart<Config>>>;  // consumer: mma_qk, softmax, mma_pv, store_o
+  mlagen::sm90::skeleton::run<mlagen::sm90::DenseKernel<Config, Roles>>(p);
 }

@@ -84,21 +84,5 @@ static_assert(alignof(Params) == 8, "Params must be 8-byte aligned, as the launc
 extern "C" __global__ void __launch_bounds__(Config::kThreads, 1)
 mla_sparse_prefill_sm90_576_0_bf16_h64_k64_c2_rc216_rp72_l21_gf0_lf1_epstaged_mxlazy_ef0_qf0(const __grid_constant__ Params p) {
   namespace sp = mlagen::sm90::sparse;
-  const mlagen::u32 smem = sp::aligned_smem_base();
-  const sp::Barriers bar = sp::init_barriers<Config>(smem);
-  const int groups = (p.heads + sp::kRows - 1) / sp::kRows;
-  const int t = blockIdx.x / groups;
-  const int head0 = (blockIdx.x % groups) * sp::kRows;
-  __syncthreads();
-  const int wg = threadIdx.x / 128;
-  if (wg == 2) {  // producer: gathers Q and the selected KV rows
-    mlagen::sm90::set_max_registers_dec<72>();
-    Config::Kv::produce(p, smem, bar, t, head0);
-  } else if (wg == 0) {  // consumer 0: even blocks, output columns 0-255
-    mlagen::sm90::set_max_registers_inc<216>();
-    sp::consumer0<Config>(p, smem, bar, t, head0);
-  } else {  // consumer 1: odd blocks, output columns 256-511
-    mlagen::sm90::set_max_registers_inc<216>();
-    sp::consumer1<Config>(p, smem, bar, t, head0);
-  }
+  mlagen::sm90::skeleton::run<sp::SparseKernel<Config, 216, 72>>(p);
 }

@@ -98,5 +98,5 @@ static_assert(alignof(Params) == 64, "Params must be 64-byte aligned, as the lau
 
 extern "C" __global__ void __launch_bounds__(Config::kThreads, 1)
 mla_sparse_prefill_sm90_h16_576_0_bf16_h16_k64_s5_gatma_rp0_g6_qs3_vs3_sr0_ld0_c2_cw1_p4_l21(const __grid_constant__ Params p) {
-  h16::forward<Config>(p);
+  mlagen::sm90::skeleton::run<h16::H16Kernel<Config>>(p);
 }

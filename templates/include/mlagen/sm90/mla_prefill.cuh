@@ -35,12 +35,11 @@
 #include "mlagen/common/tile_index.cuh"
 #include "mlagen/common/types.cuh"
 #include "mlagen/sm90/barrier.cuh"
+#include "mlagen/sm90/skeleton.cuh"
 #include "mlagen/sm90/tma.cuh"
 #include "mlagen/sm90/wgmma.cuh"
 
 namespace mlagen::sm90 {
-
-enum class Scheduler { kStatic, kPersistent, kDynamic };
 
 // Shared memory of one CTA; every offset is a multiple of 1024 bytes (the 128-byte swizzle atom).
 template <class Cfg>
@@ -100,7 +99,7 @@ struct Layout {
 // Per-warp arrivals on a stage's empty barrier: every consumer thread (one CTA), or one elected
 // lane per consumer warp and CTA (a cluster shares the stage, so both CTAs must release it).
 template <class Cfg>
-__device__ constexpr int kv_release_count() {
+__host__ __device__ constexpr int kv_release_count() {
   return Cfg::kCluster == 1 ? Cfg::kConsumers * 128 : Cfg::kCluster * Cfg::kConsumers * 4;
 }
 
@@ -140,51 +139,73 @@ __device__ __forceinline__ void load_kv_box(u32 dst, const TensorMap* map, u32 b
   }
 }
 
-struct Barriers {
-  u32 base;
-  int stages;
-  __device__ __forceinline__ u32 q_full() const { return base; }
-  __device__ __forceinline__ u32 q_empty() const { return base + 8; }
-  __device__ __forceinline__ u32 k_full(int s) const { return base + 8 * (2 + s); }
-  __device__ __forceinline__ u32 k_empty(int s) const { return base + 8 * (2 + stages + s); }
-  __device__ __forceinline__ u32 v_full(int s) const { return base + 8 * (2 + 2 * stages + s); }
-  __device__ __forceinline__ u32 v_empty(int s) const { return base + 8 * (2 + 3 * stages + s); }
-  __device__ __forceinline__ u32 tile_full(int s) const { return base + 8 * (2 + 4 * stages + s); }
-  __device__ __forceinline__ u32 tile_empty(int s) const { return base + 8 * (4 + 4 * stages + s); }
+// The mbarriers (skeleton.cuh: Mbarriers), in this order in shared memory; initialised ring by ring:
+// Q, then the K and V stages (k_full, k_empty, v_full, v_empty per stage), the raw V slots, the tile ids.
+template <class Cfg>
+struct BarrierTable {
+  enum class Id { kQFull, kQEmpty, kKFull, kKEmpty, kVFull, kVEmpty, kTileFull, kTileEmpty, kVrawFull, kVrawEmpty, kCount };
+  __host__ __device__ static constexpr skeleton::Group group(Id g) {
+    if (g == Id::kQFull || g == Id::kQEmpty) return {1, 0};
+    if (g == Id::kTileFull || g == Id::kTileEmpty) return {2, 3};
+    if (g == Id::kVrawFull || g == Id::kVrawEmpty) return {Layout<Cfg>::kRawStages, 2};
+    return {Cfg::kStages, 1};
+  }
+  __host__ __device__ static constexpr int arrivals(Id g, int) {
+    using L = Layout<Cfg>;
+    switch (g) {
+      // Every consumer thread releases what it read once its own MMAs have completed.
+      case Id::kQEmpty: return Cfg::kConsumers * 128;
+      case Id::kKEmpty: return kv_release_count<Cfg>();
+      // The V loader's expect_tx, or every lane of the transposing warps (its V tile then lands on vraw_full).
+      case Id::kVFull: return L::kVtInKernel ? 32 * L::kTransposeWarps : 1;
+      case Id::kVEmpty: return L::kVtInKernel ? Cfg::kConsumers * 128 : kv_release_count<Cfg>();
+      case Id::kVrawEmpty: return Cfg::kCluster * L::kTransposeWarps;  // a lane per transposing warp and CTA
+      // Every consumer thread and, when they are warps of their own, the V producer warp and the
+      // transposing warps.
+      case Id::kTileEmpty: return Cfg::kConsumers * 128 + (Cfg::kLoadWarps == 2 ? 32 : 0) + 32 * L::kTransposeWarps;
+      default: return 1;  // a TMA load's expect_tx, or the tile id's publisher
+    }
+  }
+};
+
+template <class Cfg>
+struct Barriers : skeleton::Mbarriers<BarrierTable<Cfg>> {
+  using Id = typename BarrierTable<Cfg>::Id;
+  using skeleton::Mbarriers<BarrierTable<Cfg>>::Mbarriers;
+  static_assert(skeleton::Mbarriers<BarrierTable<Cfg>>::kCount == Layout<Cfg>::kNumBarriers, "the layout reserves every barrier");
+  __device__ __forceinline__ u32 q_full() const { return this->template at<Id::kQFull>(); }
+  __device__ __forceinline__ u32 q_empty() const { return this->template at<Id::kQEmpty>(); }
+  __device__ __forceinline__ u32 k_full(int s) const { return this->template at<Id::kKFull>(s); }
+  __device__ __forceinline__ u32 k_empty(int s) const { return this->template at<Id::kKEmpty>(s); }
+  __device__ __forceinline__ u32 v_full(int s) const { return this->template at<Id::kVFull>(s); }
+  __device__ __forceinline__ u32 v_empty(int s) const { return this->template at<Id::kVEmpty>(s); }
+  __device__ __forceinline__ u32 tile_full(int s) const { return this->template at<Id::kTileFull>(s); }
+  __device__ __forceinline__ u32 tile_empty(int s) const { return this->template at<Id::kTileEmpty>(s); }
   // FP8 with the transpose in the kernel: raw slot s holds a V tile as stored / is free again
   // (v_full and v_empty then guard the V^T slots).
-  __device__ __forceinline__ u32 vraw_full(int s) const { return base + 8 * (6 + 4 * stages + s); }
-  __device__ __forceinline__ u32 vraw_empty(int s) const { return base + 8 * (8 + 4 * stages + s); }
+  __device__ __forceinline__ u32 vraw_full(int s) const { return this->template at<Id::kVrawFull>(s); }
+  __device__ __forceinline__ u32 vraw_empty(int s) const { return this->template at<Id::kVrawEmpty>(s); }
 };
+
+// Named barriers (skeleton.cuh: id 0 is the skeleton's).
+enum NamedBarrier : int {
+  kTurn = skeleton::kFirstNamedBarrier,  // + consumer warpgroup: its turn to issue MMAs (pingpong)
+  kOutStaged = kTurn + 2,                // + consumer warpgroup: its output rows are staged / stored
+  kVStageRead = kOutStaged + 2,          // every consumer's last P V has read the V stage (vtma epilogue)
+  kNamedEnd,
+};
+static_assert(skeleton::named_barriers_fit(kNamedEnd), "sm90 has 16 named barriers");
 
 // Work assignment: tile t covers head t / num_virtual and virtual query tile t % num_virtual, so
-// consecutive tiles share a head (its K and V stay in L2) and, when causal, go longest-first.
-template <class Cfg, class Params>
-struct TileSchedule {
-  const Params& p;
-  int total;
-  __device__ __forceinline__ TileSchedule(const Params& params)
-      : p(params), total(params.num_virtual_tiles * params.num_heads) {}
-  // A cluster takes one tile (of CLUSTER * BLOCK_M rows); clusters are consecutive CTAs in x.
-  __device__ __forceinline__ int first() const { return blockIdx.x / Cfg::kCluster; }
-  // Static and persistent schedules are computed identically by every warp; the dynamic one is
-  // fetched by the producer (next_dynamic) and published to the consumers through shared memory.
-  __device__ __forceinline__ int next_static(int t) const {
-    if constexpr (Cfg::kScheduler == Scheduler::kStatic) return total;
-    if constexpr (Cfg::kCluster == 1) return t + gridDim.x;
-    return t + static_cast<int>(cluster_count_x());
-  }
-  __device__ __forceinline__ int next_dynamic() const { return gridDim.x + atomicAdd(p.tile_counter, 1); }
-};
+// consecutive tiles share a head (its K and V stay in L2) and, when causal, go longest-first
+// (query_tile). With the dynamic scheduler the producer's Q/K warp publishes the ids.
+template <class Cfg>
+using DenseScheduler = TileScheduler<Cfg::kScheduler, Cfg::kCluster, Barriers<Cfg>, Barriers<Cfg>::Id::kTileFull,
+                                     Barriers<Cfg>::Id::kTileEmpty, Layout<Cfg>::kTileIds>;
 
-// Read the next tile id the producer published in slot `slot` and release the slot.
-template <class L>
-__device__ __forceinline__ int next_published_tile(u32 smem, const Barriers& bar, int slot, int id_iter) {
-  mbar_wait(bar.tile_full(slot), (id_iter >> 1) & 1);
-  int next;
-  asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(next) : "r"(smem + L::kTileIds + 4 * slot) : "memory");
-  mbar_arrive(bar.tile_empty(slot));
-  return next;
+template <class Cfg, class Params>
+__device__ __forceinline__ DenseScheduler<Cfg> tile_scheduler(const Params& p) {
+  return DenseScheduler<Cfg>(p.num_virtual_tiles * p.num_heads, p.tile_counter);
 }
 
 // The mask's run-time arguments (window sides, chunk size) from the parameters.
@@ -288,9 +309,9 @@ __device__ __forceinline__ void transpose_v_tile(u32 raw, u32 vt, int tw) {
 // multicasts its half of the next tile into both). A loop of its own, apart from the loaders', so
 // that only the tile count and the ring position live across it (32 registers).
 template <class Cfg, class Params>
-__device__ void transposer(const Params& p, u32 smem, const Barriers& bar, int tw) {
+__device__ void transposer(const Params& p, u32 smem, const Barriers<Cfg>& bar, int tw) {
   using L = Layout<Cfg>;
-  const TileSchedule<Cfg, Params> sched(p);
+  const auto sched = tile_scheduler<Cfg>(p);
   int kv_iter = 0, id_iter = 0;
   for (int t = sched.first(); t < sched.total;) {
     int head, kv_blocks;
@@ -314,7 +335,7 @@ __device__ void transposer(const Params& p, u32 smem, const Barriers& bar, int t
       }
     }
     if constexpr (Cfg::kScheduler == Scheduler::kDynamic) {
-      t = next_published_tile<L>(smem, bar, id_iter & 1, id_iter);
+      t = sched.read(smem, bar, id_iter);
       ++id_iter;
     } else {
       t = sched.next_static(t);
@@ -330,7 +351,7 @@ __device__ void transposer(const Params& p, u32 smem, const Barriers& bar, int t
 // V^T from each V tile once it has landed (vraw_full), then arrive on v_full.
 
 template <class Cfg, class Params>
-__device__ void producer(const Params& p, u32 smem, const Barriers& bar) {
+__device__ void producer(const Params& p, u32 smem, const Barriers<Cfg>& bar) {
   using L = Layout<Cfg>;
   const int warp = (threadIdx.x / 32) % 4;
   const bool loads_qk = warp == 0;
@@ -340,7 +361,7 @@ __device__ void producer(const Params& p, u32 smem, const Barriers& bar) {
   }
   if (!loads_qk && !loads_v) return;
   const int lane = threadIdx.x % 32;
-  const TileSchedule<Cfg, Params> sched(p);
+  const auto sched = tile_scheduler<Cfg>(p);
   int tile_iter = 0, kv_iter = 0, id_iter = 0;
   for (int t = sched.first(); t < sched.total;) {
     int head, kv_blocks;
@@ -413,19 +434,11 @@ __device__ void producer(const Params& p, u32 smem, const Barriers& bar) {
       }
     }
     if constexpr (Cfg::kScheduler == Scheduler::kDynamic) {
-      const int slot = id_iter & 1;
       int next;
       if (loads_qk) {
-        next = 0;
-        if (lane == 0) next = sched.next_dynamic();
-        next = __shfl_sync(0xffffffffu, next, 0);
-        mbar_wait(bar.tile_empty(slot), ((id_iter >> 1) & 1) ^ 1);
-        if (lane == 0) {
-          asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(smem + L::kTileIds + 4 * slot), "r"(next) : "memory");
-          mbar_arrive(bar.tile_full(slot));
-        }
+        next = sched.publish(smem, bar, id_iter);
       } else {
-        next = next_published_tile<L>(smem, bar, slot, id_iter);
+        next = sched.read(smem, bar, id_iter);
       }
       ++id_iter;
       t = next;
@@ -650,7 +663,8 @@ __device__ __forceinline__ void half_scores_to_probabilities(const Params& p, Co
 // threadIdx.x / 128 - 1: the producer is warpgroup 0), formed where used rather than held in a register.
 template <class Cfg>
 __device__ __forceinline__ u32 ocopy_addr() {
-  extern __shared__ __align__(1024) u8 smem_raw[];
+  // The aligned base written out, not skeleton::aligned_smem_base(): that one the compiler shares
+  // with the kernel's entry, which folds the offsets differently (FP8 o_copy smem: other SASS).
   const u32 base = (smem_u32(smem_raw) + 1023) & ~1023u;
   return base + Layout<Cfg>::kOCopy + ((threadIdx.x / 128 - 1) * (Cfg::kDV / 8) * 128 + threadIdx.x % 128) * 16;
 }
@@ -659,7 +673,6 @@ __device__ __forceinline__ u32 ocopy_addr() {
 template <class Cfg>
 __device__ __forceinline__ void ocorr_get(const ConsumerRegs<Cfg>& r, float& c0, float& c1) {
   if constexpr (Cfg::kOCopySmem) {
-    extern __shared__ __align__(1024) u8 smem_raw[];
     const u32 a = ((smem_u32(smem_raw) + 1023) & ~1023u) + Layout<Cfg>::kOCorr + (threadIdx.x - 128) * 8;
     asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];" : "=f"(c0), "=f"(c1) : "r"(a));
   } else {
@@ -671,7 +684,6 @@ __device__ __forceinline__ void ocorr_get(const ConsumerRegs<Cfg>& r, float& c0,
 template <class Cfg>
 __device__ __forceinline__ void ocorr_set(ConsumerRegs<Cfg>& r, float c0, float c1) {
   if constexpr (Cfg::kOCopySmem) {
-    extern __shared__ __align__(1024) u8 smem_raw[];
     const u32 a = ((smem_u32(smem_raw) + 1023) & ~1023u) + Layout<Cfg>::kOCorr + (threadIdx.x - 128) * 8;
     asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(a), "f"(c0), "f"(c1) : "memory");
   } else {
@@ -790,14 +802,14 @@ __device__ __forceinline__ void finish_step(ConsumerRegs<Cfg>& r, const float (&
 }
 
 // Ping-pong between the two consumer warpgroups: a warpgroup waits for its turn before issuing
-// MMAs and hands the turn over after issuing them (named barriers 1 and 2, 256 threads).
+// MMAs and hands the turn over after issuing them (kTurn + warpgroup, 256 threads).
 template <class Cfg>
 __device__ __forceinline__ void turn_wait(int wg) {
-  if constexpr (Cfg::kPingpong) named_sync(1 + wg, 256);
+  if constexpr (Cfg::kPingpong) named_sync(kTurn + wg, 256);
 }
 template <class Cfg>
 __device__ __forceinline__ void turn_pass(int wg) {
-  if constexpr (Cfg::kPingpong) named_arrive(1 + (wg ^ 1), 256);
+  if constexpr (Cfg::kPingpong) named_arrive(kTurn + (wg ^ 1), 256);
 }
 
 template <class Cfg, class Params>
@@ -855,7 +867,7 @@ __device__ __forceinline__ float output_scale(const Params& p, int head) {
 // or straight from registers.
 template <class Cfg, class Params>
 __device__ __forceinline__ void epilogue(const Params& p, ConsumerRegs<Cfg>& r, const QueryTile& qt, int head, int wg,
-                                         u32 smem, const Barriers& bar, int v_stage) {
+                                         u32 smem, const Barriers<Cfg>& bar, int v_stage) {
   using L = Layout<Cfg>;
   const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
   float inv[2], lse[2];
@@ -884,7 +896,7 @@ __device__ __forceinline__ void epilogue(const Params& p, ConsumerRegs<Cfg>& r, 
   const u32 stage = smem + (Cfg::kVtmaEpilogue ? L::kV + v_stage * L::kVBytes : L::kQ);
   // Every consumer warpgroup reads the whole V tile, so the stage may be overwritten only once all
   // of them have finished their last P V (the Q tile, by contrast, holds each warpgroup's own rows).
-  if constexpr (Cfg::kVtmaEpilogue && Cfg::kConsumers > 1) named_sync(5, 128 * Cfg::kConsumers);
+  if constexpr (Cfg::kVtmaEpilogue && Cfg::kConsumers > 1) named_sync(kVStageRead, 128 * Cfg::kConsumers);
   if (tma_ok) {
 #pragma unroll
     for (int j = 0; j < ConsumerRegs<Cfg>::kOFrags; ++j) {
@@ -899,7 +911,7 @@ __device__ __forceinline__ void epilogue(const Params& p, ConsumerRegs<Cfg>& r, 
       }
     }
     fence_async_shared();
-    named_sync(3 + wg, 128);
+    named_sync(kOutStaged + wg, 128);
     if (tid == 0) {
 #pragma unroll
       for (int cb = 0; cb < Cfg::kDV / L::kCbO; ++cb)
@@ -908,7 +920,7 @@ __device__ __forceinline__ void epilogue(const Params& p, ConsumerRegs<Cfg>& r, 
       tma_store_commit();
       tma_store_wait_read();
     }
-    named_sync(3 + wg, 128);  // the staged rows have been read by the TMA engine
+    named_sync(kOutStaged + wg, 128);  // the staged rows have been read by the TMA engine
   } else {
     u16* base = p.out + (i64)(qt.seq.q_start + qt.row0) * p.o_row_stride + (i64)head * p.o_head_stride;
 #pragma unroll
@@ -931,7 +943,7 @@ __device__ __forceinline__ void epilogue(const Params& p, ConsumerRegs<Cfg>& r, 
 // is step 0 only: it stops after the softmax, and the next step issues its P V.
 template <class Cfg, bool HALF = false, class Params>
 __device__ __forceinline__ void serial_step(const Params& p, ConsumerRegs<Cfg>& r, const BandTile& qt,
-                                            const Barriers& bar, u32 smem, int wg, int row_base, int n, int s,
+                                            const Barriers<Cfg>& bar, u32 smem, int wg, int row_base, int n, int s,
                                             u32 phase, float scale_log2, float (&corr)[2]) {
   constexpr int kHalfN = ConsumerRegs<Cfg>::kHalfN;
   turn_wait<Cfg>(wg);
@@ -959,16 +971,17 @@ __device__ __forceinline__ void serial_step(const Params& p, ConsumerRegs<Cfg>& 
 }
 
 template <class Cfg, class Params>
-__device__ void consumer(const Params& p, u32 smem, const Barriers& bar, int wg) {
+__device__ void consumer(const Params& p, u32 smem, const Barriers<Cfg>& bar, int wg) {
   using L = Layout<Cfg>;
   const int tid = threadIdx.x % 128, warp = tid / 32;
   const int row_base = wg * 64 + warp * 16;  // first tile row of this warp
-  const TileSchedule<Cfg, Params> sched(p);
+  const auto sched = tile_scheduler<Cfg>(p);
   ConsumerRegs<Cfg> r;
-  int tile_iter = 0, kv_iter = 0, id_iter = 0;
+  int tile_iter = 0, kv_iter = 0;
   if constexpr (Cfg::kPingpong) {
-    if (wg == 1) named_arrive(1, 256);  // warpgroup 0 issues first
+    if (wg == 1) named_arrive(kTurn, 256);  // warpgroup 0 issues first
   }
+  int id_iter = 0;
   for (int t = sched.first(); t < sched.total;) {
     int head, kv_blocks;
     const BandTile qt = query_tile<Cfg>(p, t, head, kv_blocks);
@@ -1080,7 +1093,7 @@ __device__ void consumer(const Params& p, u32 smem, const Barriers& bar, int wg)
       epilogue<Cfg>(p, r, qt, head, wg, smem, bar, s);
     }
     if constexpr (Cfg::kScheduler == Scheduler::kDynamic) {
-      t = next_published_tile<L>(smem, bar, id_iter & 1, id_iter);
+      t = sched.read(smem, bar, id_iter);
       ++id_iter;
     } else {
       t = sched.next_static(t);
@@ -1089,53 +1102,49 @@ __device__ void consumer(const Params& p, u32 smem, const Barriers& bar, int wg)
   if (tid == 0) tma_store_wait_all();
 }
 
-// Barrier set-up by one thread, made visible to the async proxy before any role starts.
+// The roles' parts (skeleton.cuh: Role): the producer warpgroup, and consumer warpgroup `index`.
 template <class Cfg>
-__device__ __forceinline__ Barriers init_barriers(u32 smem) {
-  using L = Layout<Cfg>;
-  Barriers bar{smem + L::kBarriers, Cfg::kStages};
-  if (threadIdx.x == 0) {
-    mbar_init(bar.q_full(), 1);
-    // Every consumer thread releases what it read once its own MMAs have completed.
-    mbar_init(bar.q_empty(), Cfg::kConsumers * 128);
-    for (int s = 0; s < Cfg::kStages; ++s) {
-      mbar_init(bar.k_full(s), 1);
-      mbar_init(bar.k_empty(s), kv_release_count<Cfg>());
-      // The V loader's expect_tx, or every lane of the transposing warps (its V tile then lands on vraw_full).
-      mbar_init(bar.v_full(s), L::kVtInKernel ? 32 * L::kTransposeWarps : 1);
-      mbar_init(bar.v_empty(s), L::kVtInKernel ? Cfg::kConsumers * 128 : kv_release_count<Cfg>());
-    }
-    for (int s = 0; s < L::kRawStages; ++s) {
-      mbar_init(bar.vraw_full(s), 1);
-      mbar_init(bar.vraw_empty(s), Cfg::kCluster * L::kTransposeWarps);  // a lane per transposing warp and CTA
-    }
-    for (int s = 0; s < 2; ++s) {
-      mbar_init(bar.tile_full(s), 1);
-      // Every consumer thread and, when they are warps of their own, the V producer warp and the
-      // transposing warps.
-      mbar_init(bar.tile_empty(s), Cfg::kConsumers * 128 + (Cfg::kLoadWarps == 2 ? 32 : 0) + 32 * L::kTransposeWarps);
-    }
-    fence_barrier_init();
+struct ProducerPart {
+  template <class Params>
+  __device__ __forceinline__ static void run(const Params& p, u32 smem, const Barriers<Cfg>& bar, skeleton::NoWork, int) {
+    producer<Cfg>(p, smem, bar);
   }
-  return bar;
-}
+};
 
-// The dynamic shared-memory base rounded up to the 1024-byte swizzle atom.
-__device__ __forceinline__ u32 aligned_smem_base() {
-  extern __shared__ __align__(1024) u8 smem_raw[];
-  const u32 base = smem_u32(smem_raw);
-  return (base + 1023) & ~1023u;
-}
-
-template <class Params>
-__device__ __forceinline__ void prefetch_descriptors(const Params& p) {
-  if (threadIdx.x == 0) {
-    tma_prefetch_descriptor(&p.tma_q);
-    tma_prefetch_descriptor(&p.tma_k);
-    tma_prefetch_descriptor(&p.tma_k_rope);
-    tma_prefetch_descriptor(&p.tma_v);
-    tma_prefetch_descriptor(&p.tma_o);
+template <class Cfg>
+struct ConsumerPart {
+  template <class Params>
+  __device__ __forceinline__ static void run(const Params& p, u32 smem, const Barriers<Cfg>& bar, skeleton::NoWork,
+                                             int index) {
+    consumer<Cfg>(p, smem, bar, index);
   }
-}
+};
+
+// The kernel for skeleton::run: ROLES is the spec's schedule.roles, rendered by the template.
+template <class Cfg, class ROLES>
+struct DenseKernel {
+  static constexpr int kThreads = Cfg::kThreads;
+  static constexpr int kCluster = Cfg::kCluster;
+  static constexpr bool kUniformWarpgroup = true;
+  static constexpr bool kWorkBeforeSync = false;
+  static constexpr int kBarrierOffset = Layout<Cfg>::kBarriers;
+  using Work = skeleton::NoWork;
+  using Barriers = sm90::Barriers<Cfg>;
+  using Roles = ROLES;
+  template <class Params>
+  __device__ __forceinline__ static skeleton::NoWork work(const Params&) {
+    return {};
+  }
+  template <class Params>
+  __device__ __forceinline__ static void prefetch(const Params& p) {
+    if (threadIdx.x == 0) {
+      tma_prefetch_descriptor(&p.tma_q);
+      tma_prefetch_descriptor(&p.tma_k);
+      tma_prefetch_descriptor(&p.tma_k_rope);
+      tma_prefetch_descriptor(&p.tma_v);
+      tma_prefetch_descriptor(&p.tma_o);
+    }
+  }
+};
 
 }  // namespace mlagen::sm90

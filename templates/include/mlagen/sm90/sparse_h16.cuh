@@ -23,12 +23,17 @@
 //     (ldmatrix.trans of the same rows; V is the first 512 values of each row).
 // Row sums stay per thread until the item ends. The output is written straight from the
 // accumulators; lse and max_logits follow MLA.md (natural log, sink only in the denominator).
+//
+// The plumbing (shared-memory base, mbarrier init, role dispatch with setmaxnreg, the CTA sync) is
+// skeleton.cuh's; this header supplies the layout, the barrier table, the named barriers, the
+// producers, the consumers and H16Kernel.
 #pragma once
 #include "mlagen/common/types.cuh"
 #include "mlagen/cuda/sparse_pools.cuh"
 #include "mlagen/sm80/mma.cuh"
 #include "mlagen/sm90/barrier.cuh"
 #include "mlagen/sm90/e4m3.cuh"
+#include "mlagen/sm90/skeleton.cuh"
 #include "mlagen/sm90/sparse_gather.cuh"
 #include "mlagen/sm90/wgmma.cuh"
 
@@ -42,13 +47,16 @@ constexpr int kSlotRows = 32;  // gathered rows per slot (one per producer lane)
 constexpr int kBlockK = 64;    // keys per block (wgmma M): two slots
 constexpr int kConsumerThreads = 128;
 
+// Named barriers (skeleton.cuh: id 0 is the skeleton's).
 enum NamedBarrier : int {
-  kMaxReady = 1,  // every warp (of the first consumer warpgroup) published its block max per head
+  kMaxReady = skeleton::kFirstNamedBarrier,  // every warp (of the first consumer warpgroup) published its block max per head
   kPReady = 2,    // P^T (and, with two consumer warpgroups, the rescale factors) in shared memory
   kSumReady = 3,  // row sums published (epilogue)
   kExchange = 4,  // two consumer warpgroups: the second's partial S^T is in shared memory
   kEpilogue = 5,  // two consumer warpgroups: the output factors are in shared memory
+  kNamedEnd,
 };
+static_assert(skeleton::named_barriers_fit(kNamedEnd), "sm90 has 16 named barriers");
 
 template <class Cfg>
 struct Layout {
@@ -85,22 +93,44 @@ struct Layout {
 };
 
 template <class Cfg>
-struct Barriers {
-  u32 base;
-  __device__ __forceinline__ u32 full(int slot) const { return base + 8 * slot; }
-  __device__ __forceinline__ u32 empty(int slot) const { return base + 8 * (Cfg::kSlots + slot); }
-  __device__ __forceinline__ u32 q_full(int b) const { return base + 8 * (2 * Cfg::kSlots + b); }
-  __device__ __forceinline__ u32 q_empty(int b) const { return base + 8 * (2 * Cfg::kSlots + 2 + b); }
-  // A quantized cache: producer warp w's raw rows of the slot have landed (bulk copies).
-  __device__ __forceinline__ u32 landed(int slot, int w) const {
-    return base + 8 * (2 * Cfg::kSlots + 4 + Cfg::kProducers * slot + w);
+struct QuantLanes;
+
+// The mbarriers (skeleton.cuh: Mbarriers): full and empty per ring slot, q_full and q_empty per Q
+// buffer and, with a quantized cache, landed per slot and producer warp; initialised in that order.
+template <class Cfg>
+struct BarrierTable {
+  enum class Id { kFull, kEmpty, kQFull, kQEmpty, kLanded, kCount };
+  __host__ __device__ static constexpr skeleton::Group group(Id g) {
+    if (g == Id::kFull || g == Id::kEmpty) return {Cfg::kSlots, 0};
+    if (g == Id::kQFull || g == Id::kQEmpty) return {2, 1};
+    return {Cfg::kKvQuantized ? Cfg::kProducers * Cfg::kSlots : 0, 2};
+  }
+  __host__ __device__ static constexpr int arrivals(Id g, int) {
+    switch (g) {
+      // Every producer lane arrives (with its row's bytes); a quantized cache: every producer
+      // thread, after its dequantized rows are stored.
+      case Id::kFull: return Cfg::kKvQuantized ? 32 * Cfg::kProducers : kSlotRows;
+      case Id::kQFull: return 32;  // the producer lanes' cp.async copies
+      case Id::kLanded: return QuantLanes<Cfg>::kRows;  // a producer warp's copying lanes
+      default: return 4 * Cfg::kConsumers;  // every consumer warp releases
+    }
   }
 };
 
-__device__ __forceinline__ u32 aligned_smem_base() {
-  extern __shared__ __align__(1024) u8 smem_raw[];
-  return (smem_u32(smem_raw) + 1023) & ~1023u;
-}
+template <class Cfg>
+struct Barriers : skeleton::Mbarriers<BarrierTable<Cfg>> {
+  using Id = typename BarrierTable<Cfg>::Id;
+  using skeleton::Mbarriers<BarrierTable<Cfg>>::Mbarriers;
+  static constexpr int kLanded = skeleton::Mbarriers<BarrierTable<Cfg>>::first(static_cast<int>(Id::kLanded));
+  __device__ __forceinline__ u32 full(int slot) const { return this->template at<Id::kFull>(slot); }
+  __device__ __forceinline__ u32 empty(int slot) const { return this->template at<Id::kEmpty>(slot); }
+  __device__ __forceinline__ u32 q_full(int b) const { return this->template at<Id::kQFull>(b); }
+  __device__ __forceinline__ u32 q_empty(int b) const { return this->template at<Id::kQEmpty>(b); }
+  // A quantized cache: producer warp w's raw rows of the slot have landed (bulk copies).
+  __device__ __forceinline__ u32 landed(int slot, int w) const {
+    return this->base + 8 * (kLanded + Cfg::kProducers * slot + w);
+  }
+};
 
 // Pool 1's valid length (the FP8 producer reads one pool; the host passes no extra pool to it).
 template <class Params>
@@ -825,44 +855,60 @@ __device__ void consume(const Params& p, u32 smem, const Barriers<Cfg>& bar, int
   }
 }
 
-template <class Cfg, class Params>
-__device__ void forward(const Params& p) {
-  constexpr int kNC = Cfg::kConsumers;
-  const u32 smem = aligned_smem_base();
-  const Barriers<Cfg> bar{smem + Layout<Cfg>::kBars};
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < Cfg::kSlots; ++s) {
-      // Every producer lane arrives (with its row's bytes); a quantized cache: every producer
-      // thread, after its dequantized rows are stored.
-      mbar_init(bar.full(s), Cfg::kKvQuantized ? 32 * Cfg::kProducers : kSlotRows);
-      mbar_init(bar.empty(s), 4 * kNC);   // every consumer warp releases
-    }
-    for (int b = 0; b < 2; ++b) {
-      mbar_init(bar.q_full(b), 32);  // the producer lanes' cp.async copies
-      mbar_init(bar.q_empty(b), 4 * kNC);
-    }
-    if constexpr (Cfg::kKvQuantized)
-      for (int i = 0; i < Cfg::kProducers * Cfg::kSlots; ++i)  // a producer warp's copying lanes
-        mbar_init(bar.landed(i / Cfg::kProducers, i % Cfg::kProducers), QuantLanes<Cfg>::kRows);
-    fence_barrier_init();
+// What every role needs of the grid's work: items (query token, group of 16 heads) and groups.
+struct Work {
+  int items, groups;
+};
+
+// The roles' parts (skeleton.cuh: Role): the producer warps (a warpgroup after the consumers, or
+// fewer warps), and consumer warpgroup C.
+template <class Cfg>
+struct ProducerPart {
+  template <class Params>
+  __device__ __forceinline__ static void run(const Params& p, u32 smem, const Barriers<Cfg>& bar, const Work& w, int) {
+    const int pw = (threadIdx.x - Cfg::kConsumers * kConsumerThreads) / 32;
+    if constexpr (Cfg::kKvQuantized) produce_quantized<Cfg>(p, smem, bar, w.items, w.groups, pw);
+    else produce<Cfg>(p, smem, bar, w.items, w.groups, pw);
   }
-  __syncthreads();
-  const int groups = (p.heads + kHeads - 1) / kHeads;
-  const int items = p.sq * groups;
-  const int wg = threadIdx.x / kConsumerThreads;
-  if (wg >= kNC) {
-    if constexpr (Cfg::kThreads > 256) set_max_registers_dec<Cfg::kProducerRegs>();
-    if constexpr (Cfg::kKvQuantized) produce_quantized<Cfg>(p, smem, bar, items, groups, (threadIdx.x - kNC * kConsumerThreads) / 32);
-    else produce<Cfg>(p, smem, bar, items, groups, (threadIdx.x - kNC * kConsumerThreads) / 32);
-  } else if (wg == 0) {
-    if constexpr (Cfg::kThreads > 256) set_max_registers_inc<Cfg::kConsumerRegs>();
-    consume<Cfg, 0>(p, smem, bar, items, groups);
-  } else {
-    if constexpr (kNC == 2) {
-      set_max_registers_inc<Cfg::kConsumerRegs>();
-      consume<Cfg, 1>(p, smem, bar, items, groups);
-    }
+};
+
+template <class Cfg, int C>
+struct ConsumerPart {
+  template <class Params>
+  __device__ __forceinline__ static void run(const Params& p, u32 smem, const Barriers<Cfg>& bar, const Work& w, int) {
+    consume<Cfg, C>(p, smem, bar, w.items, w.groups);
   }
-}
+};
+
+// The kernel for skeleton::run. setmaxnreg only with 384 threads (else every role keeps the launch
+// allocation).
+template <class Cfg>
+struct H16Kernel {
+  static constexpr int kNC = Cfg::kConsumers;
+  static constexpr int kThreads = Cfg::kThreads;
+  static constexpr int kCluster = 1;
+  static constexpr bool kUniformWarpgroup = false;
+  static constexpr bool kWorkBeforeSync = false;
+  static constexpr int kBarrierOffset = Layout<Cfg>::kBars;
+  using Work = sparse_h16::Work;
+  using Barriers = sparse_h16::Barriers<Cfg>;
+  static constexpr int kProducerRegs = kThreads > 256 ? Cfg::kProducerRegs : 0;
+  static constexpr int kConsumerRegs = kThreads > 256 ? Cfg::kConsumerRegs : 0;
+  using Producer = skeleton::Role<kNC, kThreads / kConsumerThreads + (kThreads % kConsumerThreads ? 1 : 0), kProducerRegs,
+                                  ProducerPart<Cfg>, skeleton::Match::kFrom>;
+  using Consumer0 = skeleton::Role<0, 1, kConsumerRegs, ConsumerPart<Cfg, 0>, skeleton::Match::kOnly>;
+  using Roles = typename skeleton::If<kNC == 2,
+                                      skeleton::Roles<Producer, Consumer0,
+                                                      skeleton::Role<1, 2, kConsumerRegs, ConsumerPart<Cfg, 1>, skeleton::Match::kRest>>,
+                                      skeleton::Roles<Producer, Consumer0>>::type;
+  template <class Params>
+  __device__ __forceinline__ static Work work(const Params& p) {
+    const int groups = (p.heads + kHeads - 1) / kHeads;
+    const int items = p.sq * groups;
+    return {items, groups};
+  }
+  template <class Params>
+  __device__ __forceinline__ static void prefetch(const Params&) {}
+};
 
 }  // namespace mlagen::sm90::sparse_h16

@@ -19,7 +19,7 @@ struct KvBf16 {
 
   // One pair of blocks, its rows read through the code of its span (kSpan: sparse_pools.cuh).
   template <int kSpan, class Params>
-  static __device__ __forceinline__ void gather_pair(const Params& p, u32 smem, const Barriers& bar,
+  static __device__ __forceinline__ void gather_pair(const Params& p, u32 smem, const Barriers<Cfg>& bar,
                                                    const mlagen::sparse_pools::KeyList& keys, int pair, int g, int c,
                                                    u64 policy) {
     namespace pools = mlagen::sparse_pools;
@@ -96,7 +96,7 @@ struct KvBf16 {
   // Producer warpgroup: thread = (row group g of 16, chunk c of 8); it copies chunk c of every tile
   // of rows g, g + 16, g + 32, g + 48 of each block.
   template <class Params>
-  static __device__ void produce(const Params& p, u32 smem, const Barriers& bar, int t, int head0) {
+  static __device__ void produce(const Params& p, u32 smem, const Barriers<Cfg>& bar, int t, int head0) {
     const int tid = threadIdx.x % 128;
     const int g = tid / 8, c = tid % 8;
     const u64 policy = Cfg::kEvictLast ? l2_policy_evict_last() : 0;

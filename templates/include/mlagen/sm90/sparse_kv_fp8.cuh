@@ -73,7 +73,7 @@ struct KvFp8 {
   static __device__ __forceinline__ int value_byte(int h, int k, int c) { return 256 * h + 128 * k + 16 * c; }
 
   template <class Params>
-  static __device__ void produce(const Params& p, u32 smem, const Barriers& bar, int t, int head0) {
+  static __device__ void produce(const Params& p, u32 smem, const Barriers<Cfg>& bar, int t, int head0) {
     using L = Layout<Cfg>;
     const int tid = threadIdx.x % 128;
     const int g = tid / 8, c = tid % 8;

@@ -20,11 +20,16 @@
 // shared running max moves only when a block's row max exceeds it by more than 2^8 (each
 // consumer applies the rule to the published values, so both agree row by row); O is rescaled
 // only when some row of the warp moved, and the exact max for max_logits is kept beside it.
+//
+// The plumbing (shared-memory base, mbarrier init, role dispatch with setmaxnreg, the CTA sync) is
+// skeleton.cuh's; this header supplies the layout, the barrier table, the named barriers, the
+// consumers, the epilogue and SparseKernel (the KV operand headers supply the producer).
 #pragma once
 #include "mlagen/cuda/online_softmax.cuh"
 #include "mlagen/common/types.cuh"
 #include "mlagen/cuda/sparse_pools.cuh"
 #include "mlagen/sm90/barrier.cuh"
+#include "mlagen/sm90/skeleton.cuh"
 #include "mlagen/sm90/sparse_gather.cuh"
 #include "mlagen/sm90/wgmma.cuh"
 
@@ -58,22 +63,46 @@ struct Layout {
   static_assert(kEnd - kSmall <= kReserved, "small area overflows its reservation");
 };
 
-struct Barriers {
-  u32 base;
-  __device__ __forceinline__ u32 q_full() const { return base; }
-  __device__ __forceinline__ u32 ready(int buf, int half) const { return base + 8 * (1 + 2 * buf + half); }
-  __device__ __forceinline__ u32 free(int buf, int half) const { return base + 8 * (5 + 2 * buf + half); }
+// The mbarriers (skeleton.cuh: Mbarriers): q_full, ready[buffer][half], free[buffer][half],
+// initialised buffer by buffer (both halves' ready, then both halves' free).
+template <class Cfg>
+struct BarrierTable {
+  enum class Id { kQFull, kReady, kFree, kCount };
+  __host__ __device__ static constexpr skeleton::Group group(Id g) {
+    return g == Id::kQFull ? skeleton::Group{1, 0} : skeleton::Group{4, 1, 2};
+  }
+  __host__ __device__ static constexpr int arrivals(Id g, int slot) {
+    if (g == Id::kQFull) return 256;  // every consumer thread copies part of Q
+    // As many as the KV operand's loader arrives with; one consumer warpgroup releases each part.
+    if (g == Id::kReady) return slot % 2 == 0 ? Cfg::Kv::kReadyFirst : Cfg::Kv::kReadySecond;
+    return 128;
+  }
 };
 
-// Named barriers between the consumers (id 0 is __syncthreads).
+template <class Cfg>
+struct Barriers : skeleton::Mbarriers<BarrierTable<Cfg>> {
+  using Id = typename BarrierTable<Cfg>::Id;
+  using skeleton::Mbarriers<BarrierTable<Cfg>>::Mbarriers;
+  __device__ __forceinline__ u32 q_full() const { return this->template at<Id::kQFull>(); }
+  // (first + 2 buf) + half, as the addresses were summed before the table (another association
+  // folds differently: other SASS for the FP8 operand's loader).
+  static constexpr int kReady = skeleton::Mbarriers<BarrierTable<Cfg>>::first(static_cast<int>(Id::kReady));
+  static constexpr int kFree = skeleton::Mbarriers<BarrierTable<Cfg>>::first(static_cast<int>(Id::kFree));
+  __device__ __forceinline__ u32 ready(int buf, int half) const { return this->base + 8 * (kReady + 2 * buf + half); }
+  __device__ __forceinline__ u32 free(int buf, int half) const { return this->base + 8 * (kFree + 2 * buf + half); }
+};
+
+// Named barriers between the consumers (skeleton.cuh: id 0 is the skeleton's).
 enum NamedBarrier : int {
-  kMax0Ready = 1,  // consumer 0 published its block's running max
+  kMax0Ready = skeleton::kFirstNamedBarrier,  // consumer 0 published its block's running max
   kMax1Ready = 2,  // consumer 1 folded its block in: the pair's max
   kP0Ready = 3,    // consumer 0's P (rescaled to the pair's max) is in shared memory
   kP1Ready = 4,    // consumer 1's P is in shared memory
   kSumReady = 5,   // row sums exchanged
   kEpilogue0 = 6,  // (+ consumer) the consumer's output rows are staged
+  kNamedEnd = 8,
 };
+static_assert(skeleton::named_barriers_fit(kNamedEnd), "sm90 has 16 named barriers");
 
 // Pool 1's valid length (the FP8 operand reads one pool); the consumers count both pools' keys
 // (mlagen/cuda/sparse_pools.cuh), which is the same when the host passes no extra pool.
@@ -93,7 +122,7 @@ __device__ __forceinline__ u32 swizzled(int row, int chunk) { return row * 128 +
 // Q, gathered by the two consumer warpgroups (idle until it lands) so that the producer starts
 // on the indices and the first KV rows at once; heads past H become zero rows.
 template <class Cfg, class Params>
-__device__ __forceinline__ void load_q(const Params& p, u32 smem, const Barriers& bar, int t, int head0) {
+__device__ __forceinline__ void load_q(const Params& p, u32 smem, const Barriers<Cfg>& bar, int t, int head0) {
   using L = Layout<Cfg>;
   const int tid = threadIdx.x;  // 0..255 over both consumers
   const int g = tid / 8, c = tid % 8;
@@ -416,7 +445,7 @@ __device__ __forceinline__ void epilogue(const Params& p, ConsumerRegs& r, u32 s
 }
 
 template <class Cfg, class Params>
-__device__ void consumer0(const Params& p, u32 smem, const Barriers& bar, int t, int head0) {
+__device__ void consumer0(const Params& p, u32 smem, const Barriers<Cfg>& bar, int t, int head0) {
   using L = Layout<Cfg>;
   ConsumerRegs r;
 #pragma unroll
@@ -527,7 +556,7 @@ __device__ void consumer0(const Params& p, u32 smem, const Barriers& bar, int t,
 }
 
 template <class Cfg, class Params>
-__device__ void consumer1(const Params& p, u32 smem, const Barriers& bar, int t, int head0) {
+__device__ void consumer1(const Params& p, u32 smem, const Barriers<Cfg>& bar, int t, int head0) {
   using L = Layout<Cfg>;
   ConsumerRegs r;
 #pragma unroll
@@ -591,26 +620,55 @@ __device__ void consumer1(const Params& p, u32 smem, const Barriers& bar, int t,
   epilogue<Cfg>(p, r, smem, 1, t, head0);
 }
 
-template <class Cfg>
-__device__ __forceinline__ Barriers init_barriers(u32 smem) {
-  using L = Layout<Cfg>;
-  Barriers bar{smem + L::kBarriers};
-  if (threadIdx.x == 0) {
-    mbar_init(bar.q_full(), 256);  // every consumer thread copies part of Q
-    for (int b = 0; b < 2; ++b) {
-      mbar_init(bar.ready(b, 0), Cfg::Kv::kReadyFirst);  // as many as the KV operand's loader arrives with
-      mbar_init(bar.ready(b, 1), Cfg::Kv::kReadySecond);
-      mbar_init(bar.free(b, 0), 128);        // one consumer warpgroup releases each part
-      mbar_init(bar.free(b, 1), 128);
-    }
-    fence_barrier_init();
-  }
-  return bar;
-}
+// The work item of this CTA (one per CTA, computed before the roles start): query token t, heads
+// [head0, head0 + kRows).
+struct WorkItem {
+  int t, head0;
+};
 
-__device__ __forceinline__ u32 aligned_smem_base() {
-  extern __shared__ __align__(1024) u8 smem_raw[];
-  return (smem_u32(smem_raw) + 1023) & ~1023u;
-}
+// The roles' parts (skeleton.cuh: Role): consumer 0 (even blocks, output columns 0-255), consumer 1
+// (odd blocks, columns 256-511), and the producer (gathers Q and the selected KV rows).
+template <class Cfg, int C>
+struct ConsumerPart {
+  template <class Params>
+  __device__ __forceinline__ static void run(const Params& p, u32 smem, const Barriers<Cfg>& bar, const WorkItem& w,
+                                             int) {
+    if constexpr (C == 0) consumer0<Cfg>(p, smem, bar, w.t, w.head0);
+    else consumer1<Cfg>(p, smem, bar, w.t, w.head0);
+  }
+};
+
+template <class Cfg>
+struct ProducerPart {
+  template <class Params>
+  __device__ __forceinline__ static void run(const Params& p, u32 smem, const Barriers<Cfg>& bar, const WorkItem& w,
+                                             int) {
+    Cfg::Kv::produce(p, smem, bar, w.t, w.head0);
+  }
+};
+
+// The kernel for skeleton::run: consumers in warpgroups 0 and 1, the producer in warpgroup 2.
+template <class Cfg, int CONSUMER_REGS, int PRODUCER_REGS>
+struct SparseKernel {
+  static constexpr int kThreads = Cfg::kThreads;
+  static constexpr int kCluster = 1;
+  static constexpr bool kUniformWarpgroup = false;
+  static constexpr bool kWorkBeforeSync = true;
+  static constexpr int kBarrierOffset = Layout<Cfg>::kBarriers;
+  using Work = WorkItem;
+  using Barriers = sparse::Barriers<Cfg>;
+  using Roles = skeleton::Roles<skeleton::Role<2, 3, PRODUCER_REGS, ProducerPart<Cfg>, skeleton::Match::kOnly>,
+                                skeleton::Role<0, 1, CONSUMER_REGS, ConsumerPart<Cfg, 0>, skeleton::Match::kOnly>,
+                                skeleton::Role<1, 2, CONSUMER_REGS, ConsumerPart<Cfg, 1>, skeleton::Match::kRest>>;
+  template <class Params>
+  __device__ __forceinline__ static WorkItem work(const Params& p) {
+    const int groups = (p.heads + kRows - 1) / kRows;
+    const int t = blockIdx.x / groups;
+    const int head0 = (blockIdx.x % groups) * kRows;
+    return {t, head0};
+  }
+  template <class Params>
+  __device__ __forceinline__ static void prefetch(const Params&) {}
+};
 
 }  // namespace mlagen::sm90::sparse

@@ -43,6 +43,7 @@ def test_the_flow_with_the_gpu_parts_stood_in(monkeypatch, tmp_path, capsys):
     import json
 
     from mlagen import build, families, measure, spec as spec_mod
+    from mlagen.errors import SpecError
 
     real_load = spec_mod.load
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
@@ -56,6 +57,8 @@ def test_the_flow_with_the_gpu_parts_stood_in(monkeypatch, tmp_path, capsys):
 
     def call(inputs, *, variant=None, kernel=None, outputs=None, check=False):
         called.append(variant.symbol)
+        if "chunked" in variant.symbol:   # as a spec's rules refuse a default at build time
+            raise SpecError("specs/x.yaml", "tune", "variant cannot run on sm_90a: a rule")
         return outputs
 
     monkeypatch.setattr(type(fam), "call", lambda self, inputs, **kw: call(inputs, **kw))
@@ -64,12 +67,14 @@ def test_the_flow_with_the_gpu_parts_stood_in(monkeypatch, tmp_path, capsys):
     order = []
     monkeypatch.setattr(measure, "time_calls", lambda fn, iters, flush: order.append(fn) or [1e-3] * iters)
     out = tmp_path / "ab.json"
-    assert load_tool().main(["mla_prefill_sm90", "--cases", "D1,D8", "--rounds", "2", "--iters", "3",
-                             "--json", str(out)]) == 0
+    assert load_tool().main(["mla_prefill_sm90", "--cases", "D1,b=1,q=300,h=8,chunk=128,D8", "--rounds", "2",
+                             "--iters", "3", "--json", str(out)]) == 0
     got = json.loads(out.read_text())
-    assert set(got) == {"D1", "D8"}
+    assert set(got) == {"D1", "b=1,q=300,h=8,chunk=128", "D8"}
+    # A refused case is reported and the others still run.
+    assert "cannot run on sm_90a" in got.pop("b=1,q=300,h=8,chunk=128")["refused"]
     assert got["D1"]["why"].startswith("record causal/h128/q8192/k8192")     # the shipped H100 record of D1's class
     assert "n192r64v256" in got["D8"]["variant"]                              # D8's geometry specialized
     assert all(r["outputs_identical"] and r["new_over_base"] == 1.0 for r in got.values())
-    assert len(built) == 4 and len(order) == 8      # two variants a case; 2 rounds x 2 sides a case
+    assert len(built) == 6 and len(order) == 8      # two variants a case; 2 rounds x 2 sides a case
     assert "| D1 |" in capsys.readouterr().out

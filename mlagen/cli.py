@@ -355,9 +355,12 @@ cli.add_command(db_cmd)
                    "measurements on the workers started with --resources \"GPU=1\" (docs/cluster.md).")
 @click.option("--device-kind", "device_kind", default=None, metavar="NAME",
               help="With --scheduler: tune only on the GPUs whose name (or target) matches; default: every kind.")
+@click.option("--measure-ahead/--no-measure-ahead", "measure_ahead", default=True, show_default=True,
+              help="While every GPU waits for a batch's compiles, measure a compiled guess of the search's next "
+                   "batches (the trials are the same either way; off: the GPUs wait).")
 @_friendly
 def tune_cmd(spec, shapes, workload, strategy, max_trials, budget_min, resume, seed, devices, assignments,
-             timeout_s, iters, jobs, db_path, target, top, show_bar, scheduler, device_kind):
+             timeout_s, iters, jobs, db_path, target, top, show_bar, scheduler, device_kind, measure_ahead):
     """Search SPEC's variants per shape class on this GPU; record every trial and the winner.
 
     Every variant is checked against the reference before it is timed; compile errors, wrong
@@ -383,7 +386,7 @@ def tune_cmd(spec, shapes, workload, strategy, max_trials, budget_min, resume, s
     config = TuneConfig(spec=s.path, shapes=tuple(items), strategy=strategy, max_trials=max_trials, fixed=fixed,
                         timeout_s=timeout_s, iters=iters, jobs=jobs, db_path=db_path, target=target, seed=seed,
                         budget_s=budget_min * 60 if budget_min else None, resume=resume,
-                        devices=parse_devices(devices) if devices else None)
+                        devices=parse_devices(devices) if devices else None, measure_ahead=measure_ahead)
     bar = Progress(enabled=show_bar)
     # With the bar on, trial lines would scroll it away: only the stage lines are printed.
     log = (lambda line: None if line.startswith("  [") else bar.message(line)) if bar.enabled else \

@@ -368,3 +368,14 @@ def test_format_tune_results():
     assert "3 trials in 12 s (1 resumed) [stopped: budget spent]: ok 2, pruned 1" in text
     assert f"winner {w.symbol}: 2.20x the spec default" in text
     assert "final re-timing" in text and "weight 3" in text
+
+
+@pytest.mark.parametrize("flag, expected", [([], True), (["--no-measure-ahead"], False), (["--measure-ahead"], True)])
+def test_tune_passes_measure_ahead_to_the_tuner(monkeypatch, flag, expected):
+    import mlagen.tune
+
+    seen = []
+    monkeypatch.setattr(mlagen.tune, "tune", lambda config, **_: seen.append(config) or [])
+    result = CliRunner().invoke(cli.cli, ["tune", "mla_prefill_sm90", "--shape", "D1", *flag])
+    assert result.exit_code == 0, result.output
+    assert [c.measure_ahead for c in seen] == [expected]

@@ -1,18 +1,23 @@
 #!/usr/bin/env bash
 # A fleet tune on one GPU host against the local tune: a Dask scheduler, one GPU worker and four
 # CPU-only workers on this host; `mlagen tune` of D1 (mla_prefill_sm90) and S1
-# (mla_sparse_prefill_sm90) locally and through the cluster, same seed and options, each with a
-# cold compile cache of its own. Then `mlagen db compare --retime` of the local and the cluster
-# databases (and, with CONTROL, of the local database and a second local tune's): the two winners
-# of each class checked and timed in one process, judged by the tuner's own noise allowance.
-# Prints wall times, winners and verdicts; logs and the three databases go to $OUT.
-#   [WHEELS=wheels-dask] [OUT=/tmp/cluster-tune] [TRIALS=24] [SEED=0] [CONTROL=1] bash tools/cluster_tune_h200.sh
+# (mla_sparse_prefill_sm90) locally and through the cluster, same seed and options, each tune with a
+# cold compile cache and a database of its own. ROUNDS rounds, the order of the two alternating
+# (round 1 local first, round 2 the cluster first, ...), after one warm-up of the host (torch, the
+# CUDA libraries and a context: the first process on a fresh machine reads them from disk, seconds
+# that would fall on whichever tune came first). Then `mlagen db compare --retime` of round 1's
+# local and cluster databases (and, with two rounds or more, of the two local ones: the spread of
+# winners between two local tunes, against which the cluster's is judged): the two winners of each
+# class checked and timed in one process, judged by the tuner's own noise allowance. Prints wall
+# times per round, their means, winners and verdicts; logs and the databases go to $OUT.
+#   [WHEELS=wheels-dask] [OUT=/tmp/cluster-tune] [TRIALS=24] [SEED=0] [ROUNDS=2] [SHAPES="D1 S1"] \
+#   [TUNE_OPTS=--no-measure-ahead] bash tools/cluster_tune_h200.sh
+# TUNE_OPTS: more `mlagen tune` options, the same for the local and the cluster tunes.
 # WHEELS: a folder of the wheels of dask, distributed and the dependencies this machine lacks
 # (installed with --no-index into /tmp/site; nothing is fetched). THREADS: each CPU worker's
 # threads (default: the cores / 4, so the cluster's 4 CPU workers have as many compile slots as
 # the local tune has compile processes, one per core; the GPU worker, with one thread, only
-# measures). CONTROL=1: a second local tune of each shape (warm cache, its own database): the
-# spread of winners between two local tunes, against which the cluster's is judged.
+# measures). CONTROL=1 is ROUNDS=2 (its older name).
 set -u
 cd "$(dirname "$0")/.."
 WHEELS=${WHEELS:-wheels-dask}
@@ -21,6 +26,7 @@ TRIALS=${TRIALS:-24}
 SEED=${SEED:-0}
 PORT=${PORT:-8786}
 CONTROL=${CONTROL:-0}
+ROUNDS=${ROUNDS:-$([ "$CONTROL" = 1 ] && echo 2 || echo 1)}
 mkdir -p "$OUT"
 T=$(mktemp -d)
 python3 -m pip install -q --no-index --no-deps --target /tmp/site "$WHEELS"/*.whl || exit 1
@@ -63,7 +69,7 @@ run() { # name database spec shape [options...]
   local name=$1 db=$2 spec=$3 shape=$4; shift 4
   local t0=$EPOCHREALTIME
   MLAGEN_OUT_DIR=$T/$name timeout 200 python3 -m mlagen.cli tune "$spec" --shape "$shape" --seed "$SEED" \
-    --max-trials "$TRIALS" --iters 10 --no-progress --db "$db" "$@" > "$OUT/$name.out" 2> "$OUT/$name.log"
+    --max-trials "$TRIALS" --iters 10 --no-progress --db "$db" ${TUNE_OPTS:-} "$@" > "$OUT/$name.out" 2> "$OUT/$name.log"
   local rc=$?
   WALL[$name]=$(awk "BEGIN{printf \"%.1f\", $EPOCHREALTIME-$t0}")
   RC[$name]=$rc
@@ -71,42 +77,54 @@ run() { # name database spec shape [options...]
   FINAL[$name]=$(sed -n 's/.*final \* \([0-9.]*\) ms.*/\1/p' "$OUT/$name.log" | head -1)
 }
 declare -A WALL RC WIN FINAL
-RUNS="local cluster"
-for case in "D1 mla_prefill_sm90" "S1 mla_sparse_prefill_sm90"; do
-  set -- $case
-  MLAGEN_CACHE_DIR=$T/cache-local run "local-$1" "$T/local.sqlite" "$2" "$1"
-  run "cluster-$1" "$T/cluster.sqlite" "$2" "$1" --scheduler "$SCHED"
+# The warm-up: nothing of it is timed.
+python3 -c "import torch, mlagen.tune; torch.zeros(1, device='cuda'); torch.cuda.synchronize()" || exit 1
+SHAPES=${SHAPES:-D1 S1}
+declare -A SPEC=([D1]=mla_prefill_sm90 [S1]=mla_sparse_prefill_sm90)
+RUNS=""
+for r in $(seq 1 "$ROUNDS"); do
+  RUNS+=" local$r cluster$r"
+  for s in $SHAPES; do
+    order="local cluster"
+    [ $((r % 2)) = 0 ] && order="cluster local"
+    for kind in $order; do
+      rm -rf "$T/cache-$kind"   # a cold compile cache for each tune (the workers' too)
+      if [ "$kind" = local ]; then
+        MLAGEN_CACHE_DIR=$T/cache-local run "local$r-$s" "$T/local$r.sqlite" "${SPEC[$s]}" "$s"
+      else
+        run "cluster$r-$s" "$T/cluster$r.sqlite" "${SPEC[$s]}" "$s" --scheduler "$SCHED"
+      fi
+    done
+  done
 done
 cleanup   # the cluster's processes end before the re-timing, so nothing else runs on the host
 PIDS=()
-if [ "$CONTROL" = 1 ]; then
-  RUNS="local cluster local2"
-  for case in "D1 mla_prefill_sm90" "S1 mla_sparse_prefill_sm90"; do
-    set -- $case
-    MLAGEN_CACHE_DIR=$T/cache-local run "local2-$1" "$T/local2.sqlite" "$2" "$1"
-  done
-fi
 cp "$T"/*.sqlite "$OUT"/ 2>/dev/null
-# Both winners of each class checked and timed in one process on this GPU (the local tune's
-# compile cache holds the local winners).
+# Both winners of each class checked and timed in one process on this GPU.
 compare() { # name A B
   MLAGEN_CACHE_DIR=$T/cache-local timeout 200 python3 -m mlagen.cli db compare "$2" "$3" --retime \
     > "$OUT/compare-$1.txt" 2> "$OUT/compare-$1.log"
   echo "rc $?" >> "$OUT/compare-$1.txt"
 }
-compare local-cluster "$T/local.sqlite" "$T/cluster.sqlite"
-[ "$CONTROL" = 1 ] && compare local-local2 "$T/local.sqlite" "$T/local2.sqlite"
+compare local-cluster "$T/local1.sqlite" "$T/cluster1.sqlite"
+[ "$ROUNDS" -ge 2 ] && compare local-local2 "$T/local1.sqlite" "$T/local2.sqlite"
+mean() { # shape kind: the mean wall time of that kind's tunes of the shape
+  local sum=0 n=0
+  for r in $(seq 1 "$ROUNDS"); do sum=$(awk "BEGIN{print $sum+${WALL[$2$r-$1]:-0}}"); n=$((n + 1)); done
+  awk "BEGIN{printf \"%.1f\", $sum/$n}"
+}
 {
   printf '%-4s %-8s %8s %4s  %-10s %s\n' shape run wall_s rc final_ms winner
-  for s in D1 S1; do
+  for s in $SHAPES; do
     for r in $RUNS; do
       n=$r-$s
       printf '%-4s %-8s %8s %4s  %-10s %s\n' "$s" "$r" "${WALL[$n]}" "${RC[$n]}" "${FINAL[$n]:--}" "${WIN[$n]:--}"
     done
-    [ "${WIN[local-$s]}" = "${WIN[cluster-$s]}" ] && echo "$s: same winner" || echo "$s: winners differ"
+    echo "$s: mean wall local $(mean "$s" local) s, cluster $(mean "$s" cluster) s over $ROUNDS round(s)"
+    [ "${WIN[local1-$s]}" = "${WIN[cluster1-$s]}" ] && echo "$s: same winner (round 1)" || echo "$s: winners differ (round 1)"
   done
   echo "== where the time went (each tune's log)"
-  for s in D1 S1; do
+  for s in $SHAPES; do
     for r in $RUNS; do
       echo "$r-$s:"
       grep -E "ready after|connected in|  search |  compiles:|GPU worker 0:|stopped in" "$OUT/$r-$s.log" | sed 's/^\[[^]]*\] //'

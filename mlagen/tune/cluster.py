@@ -383,7 +383,8 @@ def _tune_class(spec, c: ShapeClass, kind: Kind, target, config: TuneConfig, dat
     workers = [ClusterGpu(client, a, args, config.timeout_s, measure_fn, kind, bound, probe_fn) for a in kind.workers]
     key = dispatch.record_key(spec, c.problem, device=kind.device, sm_count=kind.sm_count, driver=kind.driver,
                               target=target)
-    runner = TrialRunner(workers, queue.build, config.iters, prefetch=queue, warmup=config.warmup)
+    runner = TrialRunner(workers, queue.build, config.iters, prefetch=queue, warmup=config.warmup,
+                         measure_ahead=config.measure_ahead)
     try:
         r = tune_class(spec, c, target, config, database, runner, key, say, bar=bar, budget_s=budget, clock=clock)
     finally:

@@ -36,6 +36,9 @@ class TuneConfig:
     devices: tuple[int, ...] | None = None  # CUDA ordinals; None: every visible GPU like device 0
     finalists: int = FINALISTS
     final_rounds: int = FINAL_ROUNDS
+    # While every GPU waits for a batch's compiles, measure the nearest compiled guess (its result
+    # answers the trial if the search asks for it later; the trials are the same either way).
+    measure_ahead: bool = True
 
 
 @dataclass

@@ -65,7 +65,8 @@ def tune(config: TuneConfig, progress: Callable[[str], None] = print, bar=None,
                 key = _record_key(spec, c.problem, target, started(), devices)
                 # (since the tune, or the previous class, began: the fixed cost of a class)
                 progress(f"{c.shape.id}: {len(workers)} GPU worker(s) ready after {time.monotonic() - began:.1f} s")
-                runner = TrialRunner(workers, queue.build, config.iters, prefetch=queue, warmup=config.warmup)
+                runner = TrialRunner(workers, queue.build, config.iters, prefetch=queue, warmup=config.warmup,
+                                     measure_ahead=config.measure_ahead)
                 results.append(tune_class(spec, c, target, config, database, runner, key, progress, bar=bar,
                                           budget_s=budget, clock=clock))
             finally:

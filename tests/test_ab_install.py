@@ -4,7 +4,6 @@ compiled from the revision's sources, and removed again without leftovers."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import shutil
 import subprocess
@@ -12,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from _tool import load_tool
 
 ROOT = Path(__file__).resolve().parent.parent
 SPEC = "mla_sparse_prefill_sm90_h16"
@@ -19,13 +19,6 @@ CHANGED = "templates/include/mlagen/sm90/sparse_gather.cuh"   # included by spar
 
 pytestmark = pytest.mark.skipif(shutil.which("git") is None or not (ROOT / ".git").exists(),
                                 reason="needs git and a git checkout of mlagen (the tool reads old revisions)")
-
-
-def load_tool():
-    spec = importlib.util.spec_from_file_location("ab_install", ROOT / "tools" / "ab_install.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture
@@ -44,7 +37,7 @@ def status(root: Path) -> list[str]:
 
 
 def test_plan_copies_the_changed_header_and_its_includers_only(clone):
-    tool = load_tool()
+    tool = load_tool("ab_install.py")
     files = tool.plan(SPEC, "HEAD", clone)
     headers = {p for p in files if p.startswith("templates/include/")}
     assert headers == {"templates/include/mlagen/sm90/sparse_gather_base.cuh",
@@ -60,7 +53,7 @@ def test_plan_copies_the_changed_header_and_its_includers_only(clone):
 
 
 def test_install_compiles_both_kernels_and_remove_leaves_nothing(clone):
-    tool = load_tool()
+    tool = load_tool("ab_install.py")
     assert tool.main([SPEC, "HEAD", "--root", str(clone)]) == 0
     # A second install refuses before writing anything.
     with pytest.raises(SystemExit, match="exist"):
@@ -89,7 +82,7 @@ def test_a_jinja_include_copies_every_alternative_and_keeps_its_expression(tmp_p
     changed = "templates/include/mlagen/sm90/sparse_kv_fp8.cuh"
     with open(dst / changed, "a") as f:
         f.write('#error "changed after HEAD: must not reach the base kernel"\n')
-    tool = load_tool()
+    tool = load_tool("ab_install.py")
     spec = "mla_sparse_prefill_sm90"
     assert tool.alternatives("mlagen/sm90/sparse_kv_{{ 'fp8' if kv.quantized else 'bf16' }}.cuh") == [
         "mlagen/sm90/sparse_kv_fp8.cuh", "mlagen/sm90/sparse_kv_bf16.cuh"]

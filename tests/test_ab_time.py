@@ -3,19 +3,8 @@ itself runs on the device, where the A/B tables of docs/benchmarks.md come from)
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
-
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def load_tool():
-    spec = importlib.util.spec_from_file_location("ab_time", ROOT / "tools" / "ab_time.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from _tool import load_tool
 
 
 @pytest.mark.parametrize("text, cases", [
@@ -25,14 +14,14 @@ def load_tool():
     ("b=1,q=8192,h=64,causal,d=192/64/256", ["b=1,q=8192,h=64,causal,d=192/64/256"]),
 ])
 def test_cases_split_only_where_a_new_shape_starts(text, cases):
-    assert load_tool().split_cases(text) == cases
+    assert load_tool("ab_time.py").split_cases(text) == cases
 
 
 def test_without_a_gpu_it_says_so(monkeypatch):
     torch = pytest.importorskip("torch")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(SystemExit, match="needs a CUDA GPU"):
-        load_tool().main(["mla_prefill_sm90", "--cases", "D1"])
+        load_tool("ab_time.py").main(["mla_prefill_sm90", "--cases", "D1"])
 
 
 def test_the_flow_with_the_gpu_parts_stood_in(monkeypatch, tmp_path, capsys):
@@ -67,7 +56,7 @@ def test_the_flow_with_the_gpu_parts_stood_in(monkeypatch, tmp_path, capsys):
     order = []
     monkeypatch.setattr(measure, "time_calls", lambda fn, iters, flush: order.append(fn) or [1e-3] * iters)
     out = tmp_path / "ab.json"
-    assert load_tool().main(["mla_prefill_sm90", "--cases", "D1,b=1,q=300,h=8,chunk=128,D8", "--rounds", "2",
+    assert load_tool("ab_time.py").main(["mla_prefill_sm90", "--cases", "D1,b=1,q=300,h=8,chunk=128,D8", "--rounds", "2",
                              "--iters", "3", "--json", str(out)]) == 0
     got = json.loads(out.read_text())
     assert set(got) == {"D1", "b=1,q=300,h=8,chunk=128", "D8"}

@@ -4,31 +4,19 @@ and that the dense family's fa3 peer understands the kernels the tool names."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import shlex
 import shutil
-import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from _tool import load_tool
 
 ROOT = Path(__file__).resolve().parent.parent
 
-
-def _load_tool():
-    name = "fa3_extra_build"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, ROOT / "tools" / "fa3_extra" / "build.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
-tool = _load_tool()
+tool = load_tool("fa3_extra/build.py")
 
 FAKE_FA3 = SimpleNamespace(  # what build.py takes from <peers>/fa3/build_fa3.py
     ROOT="/peers/fa3", CSRC="/peers/fa3/csrc",

@@ -3,23 +3,12 @@ gives the same trials on one and two simulated GPUs (the wall times it predicts 
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import mlagen.tune as tune_mod
-
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def load_tool():
-    spec = importlib.util.spec_from_file_location("simulate_tune", ROOT / "tools" / "simulate_tune.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from _tool import load_tool
 
 
 def test_simulated_tunes_make_the_same_trials_on_one_and_two_gpus(tmp_path):
-    sim = load_tool()
+    sim = load_tool("simulate_tune.py")
     args = sim.argparse.Namespace(load_ms=10, check_small_ms=90, check_shape_ms=90, call_overhead_ms=0.3, warmup=3,
                                   compile_s=1.0, cold=True, jobs=4, worker_start_s=1.0, fixed_s=1.0, record_ms=5,
                                   scale=0.01)
@@ -35,7 +24,7 @@ def test_simulated_tunes_make_the_same_trials_on_one_and_two_gpus(tmp_path):
 
 
 def test_the_tool_prints_a_ratio_table(capsys):
-    sim = load_tool()
+    sim = load_tool("simulate_tune.py")
     assert sim.main(["--max-trials", "12", "--scale", "0.005", "--gpus", "1,2"]) == 0
     out = capsys.readouterr().out
     rows = [line.split() for line in out.splitlines() if line.strip()[:1].isdigit()]

@@ -334,12 +334,8 @@ __device__ void transposer(const Params& p, u32 smem, const Barriers<Cfg>& bar, 
         if (lane < Cfg::kCluster) mbar_arrive_cluster(bar.vraw_empty(rs), lane);
       }
     }
-    if constexpr (Cfg::kScheduler == Scheduler::kDynamic) {
-      t = sched.read(smem, bar, id_iter);
-      ++id_iter;
-    } else {
-      t = sched.next_static(t);
-    }
+    t = sched.next(t, id_iter, smem, bar);
+    if constexpr (DenseScheduler<Cfg>::kDynamic) ++id_iter;  // the ids read so far
   }
 }
 
@@ -861,6 +857,19 @@ __device__ __forceinline__ float output_scale(const Params& p, int head) {
   }
 }
 
+// The epilogue's part of skeleton::staged_store: a warpgroup's 64 staged rows (from `rows`, the
+// stage's first row of the slice) to rows row0.. of head `head` of O, one box per kCbO columns.
+template <class Cfg>
+struct OutputStore {
+  template <class Params>
+  __device__ __forceinline__ static void issue(const Params* p, const QueryTile* qt, u32 stage, int slice_row0, int head) {
+    using L = Layout<Cfg>;
+#pragma unroll
+    for (int cb = 0; cb < Cfg::kDV / L::kCbO; ++cb)
+      tma_store_3d(&p->tma_o, stage + cb * L::kQCbBytes + slice_row0 * Cfg::kSwQ, cb * L::kCbO, head,
+                   qt->seq.q_start + qt->row0 + slice_row0);
+  }
+};
 
 // The output leaves through a TMA store from a staging tile (the Q tile, or with VTMA the V stage
 // `v_stage` that the last P V read, which this warpgroup releases only once the store has read it),
@@ -910,17 +919,7 @@ __device__ __forceinline__ void epilogue(const Params& p, ConsumerRegs<Cfg>& r, 
         asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr), "r"(packed) : "memory");
       }
     }
-    fence_async_shared();
-    named_sync(kOutStaged + wg, 128);
-    if (tid == 0) {
-#pragma unroll
-      for (int cb = 0; cb < Cfg::kDV / L::kCbO; ++cb)
-        tma_store_3d(&p.tma_o, stage + cb * L::kQCbBytes + slice_row0 * Cfg::kSwQ, cb * L::kCbO, head,
-                     qt.seq.q_start + qt.row0 + slice_row0);
-      tma_store_commit();
-      tma_store_wait_read();
-    }
-    named_sync(kOutStaged + wg, 128);  // the staged rows have been read by the TMA engine
+    skeleton::staged_store<OutputStore<Cfg>>(kOutStaged + wg, tid == 0, &p, &qt, stage, slice_row0, head);
   } else {
     u16* base = p.out + (i64)(qt.seq.q_start + qt.row0) * p.o_row_stride + (i64)head * p.o_head_stride;
 #pragma unroll
@@ -1092,14 +1091,10 @@ __device__ void consumer(const Params& p, u32 smem, const Barriers<Cfg>& bar, in
       pin_registers(r.o);
       epilogue<Cfg>(p, r, qt, head, wg, smem, bar, s);
     }
-    if constexpr (Cfg::kScheduler == Scheduler::kDynamic) {
-      t = sched.read(smem, bar, id_iter);
-      ++id_iter;
-    } else {
-      t = sched.next_static(t);
-    }
+    t = sched.next(t, id_iter, smem, bar);
+    if constexpr (DenseScheduler<Cfg>::kDynamic) ++id_iter;  // the ids read so far
   }
-  if (tid == 0) tma_store_wait_all();
+  skeleton::drain_stores(tid);
 }
 
 // The roles' parts (skeleton.cuh: Role): the producer warpgroup, and consumer warpgroup `index`.

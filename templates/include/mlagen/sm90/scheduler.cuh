@@ -8,10 +8,16 @@
 // empty mbarrier of the kernel's (it counts the warps that read them). The sparse kernels keep
 // their own work order: one item per CTA (64 heads), or a grid-stride loop over items (H <= 16).
 //
-// Each role writes its tile loop as `for (t = first(); t < total;) { ...; t = next }`: the same
-// loop through a function taking the body as a lambda, or with the next tile in the for
-// statement's increment, compiles to other SASS (ptxas 13.0 with -lineinfo), so the loop stays in
-// the role and the scheduler holds the policy.
+// A role's tile loop is `for (int t = sched.first(); t < sched.total;) { ...; t = sched.next(t,
+// id_iter, smem, bar); if constexpr (kDynamic) ++id_iter; }`: the scheduler says which tile comes
+// next (next: static, persistent or the published id), the role counts the ids it has read. The
+// dynamic producer, which publishes, writes its own step (publish / read). Every other shape tried
+// compiled the dense kernel to other SASS (ptxas 13.0 and 13.5 with -lineinfo; docs/notes.md, the
+// sm90 skeleton): a loop taking its body as a lambda, the step in the for statement's increment,
+// a loop object holding the tile or the id count (members or references), the count passed by
+// reference, the step returned as a {tile, count} pair (static / persistent moved), the count
+// advanced in a function (dynamic moved), valid() as a function (the compare is swapped), and the
+// publisher's choice made inside the scheduler.
 #pragma once
 #include "mlagen/common/types.cuh"
 #include "mlagen/sm90/barrier.cuh"
@@ -55,6 +61,15 @@ struct TileScheduler {
       mbar_arrive(bar.template at<FULL>(slot));
     }
     return next;
+  }
+  // The tile after t for every warp but the dynamic publisher: the next static or persistent
+  // tile, or the id published in slot id_iter % 2 (the caller counts id_iter).
+  __device__ __forceinline__ int next(int t, int id_iter, u32 smem, const B& bar) const {
+    if constexpr (kDynamic) {
+      return read(smem, bar, id_iter);
+    } else {
+      return next_static(t);
+    }
   }
   __device__ __forceinline__ int read(u32 smem, const B& bar, int id_iter) const {
     const int slot = id_iter & 1;

@@ -10,6 +10,8 @@
 // and names its named barriers in an enum from kFirstNamedBarrier on (id 0 is the skeleton's).
 // run<K>(p) does: aligned shared-memory base -> mbarrier init -> descriptor prefetch -> CTA or
 // cluster sync -> warpgroup index -> setmaxnreg -> the role's part -> trailing cluster sync.
+// Inside a part: the tile loop's step is the scheduler's (scheduler.cuh: next), and an output
+// staged in shared memory leaves through staged_store with the kernel's store part (below).
 // The tile schedulers are in scheduler.cuh; each kernel's layout, producer, consumer and epilogue in
 // its own header (mla_prefill.cuh, sparse_prefill.cuh, sparse_h16.cuh).
 //
@@ -247,6 +249,32 @@ __device__ __forceinline__ void dispatch(Roles<R0, R1, R2, R3>, const Params& p,
     set_registers<R3::kRegs, kEntryRegisters<K::kThreads>>();
     R3::Part::run(p, smem, bar, work, wg - R3::kFirst);
   }
+}
+
+// ------------------------------------------------------------------------------------------------
+// The output seam: a warpgroup's tile leaves through a TMA store from a staging tile in shared
+// memory. The kernel writes its fragments into the stage (its layout, its swizzle) and supplies
+// STORE, a type with a static issue(args...) that issues the TMA stores of the stage (the
+// warpgroup's `leader` thread runs it); the skeleton does the rest of the protocol: the proxy
+// fence, the warpgroup barrier `barrier` (the stage is complete), the commit and the wait for the
+// TMA engine's reads, and the barrier again (the stage may be overwritten). Arguments go by value
+// (scalars, and pointers to the parameters and to locals); what the stores compute from them is
+// computed in issue: a row computed at the call site instead moved instructions (ptxas with
+// -lineinfo). A role that stored through TMA drains its stores before it exits (drain_stores).
+template <class STORE, class... Args>
+__device__ __forceinline__ void staged_store(int barrier, bool leader, Args... args) {
+  fence_async_shared();
+  named_sync(barrier, 128);
+  if (leader) {
+    STORE::issue(args...);
+    tma_store_commit();
+    tma_store_wait_read();
+  }
+  named_sync(barrier, 128);  // the staged rows have been read by the TMA engine
+}
+
+__device__ __forceinline__ void drain_stores(int tid) {
+  if (tid == 0) tma_store_wait_all();
 }
 
 // The kernel's entry: every thread of the CTA calls it.

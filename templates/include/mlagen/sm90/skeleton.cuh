@@ -273,6 +273,14 @@ __device__ __forceinline__ void staged_store(int barrier, bool leader, Args... a
   named_sync(barrier, 128);  // the staged rows have been read by the TMA engine
 }
 
+// The same seam for a stage the warpgroup's threads copy out themselves (the sparse kernel's
+// staged epilogue): the barrier, then the kernel's COPY::copy(args...) run by every thread.
+template <class COPY, class... Args>
+__device__ __forceinline__ void staged_copy(int barrier, Args... args) {
+  named_sync(barrier, 128);
+  COPY::copy(args...);
+}
+
 __device__ __forceinline__ void drain_stores(int tid) {
   if (tid == 0) tma_store_wait_all();
 }

@@ -328,6 +328,31 @@ __device__ __forceinline__ void store_max(u32 smem_max, const float (&m)[2]) {
   }
 }
 
+// The staged epilogue's part of skeleton::staged_copy: the warpgroup's 64 staged row halves (256
+// columns, kStride bytes apart) to token t's rows of heads head0.. (heads past H are not written),
+// 16 bytes a thread at a time.
+template <class Cfg>
+struct StagedRows {
+  static constexpr int kStride = 2 * Cfg::kDV + 16;  // bytes per staged row; the pad spreads the banks
+  template <class Params>
+  __device__ __forceinline__ static void copy(const Params* p, u32 smem, int tid, int wg, int t, int head0) {
+    using L = Layout<Cfg>;
+    const u32 stage = smem + L::kQ + wg * 512;
+#pragma unroll 4
+    for (int i = tid; i < 64 * 32; i += 128) {
+      const int row = i / 32, chunk = i % 32;
+      if (head0 + row < p->heads) {
+        uint4 v;
+        asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                     : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                     : "r"(stage + row * kStride + 16 * chunk));
+        *reinterpret_cast<uint4*>(p->out + (i64)t * p->o_row_stride + (i64)(head0 + row) * p->o_head_stride +
+                                  wg * 256 + 8 * chunk) = v;
+      }
+    }
+  }
+};
+
 template <class Cfg, class Params>
 __device__ __forceinline__ void epilogue(const Params& p, ConsumerRegs& r, u32 smem, int wg, int t, int head0) {
   using L = Layout<Cfg>;
@@ -406,22 +431,7 @@ __device__ __forceinline__ void epilogue(const Params& p, ConsumerRegs& r, u32 s
                  smem + L::kQ + wg * 512 + row * kStride, 512);
     bulk_commit();
   }
-  if constexpr (Cfg::kStagedEpilogue) {
-    const u32 stage = smem + L::kQ + wg * 512;
-    named_sync(kEpilogue0 + wg, 128);
-#pragma unroll 4
-    for (int i = tid; i < 64 * 32; i += 128) {
-      const int row = i / 32, chunk = i % 32;
-      if (head0 + row < p.heads) {
-        uint4 v;
-        asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-                     : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                     : "r"(stage + row * kStride + 16 * chunk));
-        *reinterpret_cast<uint4*>(p.out + (i64)t * p.o_row_stride + (i64)(head0 + row) * p.o_head_stride + wg * 256 +
-                                  8 * chunk) = v;
-      }
-    }
-  }
+  if constexpr (Cfg::kStagedEpilogue) skeleton::staged_copy<StagedRows<Cfg>>(kEpilogue0 + wg, &p, smem, tid, wg, t, head0);
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     if (heads[h] < p.heads) {

@@ -407,6 +407,13 @@ def _with_origin(best: Best, origin: str) -> Best:
     return Best(best.key, best.variant, best.symbol, best.time_ms, best.tflops, best.run_id, best.updated, origin)
 
 
+#: How much farther a record of another device of the same architecture and SM count counts than
+#: one of the key's own device, in the distance's units (doublings): measured on the H200, the
+#: H100's records are the best choice for the classes they were tuned on, and a class's kernel
+#: depends more on its sizes than on which of the two devices ran the tune.
+OTHER_DEVICE_COST = 1.0
+
+
 def lookup(key: RecordKey, distance, db: TuningDB | None = None, include_shipped: bool = True,
            same_arch=None) -> Best | None:
     """The record to use for ``key``: the first of :func:`candidates`, or None."""
@@ -420,12 +427,17 @@ def candidates(key: RecordKey, distance, db: TuningDB | None = None, include_shi
     records together (dispatch tries them in order before the spec's default).
 
     A record must match family, spec, dtypes and source hash exactly. Records of the key's own
-    device (name and SM count) come first; then, if ``same_arch(record_key)`` says a record's
-    device is of the same architecture, records of other devices with the same SM count, then
-    with another SM count. Within a tier the nearest problem bucket wins (``distance(a, b)``
-    between bucket strings; inf means unusable), then the user's database over the shipped
-    records, then an exact driver and compiler match, then the newest. So an exact shipped record
-    beats a near user record, and a user record beats a shipped one at the same distance.
+    device (name and SM count) and, if ``same_arch(record_key)`` says a record's device is of the
+    same architecture, records of other devices with the same SM count are ranked together by
+    distance (``distance(a, b)`` between bucket strings, in doublings of a class's sizes; inf means
+    unusable), another device's counting :data:`OTHER_DEVICE_COST` farther; records of the same
+    architecture with another SM count come after all of those. At equal cost the key's own device
+    wins, then the user's database over the shipped records, then an exact driver and compiler
+    match, then the newest. So an exact shipped record beats a near user record, a user record
+    beats a shipped one at the same distance, and a device's own record of a class one doubling
+    away beats another device's exact one, but not of a class two doublings away (an H200's
+    chunked-prefill record at 16 heads does not serve its 128-head prefill while the H100's exact
+    record exists).
 
     A record's ``origin`` is "user" or "shipped:<file>", followed by " (other device: <name>)"
     for a record made on another device.
@@ -453,9 +465,10 @@ def candidates(key: RecordKey, distance, db: TuningDB | None = None, include_shi
             if d == float("inf"):
                 continue
             toolchain_miss = (b.key.driver != key.driver) + (b.key.compiler != key.compiler)
-            scored.append(((tier, d, rank, toolchain_miss, -b.updated), b))
+            cost = d + (OTHER_DEVICE_COST if tier == 1 else 0.0)
+            scored.append(((tier == 2, cost, tier, rank, toolchain_miss, -b.updated), b))
     scored.sort(key=lambda s: s[0])
-    return [_with_origin(b, f"{b.origin} (other device: {b.key.device})") if score[0] else b for score, b in scored]
+    return [_with_origin(b, f"{b.origin} (other device: {b.key.device})") if score[2] else b for score, b in scored]
 
 
 def _device_tier(key: RecordKey, record: RecordKey, same_arch) -> int | None:

@@ -454,10 +454,16 @@ def test_records_of_another_device_of_the_same_arch_come_before_the_default(tdb,
     found = db.lookup(H200, distance, tdb, same_arch=_same_arch)
     assert found.symbol == "h100 shipped"
     assert found.origin == "shipped:h100.json (other device: NVIDIA H100 80GB HBM3)"
-    # a record of the device itself, however far, beats another device's exact one
-    tdb.set_best(best(symbol="h200 own far", device="NVIDIA H200", problem="causal/h1/q1/k1"))
+    # the H100 record is one doubling away (q 4096) and counts one more as another device's: a record
+    # of the device itself three doublings away does not beat it
+    tdb.set_best(best(symbol="h200 own far", device="NVIDIA H200", problem="causal/h16/q8192/k8192"))
+    assert db.lookup(H200, distance, tdb, same_arch=_same_arch).symbol == "h100 shipped"
+    # one doubling away it does
+    tdb.set_best(best(symbol="h200 own near", device="NVIDIA H200", problem="causal/h64/q8192/k8192"))
     found = db.lookup(H200, distance, tdb, same_arch=_same_arch)
-    assert (found.symbol, found.origin) == ("h200 own far", "user")
+    assert (found.symbol, found.origin) == ("h200 own near", "user")
+    ranked = db.candidates(H200, distance, tdb, same_arch=_same_arch)
+    assert [b.symbol for b in ranked] == ["h200 own near", "h100 shipped", "h200 own far"]
 
 
 def test_another_device_with_the_same_sm_count_comes_first(tdb, no_shipped):

@@ -114,6 +114,32 @@ def test_running_max_with_rising_and_falling_scores(options, rising):
     assert ok, msg
 
 
+def _shipped_records():
+    """The shipped records of the 64-head sm90 spec (every device's), one param each."""
+    from mlagen import db
+
+    out = [pytest.param(b, id=f"{b.key.device}:{b.key.problem}") for b in db.shipped_records()
+           if b.key.spec == "mla_sparse_prefill_sm90"]
+    return out or [pytest.param(None, marks=pytest.mark.skip(reason="no shipped records of mla_sparse_prefill_sm90"))]
+
+
+@pytest.mark.skipif(not _HOPPER, reason="the sm90 sparse kernel needs a Hopper GPU")
+@pytest.mark.parametrize("best", _shipped_records())
+def test_shipped_records_match_reference(best):
+    """Each record the package ships (the variant dispatch runs for its class) over the case
+    matrix's cases of its d_qk, bf16 pools flat and paged."""
+    fields = best.key.problem.split("/")
+    if any(f.startswith("fp8") for f in fields):
+        pytest.skip(f"{best.key.problem} reads an FP8 cache; the case matrix feeds bf16 pools "
+                    "(test_sparse_fp8_gpu.py runs the FP8 formats)")
+    d_qk = int(fields[0].removeprefix("d"))
+    cases = [c for c in CASES if c.get("d_qk", 576) == d_qk]
+    assert cases
+    for i, case in enumerate(cases):
+        ok, msg = bench_sparse.check_case(torch, case, seed=3000 + i, kernel=_lazy_variant(case, **best.variant))
+        assert ok, f"{best.symbol} {case}: {msg}"
+
+
 # Schedule options of the H <= 16 kernel beside its default (the case matrix runs the default):
 # the other gather and row layouts, register-set depths, the skipped rescale, the late drain,
 # fewer producer warps and ring slots, two consumer warpgroups.

@@ -17,7 +17,7 @@ from types import SimpleNamespace
 
 import pytest
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("spec_defaults")]
 
 torch = pytest.importorskip("torch")
 if not torch.cuda.is_available():

@@ -20,7 +20,8 @@ import pytest
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not (__import__("torch").cuda.is_available()
                                                         and __import__("torch").cuda.get_device_capability() == (9, 0)),
-                                                   reason="the two-pool kernels are sm_90a's (a Hopper GPU)")]
+                                                   reason="the two-pool kernels are sm_90a's (a Hopper GPU)"),
+              pytest.mark.usefixtures("spec_defaults")]
 
 torch = pytest.importorskip("torch")
 

@@ -468,7 +468,8 @@ def candidates(key: RecordKey, distance, db: TuningDB | None = None, include_shi
             cost = d + (OTHER_DEVICE_COST if tier == 1 else 0.0)
             scored.append(((tier == 2, cost, tier, rank, toolchain_miss, -b.updated), b))
     scored.sort(key=lambda s: s[0])
-    return [_with_origin(b, f"{b.origin} (other device: {b.key.device})") if score[2] else b for score, b in scored]
+    return [_with_origin(b, f"{b.origin} (other device: {b.key.device})") if tier else b
+            for (_, _, tier, *_), b in scored]
 
 
 def _device_tier(key: RecordKey, record: RecordKey, same_arch) -> int | None:

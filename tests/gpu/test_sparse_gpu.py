@@ -128,12 +128,13 @@ def _shipped_records():
 def test_shipped_records_match_reference(best):
     """Each record the package ships (the variant dispatch runs for its class) over the case
     matrix's cases of its d_qk, bf16 pools flat and paged."""
-    fields = best.key.problem.split("/")
-    if any(f.startswith("fp8") for f in fields):
+    from mlagen.families.mla_sparse_prefill.problem import ProblemKey
+
+    key = ProblemKey.parse(best.key.problem)
+    if key.kv_format != "bf16":
         pytest.skip(f"{best.key.problem} reads an FP8 cache; the case matrix feeds bf16 pools "
                     "(test_sparse_fp8_gpu.py runs the FP8 formats)")
-    d_qk = int(fields[0].removeprefix("d"))
-    cases = [c for c in CASES if c.get("d_qk", 576) == d_qk]
+    cases = [c for c in CASES if c.get("d_qk", 576) == key.d_qk]
     assert cases
     for i, case in enumerate(cases):
         ok, msg = bench_sparse.check_case(torch, case, seed=3000 + i, kernel=_lazy_variant(case, **best.variant))

@@ -60,7 +60,12 @@ def test_render_is_deterministic_and_names_the_layout(d_qk):
                                     {"epilogue": "direct"}, {"gather_fence": True},
                                     {"d_qk": 512, "epilogue": "bulk", "early_free": True, "q_evict_first": True},
                                     {"d_qk": 512, "paged": True, "epilogue": "bulk", "early_free": True},
-                                    {"d_qk": 512, "paged": True, "kv_format": "fp8_v4", "epilogue": "bulk"}])
+                                    {"d_qk": 512, "paged": True, "kv_format": "fp8_v4", "epilogue": "bulk"},
+                                    {"d_qk": 512, "persistent": True, "epilogue": "warp"},
+                                    {"d_qk": 512, "paged": True, "persistent": True, "epilogue": "warp",
+                                     "softmax_max": "exact"},
+                                    {"d_qk": 576, "persistent": True, "epilogue": "direct"},
+                                    {"d_qk": 576, "epilogue": "warp"}])
 def test_default_variants_compile_without_spills(values):
     from mlagen.compiler import for_target
 
@@ -100,6 +105,53 @@ def test_d512_schedule_options_build_what_they_name(tmp_path):
     assert "UBLKCP" in bulk and "STG.E.128" not in bulk
     for option in ({"early_free": True}, {"q_evict_first": True}):
         assert _sass(option, tmp_path) != default, option
+
+
+@pytest.mark.skipif(not _has_cuobjdump(), reason="cuobjdump is neither on PATH nor installed by the "
+                    "nvidia-cuda-cuobjdump wheel (pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm)")
+def test_the_warp_epilogue_and_the_persistent_kernel_build_what_they_name(tmp_path):
+    """The warp epilogue writes O pieces with stmatrix and stores them 16 bytes a lane (no bulk
+    copy); the persistent kernel is another kernel with the same epilogue."""
+    warp = _sass({"epilogue": "warp"}, tmp_path)
+    persistent = _sass({"epilogue": "warp", "persistent": True}, tmp_path)
+    for sass in (warp, persistent):
+        assert "STG.E.128" in sass and "UBLKCP" not in sass and sass.count("STSM") > _sass({}, tmp_path).count("STSM")
+    assert persistent != warp
+
+
+@pytest.mark.parametrize("values, reason", [
+    ({"d_qk": 512, "kv_format": "fp8_v32"}, "reads bf16 rows"),
+    ({"d_qk": 512, "epilogue": "staged"}, "holds the next item's Q"),
+    ({"d_qk": 512, "epilogue": "bulk"}, "holds the next item's Q"),
+    ({"d_qk": 576, "epilogue": "warp"}, "rope tile"),
+])
+def test_the_persistent_kernel_prunes_what_it_cannot_run(values, reason):
+    from mlagen import arch, resources
+
+    v = variant.make(spec.load("mla_sparse_prefill_sm90"), {"persistent": True, **values})
+    verdict = resources.check(v, arch.TARGETS["sm_90a"])
+    assert not verdict.ok and any(reason in r for r in verdict.reasons), verdict.reasons
+    ok = variant.make(spec.load("mla_sparse_prefill_sm90"), {"persistent": True, "d_qk": 512, "epilogue": "warp"})
+    assert resources.check(ok, arch.TARGETS["sm_90a"]).ok
+
+
+def test_the_persistent_kernel_launches_one_cta_per_sm(monkeypatch):
+    """grid(): items (tokens x 64-head groups) for the per-item kernel; at most the SM count for
+    the persistent one (never more CTAs than items)."""
+    from types import SimpleNamespace
+
+    from mlagen import runtime
+    from mlagen.families.mla_sparse_prefill import entry
+
+    monkeypatch.setattr(runtime, "device_info", lambda index: SimpleNamespace(sm_count=132))
+    s = spec.load("mla_sparse_prefill_sm90")
+    call = SimpleNamespace(sq=4096, heads=128, q=SimpleNamespace(device=SimpleNamespace(index=0)))
+    per_item = SimpleNamespace(env={"block_h": 64, "persistent": False}, spec=s)
+    persistent = SimpleNamespace(env={"block_h": 64, "persistent": True}, spec=s)
+    assert entry.grid(per_item, call) == (8192, 1, 1)
+    assert entry.grid(persistent, call) == (132, 1, 1)
+    small = SimpleNamespace(sq=3, heads=100, q=call.q)
+    assert entry.grid(persistent, small) == (6, 1, 1)
 
 
 @pytest.mark.parametrize("target", ["sm_80", "sm_86", "sm_89", "sm_90a", "sm_100a"])

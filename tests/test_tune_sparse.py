@@ -55,8 +55,9 @@ def test_a_workload_file_of_sparse_shapes():
 
 
 # The sm90 spec's tune space at one specialisation: 3 x 3 register budgets, 2 x 2 x 2 x 2 flags
-# (evict-last, gather fence, late fence, lazy max), 3 epilogues, 2 x 2 (early free, Q evict-first).
-SPACE = 3 * 3 * 2 * 2 * 2 * 2 * 3 * 2 * 2
+# (evict-last, gather fence, late fence, lazy max), 4 epilogues, 2 x 2 x 2 (early free, Q evict-first,
+# persistent).
+SPACE = 3 * 3 * 2 * 2 * 2 * 2 * 4 * 2 * 2 * 2
 
 
 def test_the_variants_enumerate_and_fit():

@@ -95,7 +95,7 @@ def test_a_sparse_tune_is_dispatched_to(tmp_path, monkeypatch):
     path = tmp_path / "t.sqlite"
     fixed = {"consumer_regs": 216, "producer_regs": 72, "gather_fence": False, "late_fence": True,
              "epilogue": "staged", "softmax_max": "lazy", "early_free": False,
-             "q_evict_first": False}   # two variants left: l2_evict_last on and off
+             "q_evict_first": False, "persistent": False}   # two variants left: l2_evict_last on and off
     config = TuneConfig(spec="mla_sparse_prefill_sm90", shapes=("sq=64,h=64,topk=256,skv=1024",),
                         strategy="exhaustive", fixed=fixed, timeout_s=120, iters=3, warmup=1, db_path=str(path))
     (result,) = tune(config, progress=lambda line: None)

@@ -61,6 +61,15 @@ def _lazy_variant(case, **options):
 _D512_OPTIONS = {"epilogue": "bulk", "early_free": True, "q_evict_first": True}
 
 
+# The persistent kernel (one CTA per SM takes the items in turn), O through the P tiles (d_qk 512;
+# at 576 consumer 0's P tile is buffer 0's rope tile, so O goes from registers).
+_PERSISTENT = {"persistent": True, "epilogue": "warp"}
+
+
+def _persistent(case, epilogue=None, **options):
+    d512 = case.get("d_qk", 576) == 512
+    return _lazy_variant(case, **{**_PERSISTENT, "epilogue": epilogue or ("warp" if d512 else "direct"), **options})
+
 _HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
 
 
@@ -79,8 +88,43 @@ def test_d512_options_match_reference(i):
 
 
 @pytest.mark.skipif(not _HOPPER, reason="the sm90 sparse kernel needs a Hopper GPU")
+@pytest.mark.parametrize("i", range(len(CASES)))
+def test_persistent_matches_reference(i):
+    ok, msg = bench_sparse.check_case(torch, CASES[i], seed=1000 + i, kernel=_persistent(CASES[i]))
+    assert ok, f"{CASES[i]}: {msg}"
+
+
+# Enough items that every persistent CTA takes several (132 SMs), with per-token lengths from 0 to
+# topk: the CTAs' items have different pair counts (none too), which the barriers' phases follow.
+_MANY_ITEMS = [
+    {"sq": 700, "heads": 64, "topk": 640, "n": 3000, "d_qk": 512, "topk_length": "short", "sink": "mixed"},
+    {"sq": 300, "heads": 128, "topk": 129, "n": 3000, "d_qk": 576, "kv": "paged", "topk_length": "short",
+     "sink": "finite"},
+    {"sq": 999, "heads": 5, "topk": 256, "n": 700, "d_qk": 512, "kv": "paged", "sink": "none"},
+    {"sq": 400, "heads": 100, "topk": 1152, "n": 5000, "d_qk": 512, "topk_length": "long", "sink": "finite",
+     "idx3": True},
+]
+
+
+@pytest.mark.skipif(not _HOPPER, reason="the sm90 sparse kernel needs a Hopper GPU")
+@pytest.mark.parametrize("softmax_max", ["lazy", "exact"])
+@pytest.mark.parametrize("epilogue", ["warp", "direct"])
+@pytest.mark.parametrize("i", range(len(_MANY_ITEMS)))
+def test_persistent_ctas_take_many_items(i, epilogue, softmax_max):
+    case = _MANY_ITEMS[i]
+    if epilogue == "warp" and case["d_qk"] == 576:
+        pytest.skip("at d_qk 576 the persistent kernel stores O from registers (epilogue=direct)")
+    kernel = _persistent(case, epilogue, softmax_max=softmax_max)
+    ok, msg = bench_sparse.check_case(torch, case, seed=2000 + i, kernel=kernel)
+    assert ok, f"{case}: {msg}"
+
+
+@pytest.mark.skipif(not _HOPPER, reason="the sm90 sparse kernel needs a Hopper GPU")
 @pytest.mark.parametrize("options", [{"softmax_max": "lazy"}, {"softmax_max": "exact"},
-                                     *({"softmax_max": "lazy", k: v} for k, v in _D512_OPTIONS.items())],
+                                     *({"softmax_max": "lazy", k: v} for k, v in _D512_OPTIONS.items()),
+                                     {"softmax_max": "lazy", "epilogue": "warp"},
+                                     {"softmax_max": "lazy", "persistent": True, "epilogue": "direct"},
+                                     {"softmax_max": "exact", "persistent": True, "epilogue": "direct"}],
                          ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()))
 @pytest.mark.parametrize("rising", [True, False])
 def test_running_max_with_rising_and_falling_scores(options, rising):

@@ -42,6 +42,24 @@ def _kernels(heads: int) -> list:
     return [None, SM90] + ([H16] if heads <= 16 else [])
 
 
+def _persistent(case: dict, seed: int) -> tuple[bool, str]:
+    """run_case on the 64-head kernel's persistent variant (one CTA per SM takes the items in turn),
+    specialised for the case's first pool (flat, or a pool of pages); against the reference only
+    (the one-pool call on the concatenated rows needs the flat variant)."""
+    from mlagen import spec as spec_mod
+    from mlagen import variant
+
+    spec = spec_mod.load(SM90)
+    d_qk = case.get("d_qk", 512)
+    fixed = {"persistent": True, "epilogue": "warp" if d_qk == 512 else "direct", "d_qk": d_qk, "kv_format": "bf16"}
+    try:
+        return run_case(case, seed, variant.make(spec, {**fixed, "paged": False}), check_one_pool=False)
+    except ValueError as exc:
+        if "is compiled for" not in str(exc):
+            raise
+        return run_case(case, seed, variant.make(spec, {**fixed, "paged": True}), check_one_pool=False)
+
+
 def make_pool(layout: str, n: int, d_qk: int, fmt: str, gen):
     """A pool of about n rows: bf16 "flat" [n, d], "n1d" [n, 1, d], "paged64" / "paged16" strided
     pages (each page in a slot twice its size); FP8 V3.2 (fp8_v32) "flat" [n, 656] or "paged64";
@@ -176,6 +194,18 @@ def test_two_pools_match_the_reference(i):
     for kernel in _kernels(case["heads"]):
         ok, msg = run_case(case, 100 + i, kernel)
         assert ok, f"{kernel}: {case}: {msg}"
+    ok, msg = _persistent(case, 100 + i)
+    assert ok, f"persistent: {case}: {msg}"
+
+
+@pytest.mark.parametrize("heads", [8, 64, 128])
+def test_persistent_ctas_take_many_two_pool_items(heads):
+    """More items than SMs (each persistent CTA takes several), window-like and compressed pools
+    with per-token lengths from 0 up, so the items' pair counts differ."""
+    case = {"sq": 600, "heads": heads, "topk": (128, 512), "layout": ("paged64", "flat"), "len1": "short",
+            "len2": "short", "n": (2000, 1500), "sink": "mixed"}
+    ok, msg = _persistent(case, 700 + heads)
+    assert ok, f"{case}: {msg}"
 
 
 FP8 = [
@@ -219,6 +249,8 @@ def test_empty_pools_and_rows_with_no_key(i, heads):
     for kernel in _kernels(heads):
         ok, msg = run_case(case, 400 + i, kernel)
         assert ok, f"{kernel}: {case}: {msg}"
+    ok, msg = _persistent(case, 400 + i)
+    assert ok, f"persistent: {case}: {msg}"
 
 
 @pytest.mark.parametrize("heads", [1, 16, 64, 128])
@@ -325,6 +357,8 @@ def test_fuzzed_indices_in_both_pools():
         for kernel in _kernels(heads):
             ok, msg = run_case(case, 500 + i, kernel, check_one_pool=False)
             assert ok, f"{kernel}: {case}: {msg}"
+        ok, msg = _persistent(dict(case, sq=300), 500 + i)  # 300 tokens: several items per CTA
+        assert ok, f"persistent: {case}: {msg}"
 
 
 def test_one_pool_kernels_refuse_a_second_pool():

@@ -101,7 +101,7 @@ def _pack_values(call: Call, abi_name: str) -> dict:
 def grid(selection, call: Call) -> tuple[int, int, int]:
     rows = selection.env["block_h"]
     items = call.sq * -(-call.heads // rows)
-    if dict(selection.spec.problem).get("persistent", False):
+    if dict(selection.spec.problem).get("persistent", False) or selection.env.get("persistent", False):
         # One CTA per SM loops over the items (the kernel strides by gridDim.x).
         from ...runtime import device_info
 

@@ -21,11 +21,11 @@ struct KvBf16 {
   template <int kSpan, class Params>
   static __device__ __forceinline__ void gather_pair(const Params& p, u32 smem, const Barriers<Cfg>& bar,
                                                    const mlagen::sparse_pools::KeyList& keys, int pair, int g, int c,
-                                                   u64 policy) {
+                                                   u64 policy, int done) {
     namespace pools = mlagen::sparse_pools;
     using L = Layout<Cfg>;
     const u16* kv = p.kv + c * 8;
-    const u32 phase = (pair & 1) ^ 1;
+    const u32 phase = ((done + pair) & 1) ^ 1;  // done: the pairs of the CTA's earlier items
     // Where each of this pair's rows starts (element offset from p.kv, either pool; pool 2's may
     // be negative), kNoRow where the entry is invalid; read early so the index latency hides
     // behind the waits below. A flat table (PAGED false) folds the pool's base and stride in
@@ -95,8 +95,9 @@ struct KvBf16 {
 
   // Producer warpgroup: thread = (row group g of 16, chunk c of 8); it copies chunk c of every tile
   // of rows g, g + 16, g + 32, g + 48 of each block.
+  // `done`: pairs of this CTA's earlier items (the persistent kernel); returns this item's pairs.
   template <class Params>
-  static __device__ void produce(const Params& p, u32 smem, const Barriers<Cfg>& bar, int t, int head0) {
+  static __device__ int produce(const Params& p, u32 smem, const Barriers<Cfg>& bar, int t, int head0, int done = 0) {
     const int tid = threadIdx.x % 128;
     const int g = tid / 8, c = tid % 8;
     const u64 policy = Cfg::kEvictLast ? l2_policy_evict_last() : 0;
@@ -107,11 +108,12 @@ struct KvBf16 {
     for (int pair = 0; pair < pairs; ++pair) {
       const int start = 2 * pair * kBlockK;
       switch (pools::span_of(keys, start, start + 2 * kBlockK)) {
-        case pools::kFirstOnly: gather_pair<pools::kFirstOnly>(p, smem, bar, keys, pair, g, c, policy); break;
-        case pools::kSecondOnly: gather_pair<pools::kSecondOnly>(p, smem, bar, keys, pair, g, c, policy); break;
-        default: gather_pair<pools::kBoth>(p, smem, bar, keys, pair, g, c, policy); break;
+        case pools::kFirstOnly: gather_pair<pools::kFirstOnly>(p, smem, bar, keys, pair, g, c, policy, done); break;
+        case pools::kSecondOnly: gather_pair<pools::kSecondOnly>(p, smem, bar, keys, pair, g, c, policy, done); break;
+        default: gather_pair<pools::kBoth>(p, smem, bar, keys, pair, g, c, policy, done); break;
       }
     }
+    return pairs;
   }
 };
 

@@ -56,23 +56,27 @@ struct Layout {
   static constexpr int kValid = kSmall;              // u8 [2][64]: gathered row is a key
   static constexpr int kMax = kValid + 128;          // float [64]: running max, exchanged
   static constexpr int kSum = kMax + 256;            // float [2][64]: row sums, exchanged at the end
-  static constexpr int kBarriers = kSum + 512;       // q_full, ready[2][2], free[2][2]
-  static constexpr int kEnd = kBarriers + 8 * 9;
+  static constexpr int kBarriers = kSum + 512;       // q_full, ready[2][2], free[2][2], q_free
+  static constexpr int kEnd = kBarriers + 8 * 10;
   static constexpr int kReserved = 1024;
   static constexpr int kSmemBytes = kSmall + kReserved + 1024;  // + slack to align the base to 1024
   static_assert(kEnd - kSmall <= kReserved, "small area overflows its reservation");
 };
 
 // The mbarriers (skeleton.cuh: Mbarriers): q_full, ready[buffer][half], free[buffer][half],
-// initialised buffer by buffer (both halves' ready, then both halves' free).
+// initialised buffer by buffer (both halves' ready, then both halves' free), and with
+// Cfg::kPersistent q_free (the consumers' last Q K^T of an item has read Q; none otherwise).
 template <class Cfg>
 struct BarrierTable {
-  enum class Id { kQFull, kReady, kFree, kCount };
+  enum class Id { kQFull, kReady, kFree, kQFree, kCount };
   __host__ __device__ static constexpr skeleton::Group group(Id g) {
+    if (g == Id::kQFree) return skeleton::Group{Cfg::kPersistent ? 1 : 0, 0};
     return g == Id::kQFull ? skeleton::Group{1, 0} : skeleton::Group{4, 1, 2};
   }
   __host__ __device__ static constexpr int arrivals(Id g, int slot) {
-    if (g == Id::kQFull) return 256;  // every consumer thread copies part of Q
+    // Q is copied by every consumer thread, or with Cfg::kPersistent by the producer warpgroup.
+    if (g == Id::kQFull) return Cfg::kPersistent ? 128 : 256;
+    if (g == Id::kQFree) return 256;  // every consumer thread, after its last Q K^T of the item
     // As many as the KV operand's loader arrives with; one consumer warpgroup releases each part.
     if (g == Id::kReady) return slot % 2 == 0 ? Cfg::Kv::kReadyFirst : Cfg::Kv::kReadySecond;
     return 128;
@@ -84,6 +88,7 @@ struct Barriers : skeleton::Mbarriers<BarrierTable<Cfg>> {
   using Id = typename BarrierTable<Cfg>::Id;
   using skeleton::Mbarriers<BarrierTable<Cfg>>::Mbarriers;
   __device__ __forceinline__ u32 q_full() const { return this->template at<Id::kQFull>(); }
+  __device__ __forceinline__ u32 q_free() const { return this->template at<Id::kQFree>(); }
   // (first + 2 buf) + half, as the addresses were summed before the table (another association
   // folds differently: other SASS for the FP8 operand's loader).
   static constexpr int kReady = skeleton::Mbarriers<BarrierTable<Cfg>>::first(static_cast<int>(Id::kReady));
@@ -141,6 +146,40 @@ __device__ __forceinline__ void load_q(const Params& p, u32 smem, const Barriers
   cp_async_arrive_noinc(bar.q_full());
   mbar_wait(bar.q_full(), 0);
   fence_async_shared();  // Q written by cp.async, read by wgmma
+}
+
+// Q of the persistent kernel (Cfg::kPersistent), copied by the producer warpgroup (thread = row group
+// g of 16, chunk c of 8, as in the gather) once the consumers' last Q K^T of the previous item has
+// read the tile: it lands while they finish that item's softmax, P V and epilogue.
+template <class Cfg, class Params>
+__device__ __forceinline__ void produce_q(const Params& p, u32 smem, const Barriers<Cfg>& bar, int t, int head0, int n) {
+  using L = Layout<Cfg>;
+  const int tid = threadIdx.x % 128;
+  const int g = tid / 8, c = tid % 8;
+  const u64 policy = Cfg::kQEvictFirst ? l2_policy_evict_first() : 0;
+  mbar_wait(bar.q_free(), (n & 1) ^ 1);
+#pragma unroll
+  for (int r = 0; r < 4; ++r) {
+    const int row = g + 16 * r;
+    const bool ok = head0 + row < p.heads;
+    const u16* src = p.q + (i64)t * p.q_row_stride + (i64)(ok ? head0 + row : 0) * p.q_head_stride + c * 8;
+#pragma unroll
+    for (int tile = 0; tile < L::kDTiles; ++tile)
+      cp_async_16<Cfg::kQEvictFirst>(smem + L::kQ + tile * kTileBytes + swizzled(row, c), src + tile * kTileCols, ok,
+                                     policy);
+  }
+  cp_async_arrive_noinc(bar.q_full());
+}
+
+// The consumers' side of Q: gather it themselves (one CTA per item), or wait for item n's (persistent).
+template <class Cfg, class Params>
+__device__ __forceinline__ void acquire_q(const Params& p, u32 smem, const Barriers<Cfg>& bar, int t, int head0, int n) {
+  if constexpr (Cfg::kPersistent) {
+    mbar_wait(bar.q_full(), n & 1);
+    fence_async_shared();  // Q written by cp.async, read by wgmma
+  } else {
+    load_q<Cfg>(p, smem, bar, t, head0);
+  }
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -393,6 +432,9 @@ __device__ __forceinline__ void epilogue(const Params& p, ConsumerRegs& r, u32 s
                  : "memory");
     r.l[h] += other;
   }
+  // Persistent: both consumers have read the exchanged sums (and consumer 1 the max) before either
+  // writes the next item's.
+  if constexpr (Cfg::kPersistent) named_sync(kSumReady, 256);
   float inv[2];
   int heads[2];
 #pragma unroll
@@ -432,10 +474,42 @@ __device__ __forceinline__ void epilogue(const Params& p, ConsumerRegs& r, u32 s
     bulk_commit();
   }
   if constexpr (Cfg::kStagedEpilogue) skeleton::staged_copy<StagedRows<Cfg>>(kEpilogue0 + wg, &p, smem, tid, wg, t, head0);
+  if constexpr (Cfg::kWarpEpilogue) {
+    // Through this consumer's P tile (free: both consumers' P V completed before the sum exchange),
+    // 64 columns at a time, each warp its own 16 rows of it (so only warp barriers): stmatrix in
+    // the P layout, then each lane reads 16 bytes of a row and stores them, 4 whole 128-byte row
+    // pieces per warp instruction.
+    const u32 tile = smem + (wg == 0 ? L::kP0 : L::kP1);
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      u32 pb[4][4];
+#pragma unroll
+      for (int kt = 0; kt < 4; ++kt) {
+#pragma unroll
+        for (int x = 0; x < 4; ++x)
+          pb[kt][x] = pack_bf16x2(r.o[32 * q + 8 * kt + 2 * x] * inv[x % 2], r.o[32 * q + 8 * kt + 2 * x + 1] * inv[x % 2]);
+      }
+      store_p(pb, tile);
+      __syncwarp();
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int row = warp * 16 + lane / 8 + 4 * i, chunk = lane % 8;
+        uint4 v;
+        asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                     : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                     : "r"(tile + swizzled(row, chunk))
+                     : "memory");
+        if (head0 + row < p.heads)
+          *reinterpret_cast<uint4*>(p.out + (i64)t * p.o_row_stride + (i64)(head0 + row) * p.o_head_stride + wg * 256 +
+                                    64 * q + 8 * chunk) = v;
+      }
+      __syncwarp();  // every lane has read the piece before the next is written over it
+    }
+  }
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     if (heads[h] < p.heads) {
-      if constexpr (!Cfg::kStagedEpilogue && !Cfg::kBulkEpilogue) {
+      if constexpr (!Cfg::kStagedEpilogue && !Cfg::kBulkEpilogue && !Cfg::kWarpEpilogue) {
         u16* dst = p.out + (i64)t * p.o_row_stride + (i64)heads[h] * p.o_head_stride + wg * 256 + 2 * (lane % 4);
 #pragma unroll
         for (int j = 0; j < 32; ++j)
@@ -454,8 +528,10 @@ __device__ __forceinline__ void epilogue(const Params& p, ConsumerRegs& r, u32 s
   if constexpr (Cfg::kBulkEpilogue) bulk_wait_read();
 }
 
+// consumer0 / consumer1: item n of this CTA (0 unless persistent), whose first pair is the CTA's
+// pair number `done` (the barriers' phases run on over the items); they return the item's pairs.
 template <class Cfg, class Params>
-__device__ void consumer0(const Params& p, u32 smem, const Barriers<Cfg>& bar, int t, int head0) {
+__device__ int consumer0(const Params& p, u32 smem, const Barriers<Cfg>& bar, int t, int head0, int n, int done) {
   using L = Layout<Cfg>;
   ConsumerRegs r;
 #pragma unroll
@@ -464,9 +540,12 @@ __device__ void consumer0(const Params& p, u32 smem, const Barriers<Cfg>& bar, i
   r.mx[0] = r.mx[1] = neg_inf();
   r.l[0] = r.l[1] = 0.f;
   const int pairs = num_pairs(mlagen::sparse_pools::key_count(p, t));
-  load_q<Cfg>(p, smem, bar, t, head0);
+  acquire_q<Cfg>(p, smem, bar, t, head0, n);
+  if constexpr (Cfg::kPersistent) {
+    if (pairs == 0) mbar_arrive(bar.q_free());
+  }
   for (int pair = 0; pair < pairs; ++pair) {
-    const u32 phase = pair & 1;
+    const u32 phase = (done + pair) & 1;
     if (pair == 0) {
       pin_registers(r.s);
       wgmma_fence();
@@ -478,6 +557,9 @@ __device__ void consumer0(const Params& p, u32 smem, const Barriers<Cfg>& bar, i
       wgmma_commit();
       wgmma_wait<0>();
       pin_registers(r.s);
+    }
+    if constexpr (Cfg::kPersistent) {
+      if (pair + 1 == pairs) mbar_arrive(bar.q_free());  // this item's last Q K^T has completed
     }
     mask<Cfg>(r, smem, 0);
     float m0[2];
@@ -563,10 +645,11 @@ __device__ void consumer0(const Params& p, u32 smem, const Barriers<Cfg>& bar, i
     }
   }
   epilogue<Cfg>(p, r, smem, 0, t, head0);
+  return pairs;
 }
 
 template <class Cfg, class Params>
-__device__ void consumer1(const Params& p, u32 smem, const Barriers<Cfg>& bar, int t, int head0) {
+__device__ int consumer1(const Params& p, u32 smem, const Barriers<Cfg>& bar, int t, int head0, int n, int done) {
   using L = Layout<Cfg>;
   ConsumerRegs r;
 #pragma unroll
@@ -575,9 +658,12 @@ __device__ void consumer1(const Params& p, u32 smem, const Barriers<Cfg>& bar, i
   r.mx[0] = r.mx[1] = neg_inf();
   r.l[0] = r.l[1] = 0.f;
   const int pairs = num_pairs(mlagen::sparse_pools::key_count(p, t));
-  load_q<Cfg>(p, smem, bar, t, head0);
+  acquire_q<Cfg>(p, smem, bar, t, head0, n);
+  if constexpr (Cfg::kPersistent) {
+    if (pairs == 0) mbar_arrive(bar.q_free());
+  }
   for (int pair = 0; pair < pairs; ++pair) {
-    const u32 phase = pair & 1;
+    const u32 phase = (done + pair) & 1;
     // The second half first: consumer 1 itself releases it, so it is refilled earlier.
     pin_registers(r.s);
     wgmma_fence();
@@ -589,6 +675,9 @@ __device__ void consumer1(const Params& p, u32 smem, const Barriers<Cfg>& bar, i
     wgmma_commit();
     wgmma_wait<0>();
     pin_registers(r.s);
+    if constexpr (Cfg::kPersistent) {
+      if (pair + 1 == pairs) mbar_arrive(bar.q_free());
+    }
     mask<Cfg>(r, smem, 1);
     float m1[2];
     block_max(r, p.scale_log2, m1);
@@ -628,6 +717,7 @@ __device__ void consumer1(const Params& p, u32 smem, const Barriers<Cfg>& bar, i
     mbar_arrive(bar.free(0, 1));
   }
   epilogue<Cfg>(p, r, smem, 1, t, head0);
+  return pairs;
 }
 
 // The work item of this CTA (one per CTA, computed before the roles start): query token t, heads
@@ -636,15 +726,40 @@ struct WorkItem {
   int t, head0;
 };
 
+// The persistent kernel's work (Cfg::kPersistent, one CTA per SM): items (token, 64-head group) in
+// turn, item, item + gridDim.x, ..., numbered in the order of the non-persistent grid.
+struct WorkItems {
+  int items, groups;
+};
+
+// Runs f(t, head0, n, done) on each of this CTA's items; f returns the item's pairs, summed into
+// `done` (the pair number the barriers' phases follow).
+template <class F>
+__device__ __forceinline__ void for_each_item(const WorkItems& w, F&& f) {
+  int done = 0;
+  for (int item = blockIdx.x, n = 0; item < w.items; item += gridDim.x, ++n)
+    done += f(item / w.groups, (item % w.groups) * kRows, n, done);
+}
+
 // The roles' parts (skeleton.cuh: Role): consumer 0 (even blocks, output columns 0-255), consumer 1
 // (odd blocks, columns 256-511), and the producer (gathers Q and the selected KV rows).
 template <class Cfg, int C>
 struct ConsumerPart {
   template <class Params>
+  __device__ __forceinline__ static int item(const Params& p, u32 smem, const Barriers<Cfg>& bar, int t, int head0,
+                                             int n, int done) {
+    if constexpr (C == 0) return consumer0<Cfg>(p, smem, bar, t, head0, n, done);
+    else return consumer1<Cfg>(p, smem, bar, t, head0, n, done);
+  }
+  template <class Params>
   __device__ __forceinline__ static void run(const Params& p, u32 smem, const Barriers<Cfg>& bar, const WorkItem& w,
                                              int) {
-    if constexpr (C == 0) consumer0<Cfg>(p, smem, bar, w.t, w.head0);
-    else consumer1<Cfg>(p, smem, bar, w.t, w.head0);
+    item(p, smem, bar, w.t, w.head0, 0, 0);
+  }
+  template <class Params>
+  __device__ __forceinline__ static void run(const Params& p, u32 smem, const Barriers<Cfg>& bar, const WorkItems& w,
+                                             int) {
+    for_each_item(w, [&](int t, int head0, int n, int done) { return item(p, smem, bar, t, head0, n, done); });
   }
 };
 
@@ -654,6 +769,15 @@ struct ProducerPart {
   __device__ __forceinline__ static void run(const Params& p, u32 smem, const Barriers<Cfg>& bar, const WorkItem& w,
                                              int) {
     Cfg::Kv::produce(p, smem, bar, w.t, w.head0);
+  }
+  // Persistent: each item's Q (after the previous item's last Q K^T), then its pairs.
+  template <class Params>
+  __device__ __forceinline__ static void run(const Params& p, u32 smem, const Barriers<Cfg>& bar, const WorkItems& w,
+                                             int) {
+    for_each_item(w, [&](int t, int head0, int n, int done) {
+      produce_q<Cfg>(p, smem, bar, t, head0, n);
+      return Cfg::Kv::produce(p, smem, bar, t, head0, done);
+    });
   }
 };
 
@@ -665,17 +789,21 @@ struct SparseKernel {
   static constexpr bool kUniformWarpgroup = false;
   static constexpr bool kWorkBeforeSync = true;
   static constexpr int kBarrierOffset = Layout<Cfg>::kBarriers;
-  using Work = WorkItem;
+  using Work = typename skeleton::If<Cfg::kPersistent, WorkItems, WorkItem>::type;
   using Barriers = sparse::Barriers<Cfg>;
   using Roles = skeleton::Roles<skeleton::Role<2, 3, PRODUCER_REGS, ProducerPart<Cfg>, skeleton::Match::kOnly>,
                                 skeleton::Role<0, 1, CONSUMER_REGS, ConsumerPart<Cfg, 0>, skeleton::Match::kOnly>,
                                 skeleton::Role<1, 2, CONSUMER_REGS, ConsumerPart<Cfg, 1>, skeleton::Match::kRest>>;
   template <class Params>
-  __device__ __forceinline__ static WorkItem work(const Params& p) {
+  __device__ __forceinline__ static Work work(const Params& p) {
     const int groups = (p.heads + kRows - 1) / kRows;
-    const int t = blockIdx.x / groups;
-    const int head0 = (blockIdx.x % groups) * kRows;
-    return {t, head0};
+    if constexpr (Cfg::kPersistent) {
+      return {p.sq * groups, groups};
+    } else {
+      const int t = blockIdx.x / groups;
+      const int head0 = (blockIdx.x % groups) * kRows;
+      return {t, head0};
+    }
   }
   template <class Params>
   __device__ __forceinline__ static void prefetch(const Params&) {}

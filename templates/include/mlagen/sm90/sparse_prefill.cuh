@@ -124,18 +124,17 @@ __device__ __forceinline__ int num_pairs(int len) { return (len + 2 * kBlockK - 
 // Byte offset of (row, 16-byte chunk) in a 128-byte-swizzled tile (the wgmma/TMA 128B pattern).
 __device__ __forceinline__ u32 swizzled(int row, int chunk) { return row * 128 + ((chunk ^ (row % 8)) << 4); }
 
-// Q, gathered by the two consumer warpgroups (idle until it lands) so that the producer starts
-// on the indices and the first KV rows at once; heads past H become zero rows.
-template <class Cfg, class Params>
-__device__ __forceinline__ void load_q(const Params& p, u32 smem, const Barriers<Cfg>& bar, int t, int head0) {
+// Q's copies by THREADS threads (8 a row, chunk c of each 128-byte tile row): rows g, g + THREADS / 8,
+// ... of the 64; heads past H become zero rows. Q is read once (Cfg::kQEvictFirst: with an
+// evict-first L2 policy, as FlashMLA's TMA load of Q).
+template <class Cfg, int THREADS, class Params>
+__device__ __forceinline__ void copy_q(const Params& p, u32 smem, int t, int head0, int tid) {
   using L = Layout<Cfg>;
-  const int tid = threadIdx.x;  // 0..255 over both consumers
   const int g = tid / 8, c = tid % 8;
-  // Q is read once (Cfg::kQEvictFirst: with an evict-first L2 policy, as FlashMLA's TMA load of Q).
   const u64 policy = Cfg::kQEvictFirst ? l2_policy_evict_first() : 0;
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int row = g + 32 * r;
+  for (int r = 0; r < kRows * 8 / THREADS; ++r) {
+    const int row = g + THREADS / 8 * r;
     const bool ok = head0 + row < p.heads;
     const u16* src = p.q + (i64)t * p.q_row_stride + (i64)(ok ? head0 + row : 0) * p.q_head_stride + c * 8;
 #pragma unroll
@@ -143,6 +142,13 @@ __device__ __forceinline__ void load_q(const Params& p, u32 smem, const Barriers
       cp_async_16<Cfg::kQEvictFirst>(smem + L::kQ + tile * kTileBytes + swizzled(row, c), src + tile * kTileCols, ok,
                                      policy);
   }
+}
+
+// Q, gathered by the two consumer warpgroups (idle until it lands) so that the producer starts
+// on the indices and the first KV rows at once.
+template <class Cfg, class Params>
+__device__ __forceinline__ void load_q(const Params& p, u32 smem, const Barriers<Cfg>& bar, int t, int head0) {
+  copy_q<Cfg, 256>(p, smem, t, head0, threadIdx.x);  // 0..255 over both consumers
   cp_async_arrive_noinc(bar.q_full());
   mbar_wait(bar.q_full(), 0);
   fence_async_shared();  // Q written by cp.async, read by wgmma
@@ -153,21 +159,8 @@ __device__ __forceinline__ void load_q(const Params& p, u32 smem, const Barriers
 // read the tile: it lands while they finish that item's softmax, P V and epilogue.
 template <class Cfg, class Params>
 __device__ __forceinline__ void produce_q(const Params& p, u32 smem, const Barriers<Cfg>& bar, int t, int head0, int n) {
-  using L = Layout<Cfg>;
-  const int tid = threadIdx.x % 128;
-  const int g = tid / 8, c = tid % 8;
-  const u64 policy = Cfg::kQEvictFirst ? l2_policy_evict_first() : 0;
   mbar_wait(bar.q_free(), (n & 1) ^ 1);
-#pragma unroll
-  for (int r = 0; r < 4; ++r) {
-    const int row = g + 16 * r;
-    const bool ok = head0 + row < p.heads;
-    const u16* src = p.q + (i64)t * p.q_row_stride + (i64)(ok ? head0 + row : 0) * p.q_head_stride + c * 8;
-#pragma unroll
-    for (int tile = 0; tile < L::kDTiles; ++tile)
-      cp_async_16<Cfg::kQEvictFirst>(smem + L::kQ + tile * kTileBytes + swizzled(row, c), src + tile * kTileCols, ok,
-                                     policy);
-  }
+  copy_q<Cfg, 128>(p, smem, t, head0, threadIdx.x % 128);
   cp_async_arrive_noinc(bar.q_full());
 }
 

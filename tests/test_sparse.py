@@ -152,6 +152,10 @@ def test_the_persistent_kernel_launches_one_cta_per_sm(monkeypatch):
     assert entry.grid(persistent, call) == (132, 1, 1)
     small = SimpleNamespace(sq=3, heads=100, q=call.q)
     assert entry.grid(persistent, small) == (6, 1, 1)
+    # The H <= 16 kernel is persistent by its spec (problem.persistent), which the variant's env holds.
+    h16 = variant.make(spec.load("mla_sparse_prefill_sm90_h16"), {"d_qk": 576})
+    env = h16.env()
+    assert entry.grid(SimpleNamespace(env=env, spec=h16.spec), call) == (132, 1, 1)
 
 
 @pytest.mark.parametrize("target", ["sm_80", "sm_86", "sm_89", "sm_90a", "sm_100a"])

@@ -101,8 +101,9 @@ def _pack_values(call: Call, abi_name: str) -> dict:
 def grid(selection, call: Call) -> tuple[int, int, int]:
     rows = selection.env["block_h"]
     items = call.sq * -(-call.heads // rows)
-    if dict(selection.spec.problem).get("persistent", False) or selection.env.get("persistent", False):
-        # One CTA per SM loops over the items (the kernel strides by gridDim.x).
+    if selection.env.get("persistent", False):
+        # One CTA per SM loops over the items (the kernel strides by gridDim.x): the spec's
+        # problem.persistent (the H <= 16 kernel) or the variant's tunable (the 64-head kernel).
         from ...runtime import device_info
 
         return (max(1, min(items, device_info(call.q.device.index).sm_count)), 1, 1)

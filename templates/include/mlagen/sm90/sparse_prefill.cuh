@@ -164,12 +164,23 @@ __device__ __forceinline__ void produce_q(const Params& p, u32 smem, const Barri
   cp_async_arrive_noinc(bar.q_full());
 }
 
+// Persistent: after the Q K^T of the item's last pair this consumer reads Q no more, so the
+// producer may load the next item's.
+template <class Cfg>
+__device__ __forceinline__ void release_q(const Barriers<Cfg>& bar, int pair, int pairs) {
+  if constexpr (Cfg::kPersistent) {
+    if (pair + 1 == pairs) mbar_arrive(bar.q_free());
+  }
+}
+
 // The consumers' side of Q: gather it themselves (one CTA per item), or wait for item n's (persistent).
 template <class Cfg, class Params>
-__device__ __forceinline__ void acquire_q(const Params& p, u32 smem, const Barriers<Cfg>& bar, int t, int head0, int n) {
+__device__ __forceinline__ void acquire_q(const Params& p, u32 smem, const Barriers<Cfg>& bar, int t, int head0, int n,
+                                          int pairs) {
   if constexpr (Cfg::kPersistent) {
     mbar_wait(bar.q_full(), n & 1);
     fence_async_shared();  // Q written by cp.async, read by wgmma
+    if (pairs == 0) mbar_arrive(bar.q_free());  // an item without keys reads no Q
   } else {
     load_q<Cfg>(p, smem, bar, t, head0);
   }
@@ -315,14 +326,16 @@ __device__ __forceinline__ void exponentiate(ConsumerRegs& r, const float (&m_ne
   }
 }
 
-// Probabilities (times `scale` per row half) as bf16 A fragments.
-__device__ __forceinline__ void pack_p(const ConsumerRegs& r, const float (&scale)[2], u32 (&pb)[4][4]) {
+// This thread's 32 values v[first, first + 32) of a 64 x 64 fp32 accumulator tile (probabilities,
+// or a 64-column piece of O), times `scale` per row half, as bf16 A fragments (per 16 columns kt,
+// the four 8x8 matrices).
+template <int N>
+__device__ __forceinline__ void pack_p(const float (&v)[N], int first, const float (&scale)[2], u32 (&pb)[4][4]) {
 #pragma unroll
   for (int kt = 0; kt < 4; ++kt) {
-    pb[kt][0] = pack_bf16x2(r.s[8 * kt + 0] * scale[0], r.s[8 * kt + 1] * scale[0]);
-    pb[kt][1] = pack_bf16x2(r.s[8 * kt + 2] * scale[1], r.s[8 * kt + 3] * scale[1]);
-    pb[kt][2] = pack_bf16x2(r.s[8 * kt + 4] * scale[0], r.s[8 * kt + 5] * scale[0]);
-    pb[kt][3] = pack_bf16x2(r.s[8 * kt + 6] * scale[1], r.s[8 * kt + 7] * scale[1]);
+#pragma unroll
+    for (int x = 0; x < 4; ++x)
+      pb[kt][x] = pack_bf16x2(v[first + 8 * kt + 2 * x] * scale[x % 2], v[first + 8 * kt + 2 * x + 1] * scale[x % 2]);
   }
 }
 
@@ -476,12 +489,7 @@ __device__ __forceinline__ void epilogue(const Params& p, ConsumerRegs& r, u32 s
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
       u32 pb[4][4];
-#pragma unroll
-      for (int kt = 0; kt < 4; ++kt) {
-#pragma unroll
-        for (int x = 0; x < 4; ++x)
-          pb[kt][x] = pack_bf16x2(r.o[32 * q + 8 * kt + 2 * x] * inv[x % 2], r.o[32 * q + 8 * kt + 2 * x + 1] * inv[x % 2]);
-      }
+      pack_p(r.o, 32 * q, inv, pb);
       store_p(pb, tile);
       __syncwarp();
 #pragma unroll
@@ -533,10 +541,7 @@ __device__ int consumer0(const Params& p, u32 smem, const Barriers<Cfg>& bar, in
   r.mx[0] = r.mx[1] = neg_inf();
   r.l[0] = r.l[1] = 0.f;
   const int pairs = num_pairs(mlagen::sparse_pools::key_count(p, t));
-  acquire_q<Cfg>(p, smem, bar, t, head0, n);
-  if constexpr (Cfg::kPersistent) {
-    if (pairs == 0) mbar_arrive(bar.q_free());
-  }
+  acquire_q<Cfg>(p, smem, bar, t, head0, n, pairs);
   for (int pair = 0; pair < pairs; ++pair) {
     const u32 phase = (done + pair) & 1;
     if (pair == 0) {
@@ -551,9 +556,7 @@ __device__ int consumer0(const Params& p, u32 smem, const Barriers<Cfg>& bar, in
       wgmma_wait<0>();
       pin_registers(r.s);
     }
-    if constexpr (Cfg::kPersistent) {
-      if (pair + 1 == pairs) mbar_arrive(bar.q_free());  // this item's last Q K^T has completed
-    }
+    release_q<Cfg>(bar, pair, pairs);  // Q K^T of this pair has completed
     mask<Cfg>(r, smem, 0);
     float m0[2];
     block_max(r, p.scale_log2, m0);
@@ -566,7 +569,7 @@ __device__ int consumer0(const Params& p, u32 smem, const Barriers<Cfg>& bar, in
     named_arrive(kMax0Ready, 256);
     exponentiate<Cfg::kLazyMax>(r, m0, p.scale_log2);
     const float one[2] = {1.f, 1.f};
-    pack_p(r, one, r.pb);
+    pack_p(r.s, 0, one, r.pb);
     pin_registers(r.o);
     pin_registers(r.pb);
     wgmma_fence();
@@ -592,7 +595,7 @@ __device__ int consumer0(const Params& p, u32 smem, const Barriers<Cfg>& bar, in
     const bool rescale = !Cfg::kLazyMax || any_row_moved(f);
     {
       u32 pb2[4][4];
-      pack_p(r, f, pb2);
+      pack_p(r.s, 0, f, pb2);
       store_p(pb2, smem + L::kP0);
     }
     fence_async_shared();
@@ -651,10 +654,7 @@ __device__ int consumer1(const Params& p, u32 smem, const Barriers<Cfg>& bar, in
   r.mx[0] = r.mx[1] = neg_inf();
   r.l[0] = r.l[1] = 0.f;
   const int pairs = num_pairs(mlagen::sparse_pools::key_count(p, t));
-  acquire_q<Cfg>(p, smem, bar, t, head0, n);
-  if constexpr (Cfg::kPersistent) {
-    if (pairs == 0) mbar_arrive(bar.q_free());
-  }
+  acquire_q<Cfg>(p, smem, bar, t, head0, n, pairs);
   for (int pair = 0; pair < pairs; ++pair) {
     const u32 phase = (done + pair) & 1;
     // The second half first: consumer 1 itself releases it, so it is refilled earlier.
@@ -668,9 +668,7 @@ __device__ int consumer1(const Params& p, u32 smem, const Barriers<Cfg>& bar, in
     wgmma_commit();
     wgmma_wait<0>();
     pin_registers(r.s);
-    if constexpr (Cfg::kPersistent) {
-      if (pair + 1 == pairs) mbar_arrive(bar.q_free());
-    }
+    release_q<Cfg>(bar, pair, pairs);
     mask<Cfg>(r, smem, 1);
     float m1[2];
     block_max(r, p.scale_log2, m1);
@@ -688,7 +686,7 @@ __device__ int consumer1(const Params& p, u32 smem, const Barriers<Cfg>& bar, in
     named_arrive(kMax1Ready, 256);
     exponentiate<Cfg::kLazyMax>(r, m1, p.scale_log2);
     const float one[2] = {1.f, 1.f};
-    pack_p(r, one, r.pb);
+    pack_p(r.s, 0, one, r.pb);
     pin_registers(r.o);
     pin_registers(r.pb);
     wgmma_fence();
